@@ -1,0 +1,207 @@
+"""YAML config -> validated ``ProblemSpec``.
+
+Validation is complete on load: every later stage may assume a spec is well formed, and
+every error names the file, the key path and what was expected.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from fusetune.errors import ConfigError
+from fusetune.ops import REGISTRY, Op, OpContext, ParamDecl, Shape
+from fusetune.producers import Producer
+
+DTYPES = ("float32",)
+PARAM_INITS = ("ones", "zeros", "randn")
+TOP_KEYS = ("name", "dtype", "producer", "parameters", "epilogue", "shapes", "search")
+SEARCH_KEYS = ("trials", "timeout", "seed")
+#: Largest element count any one tensor of a tuned shape may have; kernels index with 64-bit
+#: offsets, but cuDNN and PyTorch refuse or misbehave past this on some paths.
+MAX_ELEMENTS = 2**31 - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchSettings:
+    trials: int = 32
+    timeout: float = 600.0  # seconds per shape
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ProblemSpec:
+    """A validated config: a producer, an epilogue chain and the shapes to tune."""
+
+    name: str
+    path: str
+    dtype: str
+    producer: Producer
+    parameters: tuple[ParamDecl, ...]
+    epilogue: tuple[Op, ...]
+    shapes: tuple[Shape, ...]
+    search: SearchSettings
+
+    def canonical(self) -> dict[str, Any]:
+        """The problem's canonical form: everything that changes its result, nothing else."""
+        return {"dtype": self.dtype, "producer": self.producer.canonical(),
+                "parameters": [dataclasses.asdict(p) for p in self.parameters],
+                "epilogue": [op.canonical() for op in self.epilogue]}
+
+    def digest(self) -> str:
+        blob = json.dumps(self.canonical(), sort_keys=True, default=list)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def shapes_through(self, shape: Shape) -> list[Shape]:
+        """The tensor shape after the producer and after each op of the chain."""
+        shapes = [self.producer.out_shape(shape)]
+        for op in self.epilogue:
+            shapes.append(op.out_shape(shapes[-1]))
+        return shapes
+
+    def output_shape(self, shape: Shape) -> Shape:
+        return self.shapes_through(shape)[-1]
+
+
+def load_config(path: str | Path) -> ProblemSpec:
+    """Read and validate one YAML config. Raises ``ConfigError`` naming file and key."""
+    path = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(path, "", f"cannot read the file: {exc.strerror or exc}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(path, "", f"not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    return parse_config(raw, path)
+
+
+def parse_config(raw: Any, path: str = "<config>") -> ProblemSpec:
+    """Validate an already-parsed YAML document."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(path, "", f"expected a mapping of keys ({', '.join(TOP_KEYS)}), got {type(raw).__name__}")
+    for key in raw:
+        if key not in TOP_KEYS:
+            raise ConfigError(path, str(key), f"unknown key; expected one of: {', '.join(TOP_KEYS)}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name or not all(ch.isalnum() or ch in "_-" for ch in name):
+        raise ConfigError(path, "name", f"expected a non-empty name of letters, digits, '_' and '-', got {name!r}")
+    dtype = raw.get("dtype", "float32")
+    if dtype not in DTYPES:
+        raise ConfigError(path, "dtype", f"expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    if "producer" not in raw:
+        raise ConfigError(path, "producer", "missing; expected the convolution that feeds the chain")
+    producer = Producer.parse(raw["producer"], path)
+    parameters = _parse_parameters(raw.get("parameters", {}), path)
+    shapes = _parse_shapes(raw.get("shapes"), producer, path)
+    epilogue = _parse_epilogue(raw.get("epilogue"), producer, parameters, shapes, path)
+    search = _parse_search(raw.get("search", {}), path)
+    return ProblemSpec(name=name, path=path, dtype=dtype, producer=producer,
+                       parameters=tuple(parameters.values()), epilogue=epilogue,
+                       shapes=shapes, search=search)
+
+
+def _parse_parameters(raw: Any, path: str) -> dict[str, ParamDecl]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(path, "parameters", f"expected a mapping of name -> {{init: ...}}, got {raw!r}")
+    out: dict[str, ParamDecl] = {}
+    for name, decl in raw.items():
+        key = f"parameters.{name}"
+        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+            raise ConfigError(path, key, "expected a Python identifier not starting with '_' as the parameter name")
+        if not isinstance(decl, Mapping):
+            raise ConfigError(path, key, f"expected a mapping like {{shape: per_channel, init: ones}}, got {decl!r}")
+        for k in decl:
+            if k not in ("shape", "init"):
+                raise ConfigError(path, f"{key}.{k}", "unknown key; expected 'shape' or 'init'")
+        if decl.get("shape", "per_channel") != "per_channel":
+            raise ConfigError(path, f"{key}.shape", f"expected 'per_channel', got {decl.get('shape')!r}")
+        init = decl.get("init", "ones")
+        if init not in PARAM_INITS:
+            raise ConfigError(path, f"{key}.init", f"expected one of {', '.join(PARAM_INITS)}, got {init!r}")
+        out[name] = ParamDecl(name=name, init=init)
+    return out
+
+
+def _parse_shapes(raw: Any, producer: Producer, path: str) -> tuple[Shape, ...]:
+    rank = 2 + producer.spatial_dims
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(path, "shapes", f"expected a non-empty list of input shapes [N, C, {'D, ' if rank == 5 else ''}H, W]")
+    shapes: list[Shape] = []
+    for i, shape in enumerate(raw):
+        key = f"shapes[{i}]"
+        if (not isinstance(shape, list) or len(shape) != rank
+                or any(isinstance(s, bool) or not isinstance(s, int) for s in shape)):
+            raise ConfigError(path, key, f"expected a list of {rank} integers for {producer.kind}, got {shape!r}")
+        if any(s < 1 for s in shape):
+            raise ConfigError(path, key, f"expected positive sizes, got {shape}")
+        if shape[1] != producer.in_channels:
+            raise ConfigError(path, key, f"channel size {shape[1]} does not match producer.in_channels {producer.in_channels}")
+        out = producer.out_shape(tuple(shape))
+        if any(s < 1 for s in out[2:]):
+            raise ConfigError(path, key, f"input {shape} is too small for the producer: its output would be {list(out)}")
+        for tensor, size in (("input", math.prod(shape)), ("producer output", math.prod(out))):
+            if size > MAX_ELEMENTS:
+                raise ConfigError(path, key, f"the {tensor} would have {size:,} elements, more than the "
+                                             f"{MAX_ELEMENTS:,} fusetune supports per tensor")
+        if tuple(shape) in shapes:
+            raise ConfigError(path, key, f"shape {shape} is listed twice")
+        shapes.append(tuple(shape))
+    return tuple(shapes)
+
+
+def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, ParamDecl],
+                    shapes: tuple[Shape, ...], path: str) -> tuple[Op, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(path, "epilogue", "expected a non-empty list of ops, e.g. [{op: relu}]")
+    ops: list[Op] = []
+    current = [producer.out_shape(s) for s in shapes]
+    for i, entry in enumerate(raw):
+        key = f"epilogue[{i}]"
+        if not isinstance(entry, Mapping) or "op" not in entry:
+            raise ConfigError(path, key, f"expected a mapping with an 'op' key, got {entry!r}")
+        kind = entry["op"]
+        if kind not in REGISTRY:
+            raise ConfigError(path, f"{key}.op", f"unknown op {kind!r}; expected one of: {', '.join(sorted(REGISTRY))}")
+        if len(current[0]) < 3 and REGISTRY[kind].role != "elementwise":
+            raise ConfigError(path, f"{key}.op", f"'{kind}' needs a channel and spatial dims, but the input "
+                                                 f"has already been reduced to {list(current[0])}")
+        ctx = OpContext(path=path, key=key, in_shape=current[0], spatial_dims=producer.spatial_dims,
+                        parameters=parameters)
+        op = REGISTRY[kind].parse(entry, ctx)
+        for j, shape in enumerate(current):
+            def error(sub: str, message: str, j: int = j) -> None:
+                raise ctx.error(sub, f"{message} (for shapes[{j}])")
+            op.check_shape(shape, error)
+        current = [op.out_shape(s) for s in current]
+        ops.append(op)
+    return tuple(ops)
+
+
+def _parse_search(raw: Any, path: str) -> SearchSettings:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(path, "search", f"expected a mapping with keys {', '.join(SEARCH_KEYS)}, got {raw!r}")
+    for key in raw:
+        if key not in SEARCH_KEYS:
+            raise ConfigError(path, f"search.{key}", f"unknown key; expected one of: {', '.join(SEARCH_KEYS)}")
+    defaults = SearchSettings()
+    trials = raw.get("trials", defaults.trials)
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise ConfigError(path, "search.trials", f"expected a positive integer, got {trials!r}")
+    timeout = raw.get("timeout", defaults.timeout)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ConfigError(path, "search.timeout", f"expected a positive number of seconds, got {timeout!r}")
+    seed = raw.get("seed", defaults.seed)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(path, "search.seed", f"expected an integer, got {seed!r}")
+    return SearchSettings(trials=trials, timeout=float(timeout), seed=seed)

@@ -1,0 +1,145 @@
+"""The contract every op of the vocabulary fulfils.
+
+An op is a small frozen value built from one config entry. It knows:
+  * its PyTorch reference semantics, as Python source for a generated module
+    (``module_code`` builds any submodule, ``forward_code`` applies it);
+  * its shape rule (``out_shape``);
+  * its role for the planner (``role``) and, where it is elementwise, its CUDA fragment.
+Ops are registered explicitly in ``fusetune.ops.REGISTRY``: one line per op.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Mapping, Sequence
+
+from fusetune.errors import ConfigError
+
+Shape = tuple[int, ...]
+
+#: Roles the planner understands. Elementwise ops map one value to one value (optionally
+#: per channel); norms need statistics; pools shrink spatial windows; reductions drop a dim.
+ROLES = ("elementwise", "norm", "pool", "reduce")
+
+
+@dataclasses.dataclass(frozen=True)
+class OpContext:
+    """What an op may consult while it is parsed: where it sits and what feeds it."""
+
+    path: str  # config file, for error messages
+    key: str  # key path of this op, e.g. "epilogue[2]"
+    in_shape: Shape  # shape of the op's input for the config's first shape
+    spatial_dims: int  # 2 for Conv2d, 3 for Conv3d / ConvTranspose3d
+    parameters: Mapping[str, "ParamDecl"]  # named learnable tensors of the config
+
+    def error(self, key: str, message: str) -> ConfigError:
+        return ConfigError(self.path, f"{self.key}.{key}" if key else self.key, message)
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamDecl:
+    """A named learnable tensor of shape (C, 1, ..., 1), as a model would declare it."""
+
+    name: str
+    init: str  # "ones" | "zeros" | "randn"
+
+    def module_code(self, channels: int, spatial_dims: int) -> str:
+        shape = ", ".join([str(channels)] + ["1"] * spatial_dims)
+        return f"nn.Parameter(torch.{self.init}({shape}))"
+
+
+class Op:
+    """Base class; subclasses are frozen dataclasses with a ``kind`` class attribute."""
+
+    kind: ClassVar[str]
+    role: ClassVar[str]
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        raise NotImplementedError
+
+    def out_shape(self, shape: Shape) -> Shape:
+        return shape
+
+    def check_shape(self, shape: Shape, ctx_error) -> None:
+        """Raise through ``ctx_error(key, message)`` if the op cannot take ``shape``."""
+
+    def module_code(self, channels: int, spatial_dims: int) -> str | None:
+        """Python expression building this op's nn.Module, or None if it needs none."""
+        return None
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        """Python expression applying the op to tensor expression ``x``."""
+        raise NotImplementedError
+
+    def canonical(self) -> dict[str, Any]:
+        """Everything that changes the op's result, for cache keys."""
+        return {"kind": self.kind, **dataclasses.asdict(self)}
+
+
+def take_number(raw: Mapping[str, Any], key: str, ctx: OpContext, *, default: Any = ...,
+                positive: bool = False, allow_int_only: bool = False) -> float:
+    """Read a number from an op entry, with a message naming the key on failure."""
+    if key not in raw:
+        if default is ...:
+            raise ctx.error(key, "missing; expected a number")
+        return default
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ctx.error(key, f"expected a number, got {value!r}")
+    if allow_int_only and not isinstance(value, int):
+        raise ctx.error(key, f"expected an integer, got {value!r}")
+    if positive and not value > 0:
+        raise ctx.error(key, f"expected a positive number, got {value!r}")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ctx.error(key, f"expected a finite number, got {value!r}")
+    return value
+
+
+def take_int(raw: Mapping[str, Any], key: str, ctx: OpContext, *, default: Any = ...,
+             minimum: int | None = None) -> int:
+    """Read an integer, rejecting bools and floats."""
+    if key not in raw:
+        if default is ...:
+            raise ctx.error(key, "missing; expected an integer")
+        return default
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ctx.error(key, f"expected an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ctx.error(key, f"expected an integer >= {minimum}, got {value}")
+    return value
+
+
+def take_bool(raw: Mapping[str, Any], key: str, ctx: OpContext, *, default: bool) -> bool:
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise ctx.error(key, f"expected true or false, got {value!r}")
+    return value
+
+
+def take_window(raw: Mapping[str, Any], key: str, ctx: OpContext, *, default: Any = ...) -> tuple[int, ...]:
+    """An int or a list of ints, one per spatial dim; returns one int per spatial dim."""
+    if key not in raw:
+        if default is ...:
+            raise ctx.error(key, f"missing; expected an integer or a list of {ctx.spatial_dims} integers")
+        value = default
+    else:
+        value = raw[key]
+    if isinstance(value, int) and not isinstance(value, bool):
+        values: Sequence[Any] = [value] * ctx.spatial_dims
+    elif isinstance(value, list) and len(value) == ctx.spatial_dims:
+        values = value
+    else:
+        raise ctx.error(key, f"expected an integer or a list of {ctx.spatial_dims} integers, got {value!r}")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ctx.error(key, f"expected positive integers, got {value!r}")
+    return tuple(values)
+
+
+def reject_unknown(raw: Mapping[str, Any], allowed: Sequence[str], ctx: OpContext) -> None:
+    """Unknown keys are typos more often than not: name them."""
+    for key in raw:
+        if key != "op" and key not in allowed:
+            expected = ", ".join(sorted(allowed)) or "no other keys"
+            raise ctx.error(str(key), f"unknown key for op '{raw.get('op')}'; expected one of: {expected}")

@@ -1,0 +1,144 @@
+"""Ops that map each value to one value, optionally through a per-channel parameter."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, ClassVar, Mapping
+
+from fusetune.ops.base import Op, OpContext, reject_unknown, take_number
+
+#: ``load(name)`` returns the CUDA expression of parameter ``name`` at the current channel.
+ParamLoader = Callable[[str], str]
+
+
+def _float_literal(value: float) -> str:
+    return f"{float(value)!r}f".replace("inff", "INFINITY")
+
+
+@dataclasses.dataclass(frozen=True)
+class Elementwise(Op):
+    """Shared base: the planner may move these into any kernel stage."""
+
+    role: ClassVar[str] = "elementwise"
+
+    def params(self) -> tuple[str, ...]:
+        """Names of learnable parameters the op reads."""
+        return ()
+
+    def cuda(self, v: str, load: ParamLoader) -> str:
+        raise NotImplementedError
+
+    def is_positive_affine(self) -> bool | None:
+        """True if the op is x -> a*x+b with a > 0 known at plan time, False if not affine
+        or of unknown sign. Lets the planner commute it with max pooling."""
+        return False
+
+
+@dataclasses.dataclass(frozen=True)
+class _Binary(Elementwise):
+    """x (op) operand, where the operand is a Python scalar or a named per-channel parameter."""
+
+    scalar: float | None = None
+    param: str | None = None
+    symbol: ClassVar[str] = "*"
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, ["by"], ctx)
+        if "by" not in raw:
+            raise ctx.error("by", "missing; expected a number or the name of a declared parameter")
+        by = raw["by"]
+        if isinstance(by, str):
+            if by not in ctx.parameters:
+                declared = ", ".join(sorted(ctx.parameters)) or "none declared"
+                raise ctx.error("by", f"unknown parameter '{by}'; declared parameters: {declared}")
+            return cls(param=by)
+        value = take_number(raw, "by", ctx)
+        if cls.symbol == "/" and value == 0:
+            raise ctx.error("by", "division by zero")
+        return cls(scalar=float(value))
+
+    def params(self) -> tuple[str, ...]:
+        return (self.param,) if self.param else ()
+
+    def _operand_py(self) -> str:
+        return f"self.{self.param}" if self.param else repr(self.scalar)
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        return f"({x} {self.symbol} {self._operand_py()})"
+
+    def cuda(self, v: str, load: ParamLoader) -> str:
+        operand = load(self.param) if self.param else _float_literal(self.scalar)
+        return f"({v} {self.symbol} {operand})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Mul(_Binary):
+    kind: ClassVar[str] = "mul"
+    symbol: ClassVar[str] = "*"
+
+    def is_positive_affine(self) -> bool | None:
+        return self.scalar is not None and self.scalar > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Div(_Binary):
+    kind: ClassVar[str] = "div"
+    symbol: ClassVar[str] = "/"
+
+    def is_positive_affine(self) -> bool | None:
+        return self.scalar is not None and self.scalar > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Add(_Binary):
+    kind: ClassVar[str] = "add"
+    symbol: ClassVar[str] = "+"
+
+    def is_positive_affine(self) -> bool | None:
+        return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Clamp(Elementwise):
+    kind: ClassVar[str] = "clamp"
+    min: float | None = None
+    max: float | None = None
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, ["min", "max"], ctx)
+        lo = take_number(raw, "min", ctx, default=None)
+        hi = take_number(raw, "max", ctx, default=None)
+        if lo is None and hi is None:
+            raise ctx.error("", "clamp needs at least one of 'min' and 'max'")
+        if lo is not None and hi is not None and lo > hi:
+            raise ctx.error("min", f"expected min <= max, got min={lo}, max={hi}")
+        return cls(min=None if lo is None else float(lo), max=None if hi is None else float(hi))
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        return f"torch.clamp({x}, min={self.min!r}, max={self.max!r})"
+
+    def cuda(self, v: str, load: ParamLoader) -> str:
+        # fmaxf/fminf drop NaN; clamp must keep it, as torch.clamp does.
+        out = v
+        if self.min is not None:
+            out = f"ft_max_nan({out}, {_float_literal(self.min)})"
+        if self.max is not None:
+            out = f"ft_min_nan({out}, {_float_literal(self.max)})"
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Relu(Elementwise):
+    kind: ClassVar[str] = "relu"
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, [], ctx)
+        return cls()
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        return f"torch.relu({x})"
+
+    def cuda(self, v: str, load: ParamLoader) -> str:
+        return f"ft_max_nan({v}, 0.0f)"

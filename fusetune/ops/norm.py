@@ -1,0 +1,121 @@
+"""Normalisations: each needs statistics over a scope before it can apply.
+
+Every scope is a combination of per-(sample, channel) sums, which is what lets one
+statistics kernel serve all of them: batch norm combines over samples, group norm over
+the channels of a group, instance norm takes them as they are.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Mapping
+
+from fusetune.ops.base import Op, OpContext, Shape, reject_unknown, take_bool, take_int, take_number
+
+
+@dataclasses.dataclass(frozen=True)
+class Norm(Op):
+    role: ClassVar[str] = "norm"
+    #: "batch" (per channel over N and space), "group" (per sample and group),
+    #: "instance" (per sample and channel), or "running" (eval-mode batch norm: no statistics pass).
+    scope: ClassVar[str]
+    eps: float = 1e-5
+    affine: bool = True
+
+    def groups_of(self, channels: int) -> int:
+        """Channels per statistics group (1 except for group norm)."""
+        return 1
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchNorm(Norm):
+    kind: ClassVar[str] = "batch_norm"
+    momentum: float = 0.1
+    training: bool = True
+
+    @property
+    def scope(self) -> str:  # type: ignore[override]
+        return "batch" if self.training else "running"
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, ["eps", "momentum", "affine", "training"], ctx)
+        return cls(eps=float(take_number(raw, "eps", ctx, default=1e-5, positive=True)),
+                   momentum=float(take_number(raw, "momentum", ctx, default=0.1, positive=True)),
+                   affine=take_bool(raw, "affine", ctx, default=True),
+                   training=take_bool(raw, "training", ctx, default=True))
+
+    def check_shape(self, shape: Shape, error) -> None:
+        if self.training and shape[0] * _spatial_size(shape) < 2:
+            error("", f"batch norm in training mode needs more than one value per channel, got input {list(shape)}")
+
+    def module_code(self, channels: int, spatial_dims: int) -> str:
+        return (f"nn.BatchNorm{spatial_dims}d({channels}, eps={self.eps!r}, momentum={self.momentum!r}, "
+                f"affine={self.affine})")
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        if self.training:
+            return f"self.{attr}({x})"
+        # Eval-mode semantics whatever mode the module is in: running statistics only.
+        m = f"self.{attr}"
+        return (f"F.batch_norm({x}, {m}.running_mean, {m}.running_var, {m}.weight, {m}.bias, "
+                f"training=False, eps={self.eps!r})")
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupNorm(Norm):
+    kind: ClassVar[str] = "group_norm"
+    scope: ClassVar[str] = "group"
+    groups: int = 1
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, ["groups", "eps", "affine"], ctx)
+        groups = take_int(raw, "groups", ctx, minimum=1)
+        channels = ctx.in_shape[1]
+        if channels % groups:
+            raise ctx.error("groups", f"expected a divisor of the {channels} channels, got {groups}")
+        return cls(groups=groups, eps=float(take_number(raw, "eps", ctx, default=1e-5, positive=True)),
+                   affine=take_bool(raw, "affine", ctx, default=True))
+
+    def check_shape(self, shape: Shape, error) -> None:
+        if shape[1] % self.groups:
+            error("groups", f"{self.groups} groups do not divide {shape[1]} channels")
+
+    def groups_of(self, channels: int) -> int:
+        return channels // self.groups
+
+    def module_code(self, channels: int, spatial_dims: int) -> str:
+        return f"nn.GroupNorm({self.groups}, {channels}, eps={self.eps!r}, affine={self.affine})"
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        return f"self.{attr}({x})"
+
+
+@dataclasses.dataclass(frozen=True)
+class InstanceNorm(Norm):
+    kind: ClassVar[str] = "instance_norm"
+    scope: ClassVar[str] = "instance"
+    affine: bool = False
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, ["eps", "affine"], ctx)
+        return cls(eps=float(take_number(raw, "eps", ctx, default=1e-5, positive=True)),
+                   affine=take_bool(raw, "affine", ctx, default=False))
+
+    def check_shape(self, shape: Shape, error) -> None:
+        if _spatial_size(shape) < 2:
+            error("", f"instance norm needs more than one spatial value per channel, got input {list(shape)}")
+
+    def module_code(self, channels: int, spatial_dims: int) -> str:
+        return f"nn.InstanceNorm{spatial_dims}d({channels}, eps={self.eps!r}, affine={self.affine})"
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        return f"self.{attr}({x})"
+
+
+def _spatial_size(shape: Shape) -> int:
+    size = 1
+    for s in shape[2:]:
+        size *= s
+    return size

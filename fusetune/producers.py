@@ -1,0 +1,100 @@
+"""Producers: the convolution at the head of every chain, with PyTorch's shape rules."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from fusetune.ops.base import OpContext, Shape, reject_unknown, take_bool, take_int, take_window
+
+#: producer op name -> (spatial dims, torch module name, transposed)
+KINDS: dict[str, tuple[int, str, bool]] = {
+    "conv2d": (2, "Conv2d", False),
+    "conv3d": (3, "Conv3d", False),
+    "conv_transpose3d": (3, "ConvTranspose3d", True),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Producer:
+    kind: str
+    in_channels: int
+    out_channels: int
+    kernel_size: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    output_padding: tuple[int, ...]
+    bias: bool
+
+    @property
+    def spatial_dims(self) -> int:
+        return KINDS[self.kind][0]
+
+    @property
+    def transposed(self) -> bool:
+        return KINDS[self.kind][2]
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], path: str) -> "Producer":
+        from fusetune.errors import ConfigError
+
+        if not isinstance(raw, Mapping):
+            raise ConfigError(path, "producer", f"expected a mapping with an 'op' key, got {raw!r}")
+        kind = raw.get("op")
+        if kind not in KINDS:
+            raise ConfigError(path, "producer.op", f"expected one of {', '.join(KINDS)}, got {kind!r}")
+        dims = KINDS[kind][0]
+        ctx = OpContext(path=path, key="producer", in_shape=(), spatial_dims=dims, parameters={})
+        allowed = ["in_channels", "out_channels", "kernel_size", "stride", "padding", "bias"]
+        if KINDS[kind][2]:
+            allowed.append("output_padding")
+        reject_unknown(raw, allowed, ctx)
+        zero = [0] * dims
+        padding = _take_nonneg_window(raw, "padding", ctx, zero)
+        output_padding = _take_nonneg_window(raw, "output_padding", ctx, zero)
+        producer = cls(kind=kind,
+                       in_channels=take_int(raw, "in_channels", ctx, minimum=1),
+                       out_channels=take_int(raw, "out_channels", ctx, minimum=1),
+                       kernel_size=take_window(raw, "kernel_size", ctx),
+                       stride=take_window(raw, "stride", ctx, default=1),
+                       padding=padding, output_padding=output_padding,
+                       bias=take_bool(raw, "bias", ctx, default=True))
+        for op_, st in zip(producer.output_padding, producer.stride):
+            if op_ >= st:
+                raise ctx.error("output_padding", f"must be smaller than stride {list(producer.stride)}")
+        return producer
+
+    def out_shape(self, shape: Shape) -> Shape:
+        """PyTorch's output shape; a non-positive size means the input is too small."""
+        spatial = []
+        for i, size in enumerate(shape[2:]):
+            k, s, p = self.kernel_size[i], self.stride[i], self.padding[i]
+            if self.transposed:
+                spatial.append((size - 1) * s - 2 * p + k + self.output_padding[i])
+            else:
+                spatial.append((size + 2 * p - k) // s + 1)
+        return (shape[0], self.out_channels, *spatial)
+
+    def module_code(self) -> str:
+        name = KINDS[self.kind][1]
+        extra = f", output_padding={self.output_padding}" if self.transposed else ""
+        return (f"nn.{name}({self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, padding={self.padding}{extra}, bias={self.bias})")
+
+    def functional_code(self, x: str, module: str, bias: str) -> str:
+        """Python calling the convolution with ``bias`` (an expression, or None)."""
+        fn = "conv_transpose3d" if self.transposed else f"conv{self.spatial_dims}d"
+        extra = f", output_padding={self.output_padding}" if self.transposed else ""
+        return f"F.{fn}({x}, {module}.weight, {bias}, stride={self.stride}, padding={self.padding}{extra})"
+
+    def canonical(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _take_nonneg_window(raw: Mapping[str, Any], key: str, ctx: OpContext, default: list[int]) -> tuple[int, ...]:
+    value = raw.get(key, default)
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value] * ctx.spatial_dims
+    if (not isinstance(value, list) or len(value) != ctx.spatial_dims
+            or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in value)):
+        raise ctx.error(key, f"expected a non-negative integer or a list of {ctx.spatial_dims}, got {raw.get(key)!r}")
+    return tuple(value)

@@ -1,0 +1,111 @@
+"""Render a plan into the files of one extension module: kernels.cu, binding.cpp, model.py.
+
+All compile-time variants of every stage go into one module (chosen at run time by
+index), so a search builds once per plan, not once per trial. The module name carries
+the hash of its sources: builds are reused by content, and two plans never share a
+build directory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+from typing import Any, Sequence
+
+from fusetune import __version__
+from fusetune.ops import Elementwise
+from fusetune.plan import Plan
+from fusetune.space import PlanSpace, load_family
+from fusetune.templates import environment
+
+#: Flags for nvcc; part of every cache key. No fast-math: it changes rounding of rsqrt and division.
+CUDA_FLAGS = ("-O3", "-lineinfo")
+STRATEGIES = {"warp": 0, "smem": 1}
+KERNEL_TEMPLATES = ("args.h.j2", "common.cuh.j2", "stats.cu.j2", "finalize.cu.j2",
+                    "plane_reduce.cu.j2", "window_map.cu.j2", "channel_reduce.cu.j2")
+
+
+@dataclasses.dataclass(frozen=True)
+class RenderedModule:
+    name: str  # extension module name, unique per source content
+    files: dict[str, str]  # file name -> text: kernels.cu, binding.cpp, model.py
+    source_hash: str
+
+    def write(self, directory: Path) -> Path:
+        """Write the files (atomically each) into ``directory``; returns it."""
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, text in self.files.items():
+            target = directory / name
+            if target.exists() and target.read_text() == text:
+                continue
+            tmp = target.with_suffix(target.suffix + ".tmp")
+            tmp.write_text(text)
+            tmp.replace(target)
+        return directory
+
+
+def plan_space(plan: Plan) -> PlanSpace:
+    return PlanSpace(families=tuple(load_family(stage) for stage in plan.stages))
+
+
+def _chain(ops: Sequence[Elementwise], v: str, slots: dict[str, int]) -> str:
+    expr = v
+    for op in ops:
+        expr = op.cuda(expr, lambda name: f"__ldg(a.p[{slots[name]}] + c)")
+    return expr
+
+
+def _pool_window(plan: Plan) -> dict[str, Any]:
+    dims = plan.spec.producer.spatial_dims
+    if plan.pool is None:
+        return {"mode": "max", "kernel": (1, 1, 1), "stride": (1, 1, 1)}
+    pad = (1,) * (3 - dims)
+    return {"mode": plan.pool.mode, "kernel": pad + tuple(plan.pool.kernel_size),
+            "stride": pad + tuple(plan.pool.stride)}
+
+
+def _reference_code(plan: Plan) -> tuple[list[tuple[str, str]], list[str], str]:
+    """Submodule definitions and forward lines of the reference model, and the norm's attribute."""
+    spec = plan.spec
+    submodules: list[tuple[str, str]] = []
+    lines: list[str] = []
+    norm_attr = ""
+    for i, op in enumerate(spec.epilogue):
+        attr = f"{op.kind}_{i}"
+        code = op.module_code(spec.producer.out_channels, spec.producer.spatial_dims)
+        if code is not None:
+            submodules.append((attr, code))
+        if op is plan.norm:
+            norm_attr = attr
+        lines.append(op.forward_code("x", attr if code is not None else None))
+    return submodules, lines, norm_attr
+
+
+def render(plan: Plan) -> RenderedModule:
+    env = environment()
+    space = plan_space(plan)
+    slots = {name: i for i, name in enumerate(plan.param_names)}
+    variants = {f.family: f.variants() if f.params else [] for f in space.families}
+    norm = plan.norm
+    context: dict[str, Any] = {
+        "plan": plan, "spec": plan.spec, "version": __version__, "py": repr,
+        "chain": lambda ops, v: _chain(ops, v, slots),
+        "pool": _pool_window(plan), "strategy_id": STRATEGIES.__getitem__,
+        "norm": norm,
+        "channels_per_group": norm.groups_of(plan.spec.producer.out_channels) if norm else 1,
+        "cuda_flags": list(CUDA_FLAGS),
+    }
+    parts = [env.get_template("common.cuh.j2").render(**context)]
+    for stage in plan.stages:
+        parts.append(env.get_template(f"{stage}.cu.j2").render(variants=variants[stage], **context))
+    kernels = "\n".join(parts)
+    binding = env.get_template("binding.cpp.j2").render(**context)
+    digest = hashlib.sha256((kernels + binding + repr(CUDA_FLAGS)).encode()).hexdigest()[:12]
+    name = f"ft_{plan.spec.name.replace('-', '_')}_{digest}"
+    submodules, lines, norm_attr = _reference_code(plan)
+    model = env.get_template("model.py.j2").render(
+        module_name=name, variants=variants, default_variant=space.stage_values(space.default()),
+        submodules=submodules, forward_lines=lines, norm_attr=norm_attr, **context)
+    files = {"kernels.cu": kernels, "binding.cpp": binding, "model.py": model}
+    full = hashlib.sha256("".join(files[k] for k in sorted(files)).encode()).hexdigest()[:16]
+    return RenderedModule(name=name, files=files, source_hash=full)

@@ -1,0 +1,128 @@
+"""Lower an op chain to kernel stages.
+
+Every supported chain has the canonical form
+
+    producer -> pre* -> [norm] -> mid* -> [pool] -> post* -> [reduce] -> final*
+
+where the starred groups are elementwise ops. A norm becomes a per-(sample, channel)
+affine map ``A*v + B`` computed by a small ``finalize`` kernel from per-plane sums that
+the ``stats`` kernel takes in one pass over the producer output. The main kernel family
+then depends on what the chain ends with:
+
+  * ``plane_reduce``   a reduction over all spatial dims (optionally after pooling);
+  * ``channel_reduce`` a reduction over the channel dim;
+  * ``window_map``     neither: a pooled (or same-size) tensor.
+
+Exact algebra the planner uses:
+  * a spatial mean (or sum) right after a norm is the norm's affine map applied to the
+    plane's mean, which the statistics pass already has: no main pass at all;
+  * instance norm cancels a per-channel constant added before it (the producer's bias,
+    through any chain of per-channel mul/div/add), so the convolution runs without bias.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from fusetune.config import ProblemSpec
+from fusetune.errors import PlanError
+from fusetune.ops import Add, Div, Elementwise, Mul, Norm, Op, Pool, Reduce
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    spec: ProblemSpec
+    pre: tuple[Elementwise, ...]
+    norm: Norm | None
+    mid: tuple[Elementwise, ...]
+    pool: Pool | None
+    post: tuple[Elementwise, ...]
+    reduce: Reduce | None
+    final: tuple[Elementwise, ...]
+    family: str | None  # main kernel family, or None when finalize computes the output
+    drop_bias: bool
+
+    @property
+    def needs_stats(self) -> bool:
+        """A statistics pass over the producer output is needed (not for eval-mode batch norm)."""
+        return self.norm is not None and self.norm.scope != "running"
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """Kernel families in launch order; each one with a declared space is searched."""
+        stages: list[str] = []
+        if self.needs_stats:
+            stages.append("stats")
+        if self.norm is not None:
+            stages.append("finalize")
+        if self.family is not None:
+            stages.append(self.family)
+        return tuple(stages)
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        """Learnable per-channel parameters the kernels read, in slot order."""
+        names: list[str] = []
+        for op in (*self.pre, *self.mid, *self.post, *self.final):
+            for name in op.params():
+                if name not in names:
+                    names.append(name)
+        return tuple(names)
+
+    def describe(self) -> str:
+        def names(ops: Sequence[Op]) -> str:
+            return ",".join(op.kind for op in ops) or "-"
+        return (f"stages={'+'.join(self.stages)} pre={names(self.pre)} "
+                f"norm={self.norm.kind if self.norm else '-'} mid={names(self.mid)} "
+                f"pool={self.pool.kind if self.pool else '-'} post={names(self.post)} "
+                f"reduce={self.reduce.kind if self.reduce else '-'} final={names(self.final)} "
+                f"drop_bias={self.drop_bias}")
+
+
+_SLOTS = ("pre", "norm", "mid", "pool", "post", "reduce", "final")
+_ROLE_SLOT = {"norm": 1, "pool": 3, "reduce": 5}
+
+
+def make_plan(spec: ProblemSpec) -> Plan:
+    """Sort the chain into the canonical slots; raise ``PlanError`` for chains we cannot fuse."""
+    groups: dict[str, list[Op]] = {slot: [] for slot in _SLOTS}
+    position = 0  # index into _SLOTS of the latest filled slot
+    for i, op in enumerate(spec.epilogue):
+        if op.role == "elementwise":
+            position = position if _SLOTS[position] in ("pre", "mid", "post", "final") else position + 1
+            groups[_SLOTS[position]].append(op)
+            continue
+        target = _ROLE_SLOT[op.role]
+        if target < position or (target == position and groups[_SLOTS[target]]):
+            raise PlanError(f"{spec.path}: epilogue[{i}] ({op.kind}): fusetune fuses chains of the form "
+                            "elementwise* [norm] elementwise* [pool] elementwise* [reduce] elementwise*; "
+                            f"a {op.role} cannot come here")
+        position = target
+        groups[_SLOTS[target]].append(op)
+    norm = groups["norm"][0] if groups["norm"] else None
+    pool = groups["pool"][0] if groups["pool"] else None
+    reduce = groups["reduce"][0] if groups["reduce"] else None
+    family = _family(spec, norm, groups["mid"], pool, reduce)
+    pre = tuple(groups["pre"])
+    drop_bias = (spec.producer.bias and norm is not None and norm.scope == "instance"
+                 and all(isinstance(op, (Mul, Div, Add)) for op in pre))
+    return Plan(spec=spec, pre=pre, norm=norm, mid=tuple(groups["mid"]), pool=pool,
+                post=tuple(groups["post"]), reduce=reduce, final=tuple(groups["final"]),
+                family=family, drop_bias=drop_bias)
+
+
+def _family(spec: ProblemSpec, norm: Norm | None, mid: list[Op], pool: Pool | None,
+            reduce: Reduce | None) -> str | None:
+    if reduce is None:
+        return "window_map"
+    if reduce.over == "spatial":
+        if norm is not None and norm.scope != "running" and not mid and pool is None and reduce.mode in ("mean", "sum"):
+            return None  # finalize applies the norm to the plane means it already has
+        return "plane_reduce"
+    if reduce.dim == 1:
+        if pool is not None:
+            raise PlanError(f"{spec.path}: a channel reduction after pooling is not fused yet; "
+                            "put the pooling after the reduction or drop one")
+        return "channel_reduce"
+    raise PlanError(f"{spec.path}: reducing over dim {reduce.dim} is not fused yet; fusetune fuses reductions "
+                    "over the channel dim (dim: 1) and over all spatial dims (adaptive_avg_pool)")

@@ -81,11 +81,18 @@ def _reference_code(plan: Plan) -> tuple[list[tuple[str, str]], list[str], str]:
     return submodules, lines, norm_attr
 
 
-def render(plan: Plan) -> RenderedModule:
+def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> RenderedModule:
+    """Render every compile-time variant of every stage, or just those in ``only`` (per stage).
+
+    ``only`` isolates one variant in a module of its own, when the module of all variants
+    fails to build: one bad variant must not cost the others.
+    """
     env = environment()
     space = plan_space(plan)
     slots = {name: i for i, name in enumerate(plan.param_names)}
     variants = {f.family: f.variants() if f.params else [] for f in space.families}
+    for stage, wanted in (only or {}).items():
+        variants[stage] = [v for v in variants[stage] if v in wanted]
     norm = plan.norm
     context: dict[str, Any] = {
         "plan": plan, "spec": plan.spec, "version": __version__, "py": repr,

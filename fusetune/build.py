@@ -1,0 +1,108 @@
+"""Build rendered modules with ``load_inline`` (ninja), each in a killable child process.
+
+Why a child process: a build can hang or run long, and must be stoppable at a time limit
+without leaving the parent in an unknown state. Why one directory per module: builds that
+share one serialise on torch's lock file, and a killed build leaves that lock behind, which
+hangs the next build; we hold our own fcntl lock per module, so any torch lock found while
+holding it is stale and removed.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+from fusetune.cache import Cache
+from fusetune.codegen import RenderedModule
+
+BUILT_MARKER = "fusetune.built"
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildResult:
+    name: str
+    ok: bool
+    seconds: float
+    log: str
+    module_dir: Path
+    build_dir: Path
+    cached: bool = False
+
+
+def load_generated(module_dir: Path) -> ModuleType:
+    """Import a rendered ``model.py`` by path, under the module's unique name."""
+    path = Path(module_dir) / "model.py"
+    name = f"fusetune_generated_{Path(module_dir).name}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import generated module {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def build(rendered: RenderedModule, cache: Cache, timeout: float = 900.0, arch: str | None = None) -> BuildResult:
+    """Build one module unless a finished build of the same sources exists."""
+    module_dir = rendered.write(cache.module_dir(rendered.name))
+    build_dir = cache.build_dir(rendered.name)
+    marker = build_dir / BUILT_MARKER
+    if marker.exists():
+        return BuildResult(rendered.name, True, 0.0, "", module_dir, build_dir, cached=True)
+    with cache.lock(f"build-{rendered.name}"):
+        if marker.exists():  # another process finished it while we waited
+            return BuildResult(rendered.name, True, 0.0, "", module_dir, build_dir, cached=True)
+        build_dir.mkdir(parents=True, exist_ok=True)
+        (build_dir / "lock").unlink(missing_ok=True)  # torch's FileBaton from a killed build
+        env = dict(os.environ)
+        if arch:
+            env["TORCH_CUDA_ARCH_LIST"] = arch
+        start = time.perf_counter()
+        ok, log = _run_child([sys.executable, "-m", "fusetune.build", str(module_dir), str(build_dir)], env, timeout)
+        seconds = time.perf_counter() - start
+        if ok:
+            marker.write_text(f"{seconds:.1f}\n")
+        return BuildResult(rendered.name, ok, seconds, log, module_dir, build_dir)
+
+
+def build_many(modules: list[RenderedModule], cache: Cache, timeout: float = 900.0, arch: str | None = None,
+               jobs: int | None = None) -> list[BuildResult]:
+    """Build several modules at once (each child runs ninja itself)."""
+    jobs = jobs or max(1, min(len(modules), (os.cpu_count() or 2) // 4 or 1))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(lambda m: build(m, cache, timeout, arch), modules))
+
+
+def _run_child(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[bool, str]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # nvcc and ninja too
+        out, _ = proc.communicate()
+        return False, f"build timed out after {timeout:.0f} s\n{out[-4000:]}"
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return proc.returncode == 0, out[-8000:]
+
+
+def _main(argv: list[str]) -> int:
+    module_dir, build_dir = Path(argv[0]), argv[1]
+    generated = load_generated(module_dir)
+    generated.load_kernels(build_directory=build_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

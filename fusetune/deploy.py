@@ -1,0 +1,102 @@
+"""Tune on deploy: make sure every shape a service will see is tuned on the GPU it runs on.
+
+Never breaks a deploy unless asked to be strict: a shape that cannot be tuned in the time
+budget (or a machine without a GPU) falls back to eager PyTorch, and is reported.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from fusetune.build import build, load_generated
+from fusetune.cache import Cache
+from fusetune.codegen import render
+from fusetune.config import ProblemSpec, load_config
+from fusetune.errors import FusetuneError
+from fusetune.export import find_winner
+from fusetune.plan import make_plan
+from fusetune.search import Machine, ShapeResult, tune_shape
+
+
+@dataclasses.dataclass
+class DeployReport:
+    tuned: list[str] = dataclasses.field(default_factory=list)
+    cached: list[str] = dataclasses.field(default_factory=list)
+    fallback: list[str] = dataclasses.field(default_factory=list)  # "config shape: why"
+
+    @property
+    def ok(self) -> bool:
+        return not self.fallback
+
+
+def ensure_tuned(config_dir: Path, cache: Cache, budget_s: float, make_bench_for: Callable, machine: Machine | None,
+                 echo: Callable[[str], None] = print) -> DeployReport:
+    """Tune every untuned shape of every config in ``config_dir`` within ``budget_s`` seconds in all."""
+    report = DeployReport()
+    configs = sorted(Path(config_dir).glob("*.yaml")) + sorted(Path(config_dir).glob("*.yml"))
+    specs: list[ProblemSpec] = []
+    for path in configs:
+        try:
+            specs.append(load_config(path))
+        except FusetuneError as exc:
+            report.fallback.append(f"{path}: {exc}")
+    deadline = time.monotonic() + budget_s
+    for spec in specs:
+        for shape in spec.shapes:
+            label = f"{spec.name} {list(shape)}"
+            if machine is None:
+                report.fallback.append(f"{label}: no CUDA GPU visible")
+                continue
+            left = deadline - time.monotonic()
+            if left <= 1:
+                report.fallback.append(f"{label}: time budget spent")
+                continue
+            try:
+                result: ShapeResult = tune_shape(spec, shape, cache, machine, make_bench_for(cache, machine),
+                                                 timeout=min(left, spec.search.timeout), echo=echo)
+            except FusetuneError as exc:
+                report.fallback.append(f"{label}: {exc}")
+                continue
+            {"cached": report.cached, "tuned": report.tuned}.get(result.status, report.fallback).append(
+                label if result.status != "failed" else f"{label}: {result.message}")
+    return report
+
+
+def load_tuned(config: str | Path, cache: Cache | None = None) -> torch.nn.Module:
+    """The fused model with this GPU's winners, or the eager reference with a warning.
+
+    Each tuned shape uses its own winner; other shapes use the first tuned one.
+    """
+    spec = load_config(config)
+    cache = cache or Cache()
+    rendered = render(make_plan(spec))
+    module_dir = rendered.write(cache.module_dir(rendered.name))
+    generated = load_generated(module_dir)
+    try:
+        machine = Machine.detect()
+    except FusetuneError as exc:
+        warnings.warn(f"fusetune: {spec.name}: {exc}; using eager PyTorch", stacklevel=2)
+        return generated.Model()
+    winners = {}
+    for shape in spec.shapes:
+        entry = find_winner(cache, spec, shape, rendered.source_hash, machine.gpu)
+        if entry is not None and entry.winner is not None:
+            winners[tuple(spec.producer.out_shape(shape))] = entry.winner["variant"]
+    if not winners:
+        warnings.warn(f"fusetune: {spec.name}: no tuned winner on {machine.gpu}; using eager PyTorch "
+                      f"(run `fusetune search {config}`)", stacklevel=2)
+        return generated.Model()
+    result = build(rendered, cache, arch=machine.capability)
+    if not result.ok:
+        warnings.warn(f"fusetune: {spec.name}: build failed; using eager PyTorch\n{result.log[-1000:]}", stacklevel=2)
+        return generated.Model()
+    generated.load_kernels(build_directory=str(result.build_dir))
+    model = generated.ModelNew(variant=next(iter(winners.values())))
+    for y_shape, variant in winners.items():
+        model._by_shape[y_shape] = model._resolve(variant)
+    return model

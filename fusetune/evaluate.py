@@ -1,0 +1,205 @@
+"""Verification and timing, run inside a worker process on the GPU.
+
+Verification (why each part): fresh random inputs (never zeros, which hide unwritten or
+mis-indexed outputs); every buffer the kernels write pre-filled with NaN (so an element
+nobody wrote shows); a float64 reference; and a tolerance relative to eager float32
+PyTorch's own error against that reference (eager uses TF32 in its convolutions, so a
+fixed tolerance would be too tight or too loose). Batch norm's running statistics are
+checked the same way.
+
+Timing: warm-up, L2 flushed before every run, CUDA events around the forward alone,
+median of many runs.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+#: A candidate's error may be this many times eager PyTorch's, plus the floor.
+ERROR_RATIO = 8.0
+ERROR_FLOOR = 1e-5
+#: Errors that leave the CUDA context unusable: the worker must be replaced.
+STICKY = ("illegal memory access", "unspecified launch failure", "illegal instruction", "misaligned address",
+          "an illegal", "device-side assert", "hardware stack error", "uncorrectable")
+
+_sessions: dict[tuple[str, tuple[int, ...]], "Session"] = {}
+
+
+def median_ms(fn: Callable[[], Any], reps: int = 20, warmup: int = 3, flush_bytes: int = 256 << 20) -> float:
+    """Median time of ``fn`` in milliseconds: CUDA events, L2 flushed before each run."""
+    import torch
+
+    flush = torch.empty(flush_bytes // 4, dtype=torch.float32, device="cuda")
+    with torch.no_grad():
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for start, end in zip(starts, ends):
+            flush.zero_()
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return times[len(times) // 2]
+
+
+def _errors(out, ref) -> tuple[float, float]:
+    """(relative L2 error, max abs error over max |ref|), both in float64."""
+    import torch
+
+    diff = (out.double() - ref.double())
+    ref_norm = ref.double().norm().item()
+    scale = ref.double().abs().max().item() if ref.numel() else 0.0
+    rel = diff.norm().item() / max(ref_norm, 1e-30)
+    mx = diff.abs().max().item() / max(scale, 1e-30) if diff.numel() else 0.0
+    if not torch.isfinite(out).all() and torch.isfinite(ref).all():
+        return math.inf, math.inf
+    return rel, mx
+
+
+def _stat_buffers(model) -> list:
+    import torch
+
+    return [b for name, b in model.named_buffers() if name.endswith(("running_mean", "running_var"))
+            and isinstance(b, torch.Tensor)]
+
+
+class Session:
+    """One generated module at one input shape: the reference, fresh inputs, the eager error."""
+
+    def __init__(self, module_dir: str, build_dir: str, shape: tuple[int, ...], seed: int) -> None:
+        import torch
+
+        from fusetune.build import load_generated
+
+        self.torch = torch
+        self.generated = load_generated(Path(module_dir))
+        self.generated.load_kernels(build_directory=build_dir)
+        torch.manual_seed(seed)
+        self.reference = self.generated.Model().cuda()
+        self.initial_state = copy.deepcopy(self.reference.state_dict())
+        self.shape = shape
+        self.draw_inputs()
+
+    def _fresh_reference(self):
+        model = self.generated.Model().cuda()
+        model.load_state_dict(self.initial_state)
+        return model
+
+    def draw_inputs(self) -> None:
+        """New random inputs and their float64 reference (and eager float32's error on them)."""
+        torch = self.torch
+        generator = torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))
+        self.x = torch.rand(self.shape, device="cuda", generator=generator)
+        with torch.no_grad():
+            ref64 = self._fresh_reference().double()
+            self.out64 = ref64(self.x.double())
+            self.stats64 = [b.clone() for b in _stat_buffers(ref64)]
+            eager = self._fresh_reference()
+            out32 = eager(self.x)
+            self.eager_errors = self._compare(out32, _stat_buffers(eager))
+        del ref64
+
+    def _compare(self, out, stats) -> tuple[float, float]:
+        rel, mx = _errors(out, self.out64)
+        for got, want in zip(stats, self.stats64):
+            r, m = _errors(got, want)
+            rel, mx = max(rel, r), max(mx, m)
+        return rel, mx
+
+    def fused(self, variant: dict, fill_value: float | None):
+        model = self.generated.ModelNew(variant=variant).cuda()
+        model.load_state_dict(self.initial_state)
+        model.fill_value = fill_value
+        return model
+
+    def verify(self, variant: dict) -> dict[str, Any]:
+        torch = self.torch
+        model = self.fused(variant, float("nan"))
+        with torch.no_grad():
+            out = model(self.x)
+        torch.cuda.synchronize()
+        if tuple(out.shape) != tuple(self.out64.shape):
+            return {"status": "wrong_result", "log": f"output shape {tuple(out.shape)}, expected {tuple(self.out64.shape)}"}
+        rel, mx = self._compare(out, _stat_buffers(model))
+        eager_rel, eager_mx = self.eager_errors
+        tol_rel = max(ERROR_RATIO * eager_rel, ERROR_FLOOR)
+        tol_mx = max(ERROR_RATIO * eager_mx, ERROR_FLOOR)
+        info = {"error_rel": rel, "error_max": mx, "eager_error_rel": eager_rel, "eager_error_max": eager_mx}
+        if not (rel <= tol_rel and mx <= tol_mx):
+            nan = int(torch.isnan(out).sum().item())
+            return {"status": "wrong_result", **info,
+                    "log": f"error rel {rel:.3g} (allowed {tol_rel:.3g}), max {mx:.3g} (allowed {tol_mx:.3g}); "
+                           f"{nan} NaN outputs"}
+        return {"status": "ok", **info}
+
+    def time(self, variant: dict, reps: int) -> float:
+        model = self.fused(variant, None)
+        return median_ms(lambda: model(self.x), reps=reps)
+
+    def time_eager(self, reps: int) -> float:
+        model = self._fresh_reference()
+        return median_ms(lambda: model(self.x), reps=reps)
+
+
+def _session(job: dict[str, Any]) -> Session:
+    key = (job["module_dir"], tuple(job["shape"]))
+    if key not in _sessions:
+        _sessions.clear()  # one problem at a time: free the previous one's GPU memory
+        _sessions[key] = Session(job["module_dir"], job["build_dir"], tuple(job["shape"]), job.get("seed", 0))
+    return _sessions[key]
+
+
+def _failure(exc: BaseException) -> dict[str, Any]:
+    """Classify an exception from a launch: sticky context errors need a fresh process."""
+    import torch
+
+    text = f"{type(exc).__name__}: {exc}"
+    sticky = any(s in text for s in STICKY)
+    if not sticky:
+        try:
+            torch.cuda.synchronize()
+        except Exception as sync_exc:  # the context is gone
+            text += f"\nthen synchronize: {sync_exc}"
+            sticky = True
+    return {"status": "crash" if sticky else "launch_error", "log": text[-4000:], "restart": sticky}
+
+
+def handle(job: dict[str, Any]) -> dict[str, Any]:
+    """Worker entry point. Jobs: open, evaluate, confirm, eager."""
+    start = time.perf_counter()
+    kind = job["kind"]
+    try:
+        session = _session(job)
+    except Exception as exc:
+        return {"status": "launch_error", "log": traceback.format_exc()[-4000:], "restart": True,
+                "error": str(exc)}
+    try:
+        if kind == "open":
+            result: dict[str, Any] = {"status": "ok"}
+        elif kind == "eager":
+            result = {"status": "ok", "time_ms": session.time_eager(job.get("reps", 20))}
+        elif kind in ("evaluate", "confirm"):
+            if kind == "confirm":
+                session.draw_inputs()
+            verify_start = time.perf_counter()
+            result = session.verify(job["variant"])
+            result["verify_s"] = time.perf_counter() - verify_start
+            if result["status"] == "ok" and kind == "evaluate":
+                time_start = time.perf_counter()
+                result["time_ms"] = session.time(job["variant"], job.get("reps", 20))
+                result["time_s"] = time.perf_counter() - time_start
+        else:
+            result = {"status": "crash", "log": f"unknown job kind {kind!r}"}
+    except Exception as exc:
+        result = _failure(exc)
+    result["seconds"] = time.perf_counter() - start
+    return result

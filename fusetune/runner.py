@@ -1,0 +1,92 @@
+"""The real benchmarker: builds a plan's module and drives a GPU worker process.
+
+All variants live in one module, built once per plan. If that build fails, each candidate
+gets a module of its own variants only, so a variant that does not compile costs itself.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fusetune.build import BuildResult, build
+from fusetune.cache import Cache
+from fusetune.codegen import plan_space, render
+from fusetune.ops import Shape
+from fusetune.plan import Plan
+from fusetune.search import Machine
+from fusetune.space import Candidate
+from fusetune.worker import Worker
+
+#: Seconds for a worker to build the float64 reference of a shape (one per module and shape).
+OPEN_TIMEOUT = 600.0
+
+
+class GpuBenchmarker:
+    def __init__(self, plan: Plan, shape: Shape, cache: Cache, machine: Machine, worker: Worker, *,
+                 job_timeout: float = 60.0, build_timeout: float = 900.0, reps: int = 20,
+                 echo=print) -> None:
+        self.plan, self.shape, self.cache, self.machine, self.worker = plan, shape, cache, machine, worker
+        self.job_timeout, self.build_timeout, self.reps, self.echo = job_timeout, build_timeout, reps, echo
+        self.space = plan_space(plan)
+        self.main: BuildResult | None = None
+        self.isolated: dict[str, BuildResult] = {}
+        self.timings = {"build_s": 0.0}
+
+    def _build(self, only: dict[str, list[dict[str, Any]]] | None = None) -> BuildResult:
+        start = time.perf_counter()
+        result = build(render(self.plan, only), self.cache, timeout=self.build_timeout, arch=self.machine.capability)
+        self.timings["build_s"] += time.perf_counter() - start
+        return result
+
+    def prepare(self) -> None:
+        self.main = self._build()
+        what = "reused" if self.main.cached else f"built in {self.main.seconds:.1f} s"
+        if self.main.ok:
+            self.echo(f"  module {self.main.name}: {what}")
+        else:
+            self.echo(f"  module {self.main.name} failed to build; building variants one by one\n"
+                      f"{self.main.log[-1500:]}")
+
+    def _module_for(self, candidate: Candidate) -> BuildResult:
+        if self.main is not None and self.main.ok:
+            return self.main
+        stages = self.space.stage_values(candidate)
+        only = {f.family: [{p.name: stages[f.family][p.name] for p in f.compile_params}]
+                for f in self.space.families if f.params}
+        ident = repr(sorted((k, sorted(v[0].items())) for k, v in only.items()))
+        if ident not in self.isolated:
+            self.isolated[ident] = self._build(only)
+        return self.isolated[ident]
+
+    def _job(self, kind: str, candidate: Candidate | None, module: BuildResult) -> dict[str, Any]:
+        job: dict[str, Any] = {"kind": kind, "module_dir": str(module.module_dir), "build_dir": str(module.build_dir),
+                               "shape": list(self.shape), "reps": self.reps}
+        if candidate is not None:
+            job["variant"] = self.space.stage_values(candidate)
+        return job
+
+    def _run(self, kind: str, candidate: Candidate | None) -> dict[str, Any]:
+        module = self._module_for(candidate) if candidate is not None else self.main
+        if module is None or not module.ok:
+            return {"status": "compile_error", "log": module.log[-4000:] if module else "not built"}
+        opened = self.worker.run(self._job("open", None, module), OPEN_TIMEOUT)
+        if opened["status"] != "ok":
+            return opened
+        return self.worker.run(self._job(kind, candidate, module), self.job_timeout)
+
+    def evaluate(self, candidate: Candidate) -> dict[str, Any]:
+        return _clean(self._run("evaluate", candidate))
+
+    def confirm(self, candidate: Candidate) -> dict[str, Any]:
+        return _clean(self._run("confirm", candidate))
+
+    def eager_ms(self) -> float | None:
+        if self.main is None or not self.main.ok:
+            return None
+        result = self._run("eager", None)
+        return result.get("time_ms") if result["status"] == "ok" else None
+
+
+def _clean(result: dict[str, Any]) -> dict[str, Any]:
+    """Keep what belongs in the cache: status, time, errors, log."""
+    return {k: v for k, v in result.items() if k != "restart"}

@@ -1,0 +1,259 @@
+"""Tune every shape of a config: one optuna study per (problem, shape, machine).
+
+The benchmarker is passed in (as in Triton's autotuner), so the whole search, cache and
+resume logic runs in tests with a fake one and no GPU. A trial that fails for any reason
+(build, launch, crash, hang, wrong answer, infeasible) is recorded with its outcome and
+reported to optuna as pruned: samplers then move on instead of treating it as unseen.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Protocol
+
+import optuna
+
+from fusetune import __version__
+from fusetune.cache import Cache, Entry, make_key
+from fusetune.codegen import CUDA_FLAGS, plan_space, render
+from fusetune.config import ProblemSpec
+from fusetune.errors import FusetuneError
+from fusetune.ops import Shape
+from fusetune.plan import Plan, make_plan
+from fusetune.space import Candidate, PlanSpace, candidate_key
+
+#: How many of the best candidates are timed again, head to head, before a winner is named.
+RETIME_TOP = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+    """What a tuned result depends on, besides the problem: part of every cache key."""
+
+    gpu: str
+    capability: str
+    cuda: str
+    torch: str
+
+    @classmethod
+    def detect(cls) -> "Machine":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise FusetuneError("no CUDA GPU is visible: fusetune search and bench need one "
+                                "(CUDA_VISIBLE_DEVICES, driver, or a CPU-only torch build?)")
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        return cls(gpu=props.name, capability=f"{props.major}.{props.minor}",
+                   cuda=str(torch.version.cuda), torch=torch.__version__.split("+")[0])
+
+
+class Benchmarker(Protocol):
+    """Verifies and times candidates of one plan at one shape."""
+
+    def prepare(self) -> None: ...
+    def evaluate(self, candidate: Candidate) -> dict[str, Any]: ...
+    def confirm(self, candidate: Candidate) -> dict[str, Any]: ...
+    def eager_ms(self) -> float | None: ...
+
+
+BenchmarkerFactory = Callable[[Plan, Shape], Benchmarker]
+
+
+@dataclasses.dataclass
+class ShapeResult:
+    shape: Shape
+    key: str
+    status: str  # "tuned" | "cached" | "failed"
+    candidate: Candidate | None = None
+    time_ms: float | None = None
+    eager_ms: float | None = None
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    seconds: float = 0.0
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    message: str = ""
+
+    @property
+    def speedup(self) -> float | None:
+        if self.time_ms and self.eager_ms:
+            return self.eager_ms / self.time_ms
+        return None
+
+
+def shape_facts(spec: ProblemSpec, plan: Plan, shape: Shape) -> dict[str, int]:
+    """Names the template constraints may use: producer output and pooled sizes."""
+    out = spec.producer.out_shape(shape)
+    spatial = (1,) * (5 - len(out)) + tuple(out[2:])
+    facts = {"N": out[0], "C": out[1], "D": spatial[0], "H": spatial[1], "W": spatial[2]}
+    facts["S"] = facts["D"] * facts["H"] * facts["W"]
+    pooled = spatial
+    if plan.pool is not None:
+        pooled = plan.pool.out_shape(out)[2:]
+        pooled = (1,) * (3 - len(pooled)) + tuple(pooled)
+    facts.update(OD=pooled[0], OH=pooled[1], OW=pooled[2])
+    facts["P"] = pooled[0] * pooled[1] * pooled[2]
+    return facts
+
+
+def key_fields(spec: ProblemSpec, shape: Shape, machine: Machine, source_hash: str) -> dict[str, Any]:
+    """Everything that can change the answer. Not the config's name or its search settings."""
+    return {"problem": spec.canonical(), "shape": list(shape), "dtype": spec.dtype, "layout": "contiguous",
+            "gpu": machine.gpu, "capability": machine.capability, "cuda": machine.cuda,
+            "torch": machine.torch, "fusetune": __version__, "cuda_flags": list(CUDA_FLAGS),
+            "sources": source_hash}
+
+
+def _study(cache: Cache, key: str, space: PlanSpace, trials: int, seed: int) -> optuna.Study:
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own line per trial says more
+    storage = JournalStorage(JournalFileBackend(str(cache.study_path(key))))
+    # Small spaces are enumerated; the brute-force sampler counts pruned trials as seen.
+    sampler = (optuna.samplers.BruteForceSampler(seed=seed) if space.size() <= trials
+               else optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(8, trials)))
+    return optuna.create_study(study_name=key, storage=storage, sampler=sampler, direction="minimize",
+                               load_if_exists=True)
+
+
+def _finished(study: optuna.Study) -> int:
+    done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
+    return len(study.get_trials(deepcopy=False, states=done))
+
+
+class _Objective:
+    """One optuna trial: suggest, reject the infeasible, reuse known outcomes, else run."""
+
+    def __init__(self, space: PlanSpace, facts: dict[str, int], bench: Benchmarker, cache: Cache,
+                 key: str, fields: dict[str, Any], force: bool, echo: Callable[[str], None], total: int) -> None:
+        self.space, self.facts, self.bench, self.cache = space, facts, bench, cache
+        self.key, self.fields, self.force, self.echo, self.total = key, fields, force, echo, total
+        self.rerun: set[str] = set()  # candidates already re-run under --force in this search
+        self.timings = {"evaluate_s": 0.0}
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        candidate = {name: trial.suggest_categorical(name, list(choices))
+                     for name, choices in self.space.choices().items()}
+        ckey = candidate_key(candidate)
+        entry = self.cache.load(self.key)
+        known = entry.outcomes.get(ckey) if entry else None
+        if known is not None and not (self.force and ckey not in self.rerun):
+            outcome, source = known, "known"
+        else:
+            outcome, source = self._run(candidate), "new"
+            self.rerun.add(ckey)
+            self.cache.record(self.key, self.fields, ckey, {**outcome, "candidate": candidate})
+        self._report(trial.number, candidate, outcome, source)
+        if outcome["status"] != "ok":
+            raise optuna.TrialPruned(outcome["status"])
+        return float(outcome["time_ms"])
+
+    def _run(self, candidate: Candidate) -> dict[str, Any]:
+        broken = self.space.violations(candidate, self.facts)
+        if broken:
+            return {"status": "infeasible", "log": "; ".join(broken)}
+        start = time.perf_counter()
+        outcome = self.bench.evaluate(candidate)
+        self.timings["evaluate_s"] += time.perf_counter() - start
+        return outcome
+
+    def _report(self, number: int, candidate: Candidate, outcome: dict[str, Any], source: str) -> None:
+        params = " ".join(f"{k}={v}" for k, v in candidate.items())
+        status = outcome["status"]
+        result = f"{outcome['time_ms']:.4f} ms" if status == "ok" else status
+        note = " (known)" if source == "known" else ""
+        self.echo(f"  trial {number + 1:>3}/{self.total}  {params}  -> {result}{note}")
+
+
+def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, make_bench: BenchmarkerFactory,
+               *, trials: int | None = None, timeout: float | None = None, force: bool = False,
+               echo: Callable[[str], None] = print) -> ShapeResult:
+    """Tune one shape, or return the cached winner. Resumes an interrupted study."""
+    start = time.perf_counter()
+    plan = make_plan(spec)
+    rendered = render(plan)
+    space = plan_space(plan)
+    fields = key_fields(spec, shape, machine, rendered.source_hash)
+    key = make_key(fields)
+    fields = {**fields, "problem_name": spec.name, "config": spec.path}
+    entry = cache.load(key)
+    if entry is not None and entry.winner is not None and not force:
+        return ShapeResult(shape=shape, key=key, status="cached", candidate=entry.winner["candidate"],
+                           time_ms=entry.winner["time_ms"], eager_ms=entry.winner.get("eager_ms"),
+                           counts=_counts(entry), seconds=time.perf_counter() - start)
+    trials = trials or spec.search.trials
+    timeout = timeout or spec.search.timeout
+    bench = make_bench(plan, shape)
+    prepare_start = time.perf_counter()
+    bench.prepare()
+    timings = {"prepare_s": time.perf_counter() - prepare_start}
+    study = _study(cache, key, space, trials, spec.search.seed)
+    default = space.default()
+    if not any(t.params == default for t in study.get_trials(deepcopy=False)):
+        study.enqueue_trial(default, skip_if_exists=True)  # a known-good start for every template
+    objective = _Objective(space, shape_facts(spec, plan, shape), bench, cache, key, fields, force, echo, trials)
+    remaining = trials - (0 if force else _finished(study))
+    search_start = time.perf_counter()
+    if remaining > 0:
+        study.optimize(objective, n_trials=remaining, timeout=timeout, catch=(), gc_after_trial=False)
+    timings["search_s"] = time.perf_counter() - search_start
+    timings.update(objective.timings)
+    eager = bench.eager_ms()
+    final_start = time.perf_counter()
+    result = _name_winner(cache, key, fields, bench, eager, rendered.name, space, echo)
+    timings["final_s"] = time.perf_counter() - final_start
+    result.shape, result.timings, result.seconds = shape, timings, time.perf_counter() - start
+    return result
+
+
+def _name_winner(cache: Cache, key: str, fields: dict[str, Any], bench: Benchmarker, eager: float | None,
+                 module: str, space: PlanSpace, echo: Callable[[str], None]) -> ShapeResult:
+    """Re-time the best few head to head, confirm the fastest on fresh inputs, cache it."""
+    entry = cache.load(key) or Entry(key=key, fields=fields)
+    oks = sorted((o for o in entry.outcomes.values() if o["status"] == "ok"), key=lambda o: o["time_ms"])
+    retimed: list[tuple[float, Candidate]] = []
+    for outcome in oks[:RETIME_TOP]:
+        again = bench.evaluate(outcome["candidate"])
+        if again["status"] == "ok":
+            retimed.append((min(again["time_ms"], outcome["time_ms"]), outcome["candidate"]))
+    for time_ms, candidate in sorted(retimed, key=lambda item: item[0]):
+        check = bench.confirm(candidate)
+        if check["status"] != "ok":
+            echo(f"  candidate {candidate_key(candidate)} failed on fresh inputs: {check.get('log', '')}")
+            cache.record(key, fields, candidate_key(candidate), {**check, "candidate": candidate})
+            continue
+        winner = {"candidate": candidate, "variant": space.stage_values(candidate), "time_ms": time_ms,
+                  "eager_ms": eager, "module": module, "error_rel": check.get("error_rel"),
+                  "eager_error_rel": check.get("eager_error_rel")}
+
+        def keep_best(e: Entry) -> None:
+            # Another search of the same key may have finished first: keep the faster winner.
+            if e.winner is None or e.winner["time_ms"] > time_ms:
+                e.winner = winner
+        entry = cache.update(key, fields, keep_best)
+        best = entry.winner or winner
+        return ShapeResult(shape=(), key=key, status="tuned", candidate=best["candidate"], time_ms=best["time_ms"],
+                           eager_ms=eager, counts=_counts(entry))
+    return ShapeResult(shape=(), key=key, status="failed", eager_ms=eager, counts=_counts(entry),
+                       message="no candidate passed verification")
+
+
+def _counts(entry: Entry) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for outcome in entry.outcomes.values():
+        counts[outcome["status"]] = counts.get(outcome["status"], 0) + 1
+    return counts
+
+
+def check_memory(spec: ProblemSpec, shape: Shape, free_bytes: int) -> None:
+    """Refuse, before allocating, a shape whose verification cannot fit in GPU memory.
+
+    Verification holds the chain in float64 and float32 at once: about 3x the float32 bytes of
+    every intermediate tensor, twice over for safety.
+    """
+    elements = math.prod(shape) + sum(math.prod(s) for s in spec.shapes_through(shape))
+    need = elements * 4 * 3 * 2
+    if need > free_bytes:
+        raise FusetuneError(f"{spec.path}: shape {list(shape)} needs about {need / 2**30:.1f} GiB of GPU memory to "
+                            f"verify and time, but only {free_bytes / 2**30:.1f} GiB are free")
+

@@ -1,0 +1,110 @@
+"""A long-lived, killable worker process that runs jobs on one GPU.
+
+Why: an illegal memory access poisons the CUDA context of the process that ran it, and a
+kernel can spin forever; catching an exception helps with neither. So candidates run in a
+child process with a time limit per job. A crash, a hang or a sticky CUDA error costs
+only that job: the child is replaced and the caller gets a typed outcome.
+
+The job handler is named by ``"module:function"`` so tests can inject one that crashes or
+hangs without a GPU. A handler returns a dict with at least ``status``; a result with
+``"restart": True`` asks for a fresh process after it (the context is no longer usable).
+"""
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import time
+import traceback
+from typing import Any
+
+
+def _serve(conn: multiprocessing.connection.Connection, target: str, device: int | None) -> None:
+    if device is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
+    module_name, func_name = target.split(":")
+    handler = getattr(importlib.import_module(module_name), func_name)
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, KeyboardInterrupt):
+            return
+        if job is None:
+            return
+        try:
+            result = handler(job)
+        except Exception:  # the handler's own bug: report, keep serving
+            result = {"status": "crash", "log": traceback.format_exc()[-4000:], "restart": True}
+        conn.send(result)
+        if result.get("restart"):
+            return
+
+
+class Worker:
+    """Parent-side handle. ``run`` never raises for what a job does; it returns an outcome."""
+
+    def __init__(self, target: str = "fusetune.evaluate:handle", device: int | None = None) -> None:
+        self.target = target
+        self.device = device
+        self.restarts = 0
+        self._ctx = multiprocessing.get_context("spawn")
+        self._proc: Any = None
+        self._conn: multiprocessing.connection.Connection | None = None
+
+    def _start(self) -> None:
+        parent, child = self._ctx.Pipe()
+        self._proc = self._ctx.Process(target=_serve, args=(child, self.target, self.device), daemon=True)
+        self._proc.start()
+        child.close()
+        self._conn = parent
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            if self._proc.is_alive():
+                self._proc.kill()
+            self._proc.join(timeout=10)
+        if self._conn is not None:
+            self._conn.close()
+        self._proc, self._conn = None, None
+
+    def run(self, job: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Run one job; ``timeout`` seconds after sending it the worker is killed and replaced."""
+        if self._proc is None or not self._proc.is_alive():
+            if self._proc is not None:
+                self.restarts += 1
+            self._kill()
+            self._start()
+        assert self._conn is not None
+        start = time.monotonic()
+        try:
+            self._conn.send(job)
+            if not self._conn.poll(timeout):
+                self._kill()
+                self.restarts += 1
+                return {"status": "timeout", "log": f"no answer within {timeout:.0f} s; worker killed"}
+            result = self._conn.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+            code = self._proc.exitcode if self._proc is not None else None
+            self._kill()
+            self.restarts += 1
+            return {"status": "crash", "log": f"worker died (exit code {code}) after {time.monotonic() - start:.1f} s"}
+        if result.get("restart"):
+            self._kill()
+            self.restarts += 1
+        return result
+
+    def close(self) -> None:
+        if self._conn is not None and self._proc is not None and self._proc.is_alive():
+            try:
+                self._conn.send(None)
+                self._proc.join(timeout=5)
+            except (OSError, BrokenPipeError):
+                pass
+        self._kill()
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -21,8 +21,6 @@ from fusetune.templates import environment
 #: Flags for nvcc; part of every cache key. No fast-math: it changes rounding of rsqrt and division.
 CUDA_FLAGS = ("-O3", "-lineinfo")
 STRATEGIES = {"warp": 0, "smem": 1}
-KERNEL_TEMPLATES = ("args.h.j2", "common.cuh.j2", "stats.cu.j2", "finalize.cu.j2",
-                    "plane_reduce.cu.j2", "window_map.cu.j2", "channel_reduce.cu.j2")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +43,8 @@ class RenderedModule:
 
 
 def plan_space(plan: Plan) -> PlanSpace:
-    return PlanSpace(families=tuple(load_family(stage) for stage in plan.stages))
+    """The producer's own choices (layout), then each kernel stage's declared space."""
+    return PlanSpace(families=(load_family("producer"),) + tuple(load_family(stage) for stage in plan.stages))
 
 
 def _chain(ops: Sequence[Elementwise], v: str, slots: dict[str, int]) -> str:
@@ -90,7 +89,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
     env = environment()
     space = plan_space(plan)
     slots = {name: i for i, name in enumerate(plan.param_names)}
-    variants = {f.family: f.variants() if f.params else [] for f in space.families}
+    variants = {f.family: f.variants() if f.params else [] for f in space.families if f.family in plan.stages}
     for stage, wanted in (only or {}).items():
         variants[stage] = [v for v in variants[stage] if v in wanted]
     norm = plan.norm

@@ -86,7 +86,7 @@ def load_tuned(config: str | Path, cache: Cache | None = None) -> torch.nn.Modul
     for shape in spec.shapes:
         entry = find_winner(cache, spec, shape, rendered.source_hash, machine.gpu)
         if entry is not None and entry.winner is not None:
-            winners[tuple(spec.producer.out_shape(shape))] = entry.winner["variant"]
+            winners[tuple(shape)] = entry.winner["variant"]
     if not winners:
         warnings.warn(f"fusetune: {spec.name}: no tuned winner on {machine.gpu}; using eager PyTorch "
                       f"(run `fusetune search {config}`)", stacklevel=2)

@@ -40,7 +40,12 @@ class Plan:
     reduce: Reduce | None
     final: tuple[Elementwise, ...]
     family: str | None  # main kernel family, or None when finalize computes the output
-    drop_bias: bool
+    drop_bias: bool  # the producer's bias is cancelled exactly by the norm: never applied
+
+    @property
+    def bias_in_epilogue(self) -> bool:
+        """cuDNN applies a bias as a pass of its own; the first kernel adds it for free instead."""
+        return self.spec.producer.bias and not self.drop_bias
 
     @property
     def needs_stats(self) -> bool:
@@ -76,7 +81,7 @@ class Plan:
                 f"norm={self.norm.kind if self.norm else '-'} mid={names(self.mid)} "
                 f"pool={self.pool.kind if self.pool else '-'} post={names(self.post)} "
                 f"reduce={self.reduce.kind if self.reduce else '-'} final={names(self.final)} "
-                f"drop_bias={self.drop_bias}")
+                f"bias={'dropped' if self.drop_bias else 'epilogue' if self.bias_in_epilogue else 'none'}")
 
 
 _SLOTS = ("pre", "norm", "mid", "pool", "post", "reduce", "final")

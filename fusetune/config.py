@@ -92,7 +92,7 @@ def parse_config(raw: Any, path: str = "<config>") -> ProblemSpec:
         if key not in TOP_KEYS:
             raise ConfigError(path, str(key), f"unknown key; expected one of: {', '.join(TOP_KEYS)}")
     name = raw.get("name")
-    if not isinstance(name, str) or not name or not all(ch.isalnum() or ch in "_-" for ch in name):
+    if not isinstance(name, str) or not name or not all(ch.isascii() and (ch.isalnum() or ch in "_-") for ch in name):
         raise ConfigError(path, "name", f"expected a non-empty name of letters, digits, '_' and '-', got {name!r}")
     dtype = raw.get("dtype", "float32")
     if dtype not in DTYPES:
@@ -166,6 +166,7 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
         raise ConfigError(path, "epilogue", "expected a non-empty list of ops, e.g. [{op: relu}]")
     ops: list[Op] = []
     current = [producer.out_shape(s) for s in shapes]
+    reduced_by: str | None = None  # set once a reduction over a dim has dropped the (N, C, spatial) structure
     for i, entry in enumerate(raw):
         key = f"epilogue[{i}]"
         if not isinstance(entry, Mapping) or "op" not in entry:
@@ -173,9 +174,12 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
         kind = entry["op"]
         if kind not in REGISTRY:
             raise ConfigError(path, f"{key}.op", f"unknown op {kind!r}; expected one of: {', '.join(sorted(REGISTRY))}")
-        if len(current[0]) < 3 and REGISTRY[kind].role != "elementwise":
-            raise ConfigError(path, f"{key}.op", f"'{kind}' needs a channel and spatial dims, but the input "
-                                                 f"has already been reduced to {list(current[0])}")
+        if reduced_by and REGISTRY[kind].role != "elementwise":
+            raise ConfigError(path, f"{key}.op", f"'{kind}' needs (N, C, spatial) input, but {reduced_by} "
+                                                 f"has already reduced it to {list(current[0])}")
+        if reduced_by and isinstance(entry.get("by"), str):
+            raise ConfigError(path, f"{key}.by", f"a per-channel parameter cannot apply after {reduced_by} "
+                                                 f"has reduced the input to {list(current[0])}")
         ctx = OpContext(path=path, key=key, in_shape=current[0], spatial_dims=producer.spatial_dims,
                         parameters=parameters)
         op = REGISTRY[kind].parse(entry, ctx)
@@ -185,10 +189,14 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
             op.check_shape(shape, error)
         current = [op.out_shape(s) for s in current]
         ops.append(op)
+        if op.role == "reduce" and getattr(op, "over", "") == "dim":
+            reduced_by = f"epilogue[{i}] ({kind} over dim {op.dim})"
     return tuple(ops)
 
 
 def _parse_search(raw: Any, path: str) -> SearchSettings:
+    if raw is None:
+        raw = {}
     if not isinstance(raw, Mapping):
         raise ConfigError(path, "search", f"expected a mapping with keys {', '.join(SEARCH_KEYS)}, got {raw!r}")
     for key in raw:

@@ -103,22 +103,26 @@ def key_fields(spec: ProblemSpec, shape: Shape, machine: Machine, source_hash: s
             "sources": source_hash}
 
 
-def _study(cache: Cache, key: str, space: PlanSpace, trials: int, seed: int) -> optuna.Study:
+def _study(cache: Cache, key: str, trials: int, seed: int) -> optuna.Study:
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own line per trial says more
     storage = JournalStorage(JournalFileBackend(str(cache.study_path(key))))
-    # Small spaces are enumerated; the brute-force sampler counts pruned trials as seen.
-    sampler = (optuna.samplers.BruteForceSampler(seed=seed) if space.size() <= trials
-               else optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(8, trials)))
+    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(8, trials))
     return optuna.create_study(study_name=key, storage=storage, sampler=sampler, direction="minimize",
                                load_if_exists=True)
 
 
-def _finished(study: optuna.Study) -> int:
+def _evaluated(study: optuna.Study) -> int:
+    """Finished trials that ran something: infeasible ones cost nothing and do not count."""
     done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
-    return len(study.get_trials(deepcopy=False, states=done))
+    return sum(1 for t in study.get_trials(deepcopy=False, states=done)
+               if t.user_attrs.get("status") not in (None, "infeasible"))
+
+
+def _tried(study: optuna.Study) -> set[str]:
+    return {candidate_key(t.params) for t in study.get_trials(deepcopy=False) if t.params}
 
 
 class _Objective:
@@ -130,6 +134,11 @@ class _Objective:
         self.key, self.fields, self.force, self.echo, self.total = key, fields, force, echo, total
         self.rerun: set[str] = set()  # candidates already re-run under --force in this search
         self.timings = {"evaluate_s": 0.0}
+        self.evaluated = 0  # feasible trials run or reused in this process
+
+    def stop_when_done(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if self.evaluated >= self.total:
+            study.stop()
 
     def __call__(self, trial: optuna.Trial) -> float:
         candidate = {name: trial.suggest_categorical(name, list(choices))
@@ -143,7 +152,11 @@ class _Objective:
             outcome, source = self._run(candidate), "new"
             self.rerun.add(ckey)
             self.cache.record(self.key, self.fields, ckey, {**outcome, "candidate": candidate})
-        self._report(trial.number, candidate, outcome, source)
+        trial.set_user_attr("status", outcome["status"])
+        if outcome["status"] == "infeasible":
+            raise optuna.TrialPruned("infeasible")  # rejected before building or running: not counted
+        self.evaluated += 1
+        self._report(self.evaluated, candidate, outcome, source)
         if outcome["status"] != "ok":
             raise optuna.TrialPruned(outcome["status"])
         return float(outcome["time_ms"])
@@ -162,7 +175,7 @@ class _Objective:
         status = outcome["status"]
         result = f"{outcome['time_ms']:.4f} ms" if status == "ok" else status
         note = " (known)" if source == "known" else ""
-        self.echo(f"  trial {number + 1:>3}/{self.total}  {params}  -> {result}{note}")
+        self.echo(f"  trial {number:>3}/{self.total}  {params}  -> {result}{note}")
 
 
 def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, make_bench: BenchmarkerFactory,
@@ -187,15 +200,25 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
     prepare_start = time.perf_counter()
     bench.prepare()
     timings = {"prepare_s": time.perf_counter() - prepare_start}
-    study = _study(cache, key, space, trials, spec.search.seed)
-    default = space.default()
-    if not any(t.params == default for t in study.get_trials(deepcopy=False)):
-        study.enqueue_trial(default, skip_if_exists=True)  # a known-good start for every template
-    objective = _Objective(space, shape_facts(spec, plan, shape), bench, cache, key, fields, force, echo, trials)
-    remaining = trials - (0 if force else _finished(study))
+    study = _study(cache, key, trials, spec.search.seed)
+    facts = shape_facts(spec, plan, shape)
+    remaining = trials - (0 if force else _evaluated(study))
+    objective = _Objective(space, facts, bench, cache, key, fields, force, echo, max(remaining, 0))
+    tried = set() if force else _tried(study)
+    feasible = [c for c in space.all() if not space.violations(c, facts)]
+    if len(feasible) <= remaining:
+        queue = [c for c in feasible if candidate_key(c) not in tried]  # small space: try all of it
+    else:
+        # A known-good start for every template: the declared defaults, where feasible here.
+        default = space.default()
+        queue = [default] if default in feasible and candidate_key(default) not in tried else []
+    for candidate in queue:
+        study.enqueue_trial(candidate)
     search_start = time.perf_counter()
-    if remaining > 0:
-        study.optimize(objective, n_trials=remaining, timeout=timeout, catch=(), gc_after_trial=False)
+    if remaining > 0 and feasible:
+        budget = len(queue) if len(feasible) <= remaining else remaining * 20  # infeasible ones are free
+        study.optimize(objective, n_trials=budget, timeout=timeout, catch=(), gc_after_trial=False,
+                       callbacks=[objective.stop_when_done])
     timings["search_s"] = time.perf_counter() - search_start
     timings.update(objective.timings)
     eager = bench.eager_ms()

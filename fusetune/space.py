@@ -120,10 +120,11 @@ class PlanSpace:
     def violations(self, candidate: Mapping[str, Any], facts: Mapping[str, int]) -> list[str]:
         """Constraints the candidate breaks at a shape; empty when it is feasible."""
         broken = []
+        shared = {**facts, "layout": candidate.get("producer.layout", "contiguous")}
         for f in self.families:
             names = {p.name: candidate[f"{f.family}.{p.name}"] for p in f.params}
             for c in f.constraints:
-                if not eval(c.expr, {"__builtins__": {}}, {**facts, **names}):  # noqa: S307 - our own data
+                if not eval(c.expr, {"__builtins__": {}}, {**shared, **names}):  # noqa: S307 - our own data
                     broken.append(f"{f.family}: {c.why} ({c.expr})")
         return broken
 

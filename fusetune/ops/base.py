@@ -85,7 +85,14 @@ def take_number(raw: Mapping[str, Any], key: str, ctx: OpContext, *, default: An
         return default
     value = raw[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ctx.error(key, f"expected a number, got {value!r}")
+        hint = ""
+        if isinstance(value, str):
+            try:
+                float(value)
+                hint = " (YAML reads a number without a decimal point before 'e' as text: write e.g. 1.0e-5)"
+            except ValueError:
+                pass
+        raise ctx.error(key, f"expected a number, got {value!r}{hint}")
     if allow_int_only and not isinstance(value, int):
         raise ctx.error(key, f"expected an integer, got {value!r}")
     if positive and not value > 0:

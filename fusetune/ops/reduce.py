@@ -28,7 +28,7 @@ class AdaptiveAvgPool(Reduce):
     def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
         reject_unknown(raw, ["output_size"], ctx)
         size = raw.get("output_size", 1)
-        if size != 1 and size != [1] * ctx.spatial_dims:
+        if isinstance(size, bool) or (size != 1 and size != [1] * ctx.spatial_dims):
             raise ctx.error("output_size", f"only output_size 1 is supported, got {size!r}")
         return cls()
 

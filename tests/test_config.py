@@ -1,0 +1,223 @@
+"""The seed configs load, shapes flow through the chain, and the digest keys exactly the problem."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from fusetune.config import ProblemSpec, SearchSettings, load_config, parse_config
+from fusetune.errors import ConfigError
+from fusetune.ops import AdaptiveAvgPool, BatchNorm, Clamp, DimReduce, GroupNorm, InstanceNorm, MaxPool, Mul
+
+from conftest import SEEDS
+
+#: name -> (output shape for shapes[0], output shape for shapes[1])
+OUTPUT_SHAPES = {
+    "convt3d_scale_maxpool_gap_clamp": ((128, 16, 1, 1, 1), (3, 16, 1, 1, 1)),
+    "convt3d_scale_batchnorm_gap": ((16, 128, 1, 1, 1), (3, 128, 1, 1, 1)),
+    "conv2d_groupnorm_scale_maxpool_clamp": ((128, 64, 31, 31), (3, 64, 8, 10)),
+    "conv3d_mul_instancenorm_clamp_mul_max": ((128, 14, 30, 30), (3, 9, 17, 21)),
+}
+
+
+def _raw(key: str) -> dict:
+    return yaml.safe_load(SEEDS[key].read_text())
+
+
+def _digest(raw: dict) -> str:
+    return parse_config(copy.deepcopy(raw), "x.yaml").digest()
+
+
+def test_all_four_seeds_load(seed_path):
+    spec = load_config(seed_path)
+    assert isinstance(spec, ProblemSpec)
+    assert spec.path == str(seed_path)
+    assert spec.name == seed_path.stem
+    assert spec.dtype == "float32"
+    assert spec.search == SearchSettings(trials=24, timeout=300.0, seed=0)
+    assert isinstance(spec.search.timeout, float)
+    assert len(spec.shapes) == 2
+
+
+def test_seed_names_cover_the_table():
+    assert {load_config(p).name for p in SEEDS.values()} == set(OUTPUT_SHAPES)
+
+
+def test_output_shapes_of_seed_shapes(seed_path):
+    spec = load_config(seed_path)
+    expected = OUTPUT_SHAPES[spec.name]
+    assert tuple(spec.output_shape(s) for s in spec.shapes) == expected
+
+
+def test_shapes_through_each_op():
+    spec = load_config(SEEDS["groupnorm"])
+    assert spec.shapes_through((3, 8, 37, 45)) == [
+        (3, 64, 35, 43),  # conv 3x3
+        (3, 64, 35, 43),  # group norm
+        (3, 64, 35, 43),  # mul
+        (3, 64, 8, 10),  # max pool 4 (floor)
+        (3, 64, 8, 10),  # clamp
+    ]
+    spec = load_config(SEEDS["maxpool_gap"])
+    # transposed conv: (s-1)*2 - 2*1 + 3
+    assert spec.shapes_through((3, 3, 7, 11, 13)) == [
+        (3, 16, 13, 21, 25), (3, 16, 13, 21, 25), (3, 16, 6, 10, 12), (3, 16, 1, 1, 1), (3, 16, 1, 1, 1)]
+    spec = load_config(SEEDS["instancenorm"])
+    assert spec.shapes_through((3, 3, 11, 19, 23))[-2:] == [(3, 16, 9, 17, 21), (3, 9, 17, 21)]
+
+
+def test_producer_and_ops_parsed_as_written():
+    spec = load_config(SEEDS["maxpool_gap"])
+    p = spec.producer
+    assert (p.kind, p.in_channels, p.out_channels) == ("conv_transpose3d", 3, 16)
+    assert (p.kernel_size, p.stride, p.padding, p.output_padding, p.bias) == ((3,) * 3, (2,) * 3, (1,) * 3, (0,) * 3, True)
+    assert p.transposed and p.spatial_dims == 3
+    assert [type(op) for op in spec.epilogue] == [Mul, MaxPool, AdaptiveAvgPool, Clamp]
+    assert spec.epilogue[0].scalar == 0.5 and spec.epilogue[0].param is None
+    assert spec.epilogue[1].kernel_size == (2, 2, 2) and spec.epilogue[1].stride == (2, 2, 2)
+
+    spec = load_config(SEEDS["instancenorm"])
+    assert [type(op) for op in spec.epilogue] == [Mul, InstanceNorm, Clamp, Mul, DimReduce]
+    assert spec.epilogue[0].param == "m" and spec.epilogue[0].scalar is None
+    assert (spec.epilogue[2].min, spec.epilogue[2].max) == (-1.0, 1.0)
+    assert spec.epilogue[4].mode == "max" and spec.epilogue[4].dim == 1
+    assert [p.name for p in spec.parameters] == ["m"] and spec.parameters[0].init == "randn"
+
+    spec = load_config(SEEDS["batchnorm"])
+    bn = spec.epilogue[1]
+    assert isinstance(bn, BatchNorm) and bn.training and bn.scope == "batch"
+    assert (bn.eps, bn.momentum, bn.affine) == (1e-5, 0.1, True)
+
+    spec = load_config(SEEDS["groupnorm"])
+    gn = spec.epilogue[0]
+    assert isinstance(gn, GroupNorm) and gn.groups == 16 and gn.groups_of(64) == 4
+
+
+def test_canonical_form_and_digest_are_stable(seed_path):
+    a, b = load_config(seed_path), load_config(seed_path)
+    assert a.canonical() == b.canonical()
+    assert a.digest() == b.digest()
+    assert len(a.digest()) == 16 and int(a.digest(), 16) >= 0
+
+
+def test_seed_digests_are_distinct():
+    digests = {load_config(p).digest() for p in SEEDS.values()}
+    assert len(digests) == len(SEEDS)
+
+
+@pytest.mark.parametrize("change", [
+    lambda r: r["epilogue"][1].__setitem__("eps", 1.0e-3),
+    lambda r: r["epilogue"][1].__setitem__("momentum", 0.2),
+    lambda r: r["epilogue"][1].__setitem__("training", False),
+    lambda r: r["epilogue"][0].__setitem__("by", 3.0),
+    lambda r: r["epilogue"][0].__setitem__("op", "div"),
+    lambda r: r["epilogue"].append({"op": "relu"}),
+    lambda r: r["producer"].__setitem__("kernel_size", 3),
+    lambda r: r["producer"].__setitem__("bias", False),
+    lambda r: r["producer"].__setitem__("out_channels", 64),
+], ids=["eps", "momentum", "training", "scalar", "mul->div", "extra op", "kernel_size", "bias", "out_channels"])
+def test_digest_changes_with_the_problem(change):
+    raw = _raw("batchnorm")
+    before = _digest(raw)
+    change(raw)
+    assert _digest(raw) != before
+
+
+def test_digest_changes_with_clamp_bound_and_parameter_init():
+    raw = _raw("groupnorm")
+    before = _digest(raw)
+    raw2 = copy.deepcopy(raw)
+    raw2["epilogue"][3]["max"] = 0.5
+    assert _digest(raw2) != before
+    raw3 = copy.deepcopy(raw)
+    raw3["parameters"]["scale"]["init"] = "randn"
+    assert _digest(raw3) != before
+    raw4 = copy.deepcopy(raw)
+    raw4["epilogue"][0]["groups"] = 8
+    assert _digest(raw4) != before
+
+
+@pytest.mark.parametrize("key", ["groupnorm", "instancenorm", "batchnorm", "maxpool_gap"])
+def test_digest_ignores_name_search_and_shapes(key):
+    raw = _raw(key)
+    before = _digest(raw)
+    raw["name"] = "something-else_2"
+    raw["search"] = {"trials": 3, "timeout": 5, "seed": 123}
+    raw["shapes"] = [raw["shapes"][1]]
+    spec = parse_config(copy.deepcopy(raw), "elsewhere.yaml")
+    assert spec.digest() == before
+    assert "name" not in spec.canonical() and "search" not in spec.canonical()
+    assert "shapes" not in spec.canonical()
+    del raw["search"]
+    assert _digest(raw) == before
+
+
+def test_digest_ignores_spelling_of_the_same_problem():
+    """Defaults written out, ints for floats, negative dims and key order: same problem, same digest."""
+    raw = _raw("groupnorm")
+    before = _digest(raw)
+    same = copy.deepcopy(raw)
+    same["epilogue"][0] = {"eps": 0.00001, "groups": 16, "op": "group_norm", "affine": True}
+    same["epilogue"][2] = {"op": "max_pool", "kernel_size": [4, 4], "stride": 4}
+    same["epilogue"][3] = {"op": "clamp", "min": 0, "max": 1}
+    same["producer"] = {**raw["producer"], "stride": 1, "padding": 0, "bias": True}
+    same["dtype"] = "float32"
+    assert _digest(same) == before
+    del same["dtype"]  # float32 is the default
+    assert _digest(same) == before
+
+    raw = _raw("instancenorm")
+    before = _digest(raw)
+    same = copy.deepcopy(raw)
+    same["epilogue"][4]["dim"] = -4  # rank 5 input: -4 is dim 1
+    del same["epilogue"][1]["eps"]  # 1e-5 is the default
+    assert _digest(same) == before
+    del same["epilogue"][4]["dim"]  # dim 1 is the default
+    assert _digest(same) == before
+
+
+def test_reduce_ops_are_distinguished_in_digest():
+    raw = _raw("instancenorm")
+    digests = set()
+    for mode in ("max", "min", "sum", "mean"):
+        raw["epilogue"][4]["op"] = mode
+        digests.add(_digest(raw))
+    assert len(digests) == 4
+
+
+def test_parse_config_defaults_path():
+    raw = _raw("groupnorm")
+    raw["name"] = ""
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    assert str(info.value).startswith("<config>: name: ")
+
+
+def test_search_defaults_when_omitted():
+    raw = _raw("groupnorm")
+    del raw["search"]
+    assert parse_config(raw, "x.yaml").search == SearchSettings()
+    raw["search"] = {"timeout": 7}
+    s = parse_config(raw, "x.yaml").search
+    assert (s.trials, s.timeout, s.seed) == (32, 7.0, 0)
+
+
+def test_parameters_may_be_omitted_or_null():
+    raw = _raw("batchnorm")
+    assert "parameters" not in raw
+    assert parse_config(copy.deepcopy(raw), "x.yaml").parameters == ()
+    raw["parameters"] = None
+    assert parse_config(raw, "x.yaml").parameters == ()
+
+
+def test_training_batch_norm_needs_two_values_per_channel():
+    raw = _raw("batchnorm")
+    raw["producer"]["kernel_size"] = 1
+    raw["shapes"] = [[1, 64, 1, 1, 1]]
+    with pytest.raises(ConfigError) as info:
+        parse_config(copy.deepcopy(raw), "x.yaml")
+    assert info.value.key == "epilogue[1]"
+    assert "more than one value per channel" in str(info.value)
+    raw["epilogue"][1]["training"] = False  # eval mode: running statistics, any size works
+    assert parse_config(raw, "x.yaml").output_shape((1, 64, 1, 1, 1)) == (1, 128, 1, 1, 1)

@@ -1,0 +1,144 @@
+"""Lowering op chains to kernel stages."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from fusetune.config import load_config, parse_config
+from fusetune.errors import PlanError
+from fusetune.plan import make_plan
+
+from conftest import SEEDS
+
+EXPECTED = {
+    # seed: (stages, family, drop_bias)
+    "groupnorm": (("stats", "finalize", "window_map"), "window_map", False),
+    "instancenorm": (("stats", "finalize", "channel_reduce"), "channel_reduce", True),
+    "batchnorm": (("stats", "finalize"), None, False),
+    "maxpool_gap": (("plane_reduce",), "plane_reduce", False),
+}
+
+
+def _raw(key: str) -> dict:
+    return copy.deepcopy(yaml.safe_load(SEEDS[key].read_text()))
+
+
+def _plan(key: str, epilogue: list, **producer):
+    raw = _raw(key)
+    raw["epilogue"] = epilogue
+    raw["producer"].update(producer)
+    return make_plan(parse_config(raw, "x.yaml"))
+
+
+@pytest.mark.parametrize("key", sorted(EXPECTED))
+def test_seed_plans(key):
+    plan = make_plan(load_config(SEEDS[key]))
+    stages, family, drop_bias = EXPECTED[key]
+    assert plan.stages == stages
+    assert plan.family == family
+    assert plan.drop_bias is drop_bias
+    assert plan.needs_stats is ("stats" in stages)
+    assert f"stages={'+'.join(stages)}" in plan.describe()
+
+
+def test_seed_slots():
+    plan = make_plan(load_config(SEEDS["groupnorm"]))
+    assert [op.kind for op in plan.mid] == ["mul"] and plan.pre == ()
+    assert plan.norm.kind == "group_norm" and plan.pool.kind == "max_pool"
+    assert [op.kind for op in plan.post] == ["clamp"] and plan.reduce is None and plan.final == ()
+    assert plan.param_names == ("scale",)
+
+    plan = make_plan(load_config(SEEDS["instancenorm"]))
+    assert [op.kind for op in plan.pre] == ["mul"]
+    assert [op.kind for op in plan.mid] == ["clamp", "mul"]
+    assert plan.reduce.kind == "reduce" and plan.reduce.mode == "max" and plan.reduce.dim == 1
+    assert plan.param_names == ("m",)  # used twice, one slot
+
+    plan = make_plan(load_config(SEEDS["maxpool_gap"]))
+    assert [op.kind for op in plan.pre] == ["mul"] and plan.norm is None
+    assert plan.pool.kind == "max_pool" and plan.post == ()
+    assert plan.reduce.kind == "adaptive_avg_pool" and [op.kind for op in plan.final] == ["clamp"]
+    assert plan.param_names == ()
+
+    plan = make_plan(load_config(SEEDS["batchnorm"]))
+    assert [op.kind for op in plan.pre] == ["mul"] and plan.norm.kind == "batch_norm"
+    assert plan.mid == () and plan.pool is None and plan.reduce.kind == "adaptive_avg_pool"
+
+
+@pytest.mark.parametrize("key, epilogue, fragment", [
+    ("groupnorm", [{"op": "group_norm", "groups": 16}, {"op": "instance_norm"}], "epilogue[1] (instance_norm)"),
+    ("groupnorm", [{"op": "batch_norm"}, {"op": "relu"}, {"op": "batch_norm"}], "epilogue[2] (batch_norm)"),
+    ("groupnorm", [{"op": "max_pool", "kernel_size": 2}, {"op": "group_norm", "groups": 16}], "epilogue[1] (group_norm)"),
+    ("groupnorm", [{"op": "max_pool", "kernel_size": 2}, {"op": "max_pool", "kernel_size": 2}], "epilogue[1] (max_pool)"),
+    ("batchnorm", [{"op": "adaptive_avg_pool"}, {"op": "batch_norm"}], "epilogue[1] (batch_norm)"),
+    ("groupnorm", [{"op": "max", "dim": 2}], "reducing over dim 2"),
+    ("instancenorm", [{"op": "sum", "dim": -1}], "reducing over dim 4"),
+    ("groupnorm", [{"op": "max_pool", "kernel_size": 2}, {"op": "max", "dim": 1}], "channel reduction after pooling"),
+    ("instancenorm", [{"op": "instance_norm"}, {"op": "avg_pool", "kernel_size": 2}, {"op": "mean", "dim": 1}],
+     "channel reduction after pooling"),
+])
+def test_unfusable_chains_raise_plan_error(key, epilogue, fragment):
+    raw = _raw(key)
+    raw["epilogue"] = epilogue
+    spec = parse_config(raw, "x.yaml")  # a valid config...
+    with pytest.raises(PlanError) as info:
+        make_plan(spec)  # ...that no family fuses
+    assert fragment in str(info.value)
+    assert str(info.value).startswith("x.yaml: ")
+    assert info.value.exit_code == 2
+
+
+def test_eval_mode_batch_norm_has_no_stats_stage():
+    plan = _plan("batchnorm", [{"op": "mul", "by": 2.0}, {"op": "batch_norm", "training": False},
+                               {"op": "adaptive_avg_pool"}])
+    assert plan.norm.scope == "running"
+    assert not plan.needs_stats
+    assert "stats" not in plan.stages and "finalize" in plan.stages
+    # no statistics pass, so finalize cannot produce the plane means itself: a main pass is needed
+    assert plan.stages == ("finalize", "plane_reduce")
+
+    plan = _plan("batchnorm", [{"op": "batch_norm", "training": False}, {"op": "relu"}])
+    assert plan.stages == ("finalize", "window_map")
+
+
+def test_norm_then_mean_needs_no_main_pass_only_without_mid_ops_or_pool():
+    assert _plan("batchnorm", [{"op": "batch_norm"}, {"op": "adaptive_avg_pool"}, {"op": "relu"}]).stages == (
+        "stats", "finalize")
+    # a nonlinearity between the norm and the mean: the plane mean is no longer A*mean+B
+    assert _plan("batchnorm", [{"op": "batch_norm"}, {"op": "relu"}, {"op": "adaptive_avg_pool"}]).stages == (
+        "stats", "finalize", "plane_reduce")
+    assert _plan("batchnorm", [{"op": "batch_norm"}, {"op": "max_pool", "kernel_size": 2},
+                               {"op": "adaptive_avg_pool"}]).stages == ("stats", "finalize", "plane_reduce")
+
+
+def test_chains_without_norm():
+    assert _plan("groupnorm", [{"op": "relu"}]).stages == ("window_map",)
+    plan = _plan("instancenorm", [{"op": "relu"}, {"op": "min", "dim": 1}, {"op": "mul", "by": 2.0}])
+    assert plan.stages == ("channel_reduce",)
+    assert [op.kind for op in plan.final] == ["mul"]
+    assert plan.drop_bias is False
+
+
+@pytest.mark.parametrize("pre, drop", [
+    ([], True),
+    ([{"op": "mul", "by": "m"}, {"op": "add", "by": 1.0}, {"op": "div", "by": 3.0}], True),
+    ([{"op": "relu"}], False),  # the bias changes which values relu zeroes: it does not cancel
+    ([{"op": "clamp", "max": 1.0}], False),
+])
+def test_instance_norm_drops_bias_only_through_affine_pre_ops(pre, drop):
+    plan = _plan("instancenorm", [*pre, {"op": "instance_norm"}, {"op": "max", "dim": 1}])
+    assert plan.drop_bias is drop
+
+
+def test_instance_norm_without_producer_bias_has_nothing_to_drop():
+    plan = _plan("instancenorm", [{"op": "instance_norm"}, {"op": "max", "dim": 1}], bias=False)
+    assert plan.drop_bias is False
+
+
+@pytest.mark.parametrize("norm", [{"op": "group_norm", "groups": 4}, {"op": "batch_norm"},
+                                  {"op": "batch_norm", "training": False}])
+def test_other_norms_keep_the_bias(norm):
+    # group norm mixes channels and batch norm's running statistics see the bias: neither cancels it
+    assert _plan("instancenorm", [norm, {"op": "max", "dim": 1}]).drop_bias is False

@@ -1,0 +1,268 @@
+"""The generated model.py: its reference ``Model`` computes the config's chain on CPU, op for op,
+and ``ModelNew`` can be built and wired up without CUDA."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fusetune.codegen import render
+from fusetune.config import load_config
+from fusetune.plan import make_plan
+
+from conftest import SEEDS, import_file
+
+
+def _generate(key: str, directory: Path):
+    spec = load_config(SEEDS[key])
+    rendered = render(make_plan(spec))
+    target = directory / key
+    rendered.write(target)
+    return spec, import_file(target / "model.py")
+
+
+def _randomize(model: torch.nn.Module) -> None:
+    """Make every parameter non-trivial so that order and operand mistakes show."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.startswith("producer."):
+                continue
+            p.copy_(torch.randn_like(p) * 0.5 + (1.0 if name.endswith("weight") else 0.0))
+
+
+def _expected_groupnorm(model, x):
+    w, b = model.producer.weight, model.producer.bias
+    gn = model.group_norm_0
+    y = F.conv2d(x, w, b)
+    y = F.group_norm(y, 16, gn.weight, gn.bias, eps=1e-5)
+    y = y * model.scale
+    y = F.max_pool2d(y, 4)
+    return y.clamp(0.0, 1.0)
+
+
+def _expected_instancenorm(model, x):
+    w, b, m = model.producer.weight, model.producer.bias, model.m
+    y = F.conv3d(x, w, b)
+    y = y * m
+    y = F.instance_norm(y, eps=1e-5)
+    y = y.clamp(-1.0, 1.0) * m
+    return y.max(dim=1)[0]
+
+
+def _expected_batchnorm(model, x):
+    w, b = model.producer.weight, model.producer.bias
+    bn = model.batch_norm_1
+    y = F.conv_transpose3d(x, w, b)
+    y = y * 2.0
+    mean = y.mean(dim=(0, 2, 3, 4), keepdim=True)
+    var = y.var(dim=(0, 2, 3, 4), unbiased=False, keepdim=True)
+    y = (y - mean) / torch.sqrt(var + 1e-5) * bn.weight.view(1, -1, 1, 1, 1) + bn.bias.view(1, -1, 1, 1, 1)
+    return y.mean(dim=(2, 3, 4), keepdim=True)
+
+
+def _expected_maxpool_gap(model, x):
+    w, b = model.producer.weight, model.producer.bias
+    y = F.conv_transpose3d(x, w, b, stride=2, padding=1)
+    y = y * 0.5
+    y = F.max_pool3d(y, 2)
+    y = y.mean(dim=(2, 3, 4), keepdim=True)
+    return y.clamp(0.0, 1.0)
+
+
+EXPECTED = {
+    "groupnorm": _expected_groupnorm,
+    "instancenorm": _expected_instancenorm,
+    "batchnorm": _expected_batchnorm,
+    "maxpool_gap": _expected_maxpool_gap,
+}
+
+
+@pytest.mark.parametrize("key", sorted(SEEDS))
+def test_reference_model_matches_hand_written_forward(key, tmp_path):
+    torch.manual_seed(0)
+    spec, module = _generate(key, tmp_path)
+    model = module.Model()
+    _randomize(model)
+    shape = spec.shapes[1]
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        expected = EXPECTED[key](model, x)
+        got = model(x)
+    assert tuple(got.shape) == spec.output_shape(shape)
+    assert tuple(expected.shape) == spec.output_shape(shape)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    # not a vacuous comparison: the outputs vary
+    assert got.std() > 0 or key == "maxpool_gap"
+
+
+def test_maxpool_gap_reference_is_not_degenerate(tmp_path):
+    """The seed's clamp(0, 1) could hide mistakes if everything clamped: check some values are interior."""
+    torch.manual_seed(0)
+    spec, module = _generate("maxpool_gap", tmp_path)
+    model = module.Model()
+    with torch.no_grad():
+        model.producer.weight.mul_(4.0)
+        x = torch.randn(*spec.shapes[1])
+        got = model(x)
+        torch.testing.assert_close(got, _expected_maxpool_gap(model, x), rtol=1e-5, atol=1e-5)
+    interior = ((got > 0) & (got < 1)).sum().item()
+    assert interior > 0
+
+
+def test_mul_before_max_pool_order_matters(tmp_path):
+    """With a negative per-channel scale, mul-then-pool differs from pool-then-mul: the model must mul first."""
+    torch.manual_seed(1)
+    spec, module = _generate("groupnorm", tmp_path)
+    model = module.Model()
+    with torch.no_grad():
+        model.scale.copy_(-torch.rand_like(model.scale) - 0.5)
+        x = torch.randn(*spec.shapes[1])
+        got = model(x)
+        gn = model.group_norm_0
+        y = F.group_norm(model.producer(x), 16, gn.weight, gn.bias, eps=1e-5)
+        wrong = (F.max_pool2d(y, 4) * model.scale).clamp(0, 1)
+        torch.testing.assert_close(got, _expected_groupnorm(model, x))
+    assert not torch.allclose(got, wrong)
+
+
+def test_batch_norm_running_statistics_after_one_forward(tmp_path):
+    torch.manual_seed(0)
+    spec, module = _generate("batchnorm", tmp_path)
+    model = module.Model()
+    bn = model.batch_norm_1
+    assert model.training and bn.training
+    assert torch.equal(bn.running_mean, torch.zeros(128))
+    assert torch.equal(bn.running_var, torch.ones(128))
+    assert bn.num_batches_tracked.item() == 0
+    x = torch.randn(*spec.shapes[1])
+    with torch.no_grad():
+        model(x)
+        y = F.conv_transpose3d(x, model.producer.weight, model.producer.bias) * 2.0
+    batch_mean = y.mean(dim=(0, 2, 3, 4))
+    count = y.numel() // y.shape[1]
+    unbiased = ((y - batch_mean.view(1, -1, 1, 1, 1)) ** 2).sum(dim=(0, 2, 3, 4)) / (count - 1)
+    torch.testing.assert_close(bn.running_mean, 0.9 * 0.0 + 0.1 * batch_mean, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(bn.running_var, 0.9 * 1.0 + 0.1 * unbiased, rtol=1e-5, atol=1e-6)
+    assert bn.num_batches_tracked.item() == 1
+
+
+def test_eval_mode_batch_norm_config_uses_running_statistics(tmp_path):
+    """``training: false`` means eval semantics whatever mode the module is in."""
+    import yaml
+    from fusetune.config import parse_config
+
+    raw = yaml.safe_load(SEEDS["batchnorm"].read_text())
+    raw["epilogue"][1]["training"] = False
+    spec = parse_config(raw, "x.yaml")
+    rendered = render(make_plan(spec))
+    rendered.write(tmp_path)
+    module = import_file(tmp_path / "model.py")
+    torch.manual_seed(0)
+    model = module.Model()
+    bn = model.batch_norm_1
+    with torch.no_grad():
+        bn.running_mean.copy_(torch.randn(128))
+        bn.running_var.copy_(torch.rand(128) + 0.5)
+        _randomize(model)
+    before = (bn.running_mean.clone(), bn.running_var.clone())
+    assert model.training
+    x = torch.randn(*spec.shapes[1])
+    with torch.no_grad():
+        got = model(x)
+        y = F.conv_transpose3d(x, model.producer.weight, model.producer.bias) * 2.0
+        y = F.batch_norm(y, before[0], before[1], bn.weight, bn.bias, training=False, eps=1e-5)
+        expected = y.mean(dim=(2, 3, 4), keepdim=True)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(bn.running_mean, before[0]) and torch.equal(bn.running_var, before[1])
+    assert bn.num_batches_tracked.item() == 0
+
+
+@pytest.mark.parametrize("key", sorted(SEEDS))
+def test_model_new_builds_on_cpu_without_kernels(key, tmp_path, monkeypatch):
+    import torch.utils.cpp_extension as cpp_extension
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("ModelNew must not build kernels before its first forward")
+
+    monkeypatch.setattr(cpp_extension, "load_inline", no_build)
+    spec, module = _generate(key, tmp_path)
+    fused = module.ModelNew()
+    assert module._KERNELS is None
+    assert isinstance(fused, module.Model)
+    assert set(module.STAGES) == set(make_plan(spec).stages)
+    assert set(fused.variant) == set(module.STAGES) | {"producer"}
+    # same parameters and buffers as the reference, by name and shape
+    ref = module.Model()
+    assert {k: v.shape for k, v in fused.state_dict().items()} == {k: v.shape for k, v in ref.state_dict().items()}
+
+
+@pytest.mark.parametrize("key", sorted(SEEDS))
+def test_model_new_refuses_cpu_input(key, tmp_path):
+    spec, module = _generate(key, tmp_path)
+    fused = module.ModelNew()
+    x = torch.randn(*spec.shapes[1])
+    with pytest.raises(ValueError, match="CUDA"):
+        fused.forward(x)
+    assert module._KERNELS is None
+
+
+@pytest.mark.parametrize("key", sorted(SEEDS))
+def test_model_new_share_from(key, tmp_path):
+    spec, module = _generate(key, tmp_path)
+    ref = module.Model()
+    fused = module.ModelNew().share_from(ref)
+    assert fused.producer.weight is ref.producer.weight
+    assert fused.producer is ref.producer
+    for p in spec.parameters:
+        assert getattr(fused, p.name) is getattr(ref, p.name)
+    ref_tensors = {k: v.data_ptr() for k, v in ref.state_dict().items()}
+    assert {k: v.data_ptr() for k, v in fused.state_dict().items()} == ref_tensors
+
+
+def test_model_new_shares_batch_norm_buffers(tmp_path):
+    _, module = _generate("batchnorm", tmp_path)
+    ref = module.Model()
+    fused = module.ModelNew().share_from(ref)
+    assert fused.batch_norm_1.running_mean is ref.batch_norm_1.running_mean
+    assert fused.batch_norm_1.running_var is ref.batch_norm_1.running_var
+
+
+def test_model_new_variant_selection(tmp_path):
+    _, module = _generate("groupnorm", tmp_path)
+    fused = module.ModelNew()
+    assert fused.variant == {"producer": {"layout": "contiguous"},
+                             "stats": {"block": 256, "vec": 4, "reduce": "warp", "split": 4},
+                             "finalize": {}, "window_map": {"block": 256, "ilp": 2}}
+    stats_variants = module.VARIANTS["stats"]
+    index, split = fused._resolved["stats"]
+    assert stats_variants[index] == {"block": 256, "vec": 4, "reduce": "warp"} and split == 4
+    with pytest.raises(ValueError, match="no compiled variant"):
+        module.ModelNew(variant={"stats": {"block": 100, "vec": 4, "reduce": "warp"}, "window_map": {"block": 256, "ilp": 2}})
+    other = {"stats": {"block": 128, "vec": 1, "reduce": "smem", "split": 8}, "window_map": {"block": 512, "ilp": 4}}
+    fused = module.ModelNew(variant=other)
+    index, split = fused._resolved["stats"]
+    assert stats_variants[index] == {"block": 128, "vec": 1, "reduce": "smem"} and split == 8
+    index, _ = fused._resolved["window_map"]
+    assert module.VARIANTS["window_map"][index] == {"block": 512, "ilp": 4}
+
+
+def test_model_new_reads_exported_winner(tmp_path):
+    spec, module_first = _generate("instancenorm", tmp_path)
+    winner = {"stats": {"block": 512, "vec": 1, "reduce": "smem", "split": 2},
+              "channel_reduce": {"block": 128, "vec": 1, "unroll": 1}}
+    (tmp_path / "instancenorm" / "winner.json").write_text(json.dumps({"variant": winner}))
+    module = import_file(tmp_path / "instancenorm" / "model.py")
+    assert module.default_variant() == winner
+    assert module.ModelNew().variant == winner
+
+
+def test_generated_model_does_not_need_fusetune(tmp_path):
+    _, module = _generate("groupnorm", tmp_path)
+    source = (tmp_path / "groupnorm" / "model.py").read_text()
+    assert "import fusetune" not in source and "from fusetune" not in source
+    assert (tmp_path / "groupnorm" / "kernels.cu").exists() and (tmp_path / "groupnorm" / "binding.cpp").exists()
+    assert module.MODULE_NAME.startswith("ft_conv2d_groupnorm_scale_maxpool_clamp_")
+    assert module.MODULE_NAME.isidentifier()

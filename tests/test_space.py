@@ -1,0 +1,150 @@
+"""Search spaces declared beside the templates."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fusetune.codegen import plan_space
+from fusetune.config import load_config
+from fusetune.errors import FusetuneError
+from fusetune.plan import make_plan
+from fusetune.space import PlanSpace, candidate_key, load_family
+
+from conftest import SEEDS
+
+FAMILIES = ("stats", "plane_reduce", "window_map", "channel_reduce")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_load_family(family):
+    space = load_family(family)
+    assert space.family == family
+    assert space.doc
+    assert space.params
+    for p in space.params:
+        assert p.default in p.choices, p.name
+        assert len(set(p.choices)) == len(p.choices), p.name
+    assert space.default() == {p.name: p.default for p in space.params}
+    assert space.size() == math.prod(len(p.choices) for p in space.params)
+
+
+def test_declared_parameters():
+    stats = load_family("stats")
+    assert [p.name for p in stats.params] == ["block", "vec", "reduce", "split"]
+    assert [p.name for p in stats.compile_params] == ["block", "vec", "reduce"]  # split is a run-time argument
+    assert dict((p.name, p.choices) for p in stats.params)["vec"] == (1, 4)
+    assert [p.name for p in load_family("window_map").params] == ["block", "ilp"]
+    assert load_family("window_map").constraints == ()
+    assert [p.name for p in load_family("plane_reduce").compile_params] == ["block", "reduce"]
+    assert [p.name for p in load_family("channel_reduce").compile_params] == ["block", "vec", "unroll"]
+
+
+def test_finalize_is_a_fixed_stage():
+    fin = load_family("finalize")
+    assert fin.params == () and fin.variants() == [{}] and fin.size() == 1 and fin.variant_index({}) == 0
+
+
+def _stats_candidate(**values):
+    space = PlanSpace(families=(load_family("stats"),))
+    candidate = space.default()
+    candidate.update({f"stats.{k}": v for k, v in values.items()})
+    return space, candidate
+
+
+@pytest.mark.parametrize("S", [10, 4097, 4098, 4099])
+def test_vec4_needs_plane_size_multiple_of_4(S):
+    space, candidate = _stats_candidate(vec=4, split=1)
+    broken = space.violations(candidate, {"S": S})
+    assert len(broken) == 1
+    assert broken[0].startswith("stats: ") and "S % vec == 0" in broken[0]
+
+
+@pytest.mark.parametrize("S", [4, 16, 4096, 4100])
+def test_vec4_passes_when_plane_size_is_multiple_of_4(S):
+    space, candidate = _stats_candidate(vec=4, split=1)
+    assert space.violations(candidate, {"S": S}) == []
+
+
+def test_vec1_takes_any_plane_size():
+    space, candidate = _stats_candidate(vec=1, split=1)
+    assert space.violations(candidate, {"S": 4099}) == []
+
+
+def test_split_constraint():
+    # split * block * vec <= 4 * S, or split == 1
+    space, candidate = _stats_candidate(vec=4, block=256, split=4)
+    assert space.violations(candidate, {"S": 4096}) == []
+    broken = space.violations(candidate, {"S": 16})
+    assert len(broken) == 1 and "more blocks than a plane has work for" in broken[0]
+
+
+def test_channel_reduce_vec_constraint():
+    space = PlanSpace(families=(load_family("channel_reduce"),))
+    candidate = space.default()
+    assert candidate["channel_reduce.vec"] == 4
+    assert space.violations(candidate, {"S": 9 * 17 * 21}) != []
+    assert space.violations(candidate, {"S": 14 * 30 * 30}) == []
+    candidate["channel_reduce.vec"] = 2
+    assert space.violations(candidate, {"S": 14 * 30 * 30}) == []
+    assert space.violations(candidate, {"S": 9 * 17 * 21}) != []
+
+
+def test_violations_over_several_families():
+    space = PlanSpace(families=(load_family("stats"), load_family("plane_reduce")))
+    candidate = space.default()
+    candidate.update({"stats.vec": 4, "stats.split": 1, "plane_reduce.split": 32, "plane_reduce.block": 512})
+    broken = space.violations(candidate, {"S": 10, "P": 10})
+    assert [b.split(":")[0] for b in broken] == ["stats", "plane_reduce"]
+    assert space.violations(candidate, {"S": 4096, "P": 8192}) == []
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, "finalize"])
+def test_variant_index_round_trips(family):
+    space = load_family(family)
+    variants = space.variants()
+    assert len(variants) == math.prod(len(p.choices) for p in space.compile_params)
+    assert len({tuple(sorted(v.items())) for v in variants}) == len(variants)
+    for i, v in enumerate(variants):
+        assert space.variant_index(v) == i
+        # run-time parameters do not pick a variant
+        full = {**v, **{p.name: p.choices[-1] for p in space.params if not p.compile_time}}
+        assert space.variant_index(full) == i
+
+
+def test_variant_index_rejects_unknown_values():
+    space = load_family("stats")
+    with pytest.raises(ValueError):
+        space.variant_index({"block": 100, "vec": 4, "reduce": "warp"})
+
+
+def test_plan_space_of_seeds():
+    space = plan_space(make_plan(load_config(SEEDS["groupnorm"])))
+    assert [f.family for f in space.families] == ["producer", "stats", "finalize", "window_map"]
+    assert space.names() == ["producer.layout", "stats.block", "stats.vec", "stats.reduce", "stats.split",
+                             "window_map.block", "window_map.ilp"]
+    layouts = len(load_family("producer").params[0].choices)
+    assert space.size() == layouts * 3 * 2 * 2 * 6 * 3 * 3
+    assert sum(1 for _ in space.all()) == space.size()
+    assert space.default() in list(space.all())
+    assert space.stage_values(space.default()) == {"producer": {"layout": "contiguous"},
+        "stats": {"block": 256, "vec": 4, "reduce": "warp", "split": 4}, "finalize": {},
+        "window_map": {"block": 256, "ilp": 2}}
+
+
+def test_candidate_key_is_order_independent():
+    a = {"stats.block": 256, "stats.vec": 4}
+    b = {"stats.vec": 4, "stats.block": 256}
+    assert candidate_key(a) == candidate_key(b) == "stats.block=256,stats.vec=4"
+    assert candidate_key({**a, "stats.vec": 1}) != candidate_key(a)
+
+
+def test_broken_declaration_is_reported(tmp_path):
+    (tmp_path / "bad.yaml").write_text("family: bad\nparams:\n  block: {choices: [1, 2], default: 3}\n")
+    with pytest.raises(FusetuneError, match="default 3 is not one of its choices"):
+        load_family("bad", root=tmp_path)
+    (tmp_path / "worse.yaml").write_text("family: worse\n")
+    with pytest.raises(FusetuneError, match="broken template space declaration"):
+        load_family("worse", root=tmp_path)
+    with pytest.raises(FusetuneError, match="broken template space declaration"):
+        load_family("missing", root=tmp_path)

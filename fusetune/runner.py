@@ -8,7 +8,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fusetune.build import BuildResult, build
+import itertools
+
+from fusetune.build import BuildResult, build, build_many
 from fusetune.cache import Cache
 from fusetune.codegen import plan_space, render
 from fusetune.ops import Shape
@@ -19,6 +21,9 @@ from fusetune.worker import Worker
 
 #: Seconds for a worker to build the float64 reference of a shape (one per module and shape).
 OPEN_TIMEOUT = 600.0
+#: When the module of all variants fails to build, up to this many one-variant modules are
+#: built at once, in parallel, rather than one by one as candidates ask for them.
+PREBUILD_ISOLATED = 16
 
 
 class GpuBenchmarker:
@@ -43,20 +48,29 @@ class GpuBenchmarker:
         what = "reused" if self.main.cached else f"built in {self.main.seconds:.1f} s"
         if self.main.ok:
             self.echo(f"  module {self.main.name}: {what}")
-        else:
-            self.echo(f"  module {self.main.name} failed to build; building variants one by one\n"
-                      f"{self.main.log[-1500:]}")
+            return
+        self.echo(f"  module {self.main.name} failed to build; building variants on their own\n"
+                  f"{self.main.log[-1500:]}")
+        kernel_families = [f for f in self.space.families if f.family in self.plan.stages and f.compile_params]
+        combos = list(itertools.product(*(f.variants() for f in kernel_families)))
+        if len(combos) <= PREBUILD_ISOLATED:
+            onlys = [{f.family: [v] for f, v in zip(kernel_families, combo)} for combo in combos]
+            start = time.perf_counter()
+            results = build_many([render(self.plan, only) for only in onlys], self.cache,
+                                 timeout=self.build_timeout, arch=self.machine.capability)
+            self.timings["build_s"] += time.perf_counter() - start
+            for only, result in zip(onlys, results):
+                self.isolated[_ident(only)] = result
 
     def _module_for(self, candidate: Candidate) -> BuildResult:
         if self.main is not None and self.main.ok:
             return self.main
         stages = self.space.stage_values(candidate)
         only = {f.family: [{p.name: stages[f.family][p.name] for p in f.compile_params}]
-                for f in self.space.families if f.params}
-        ident = repr(sorted((k, sorted(v[0].items())) for k, v in only.items()))
-        if ident not in self.isolated:
-            self.isolated[ident] = self._build(only)
-        return self.isolated[ident]
+                for f in self.space.families if f.family in self.plan.stages and f.compile_params}
+        if _ident(only) not in self.isolated:
+            self.isolated[_ident(only)] = self._build(only)
+        return self.isolated[_ident(only)]
 
     def _job(self, kind: str, candidate: Candidate | None, module: BuildResult) -> dict[str, Any]:
         job: dict[str, Any] = {"kind": kind, "module_dir": str(module.module_dir), "build_dir": str(module.build_dir),
@@ -85,6 +99,10 @@ class GpuBenchmarker:
             return None
         result = self._run("eager", None)
         return result.get("time_ms") if result["status"] == "ok" else None
+
+
+def _ident(only: dict[str, list[dict[str, Any]]]) -> str:
+    return repr(sorted((stage, sorted(values[0].items())) for stage, values in only.items()))
 
 
 def _clean(result: dict[str, Any]) -> dict[str, Any]:

@@ -180,10 +180,13 @@ class _Objective:
 
 def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, make_bench: BenchmarkerFactory,
                *, trials: int | None = None, timeout: float | None = None, force: bool = False,
-               echo: Callable[[str], None] = print) -> ShapeResult:
-    """Tune one shape, or return the cached winner. Resumes an interrupted study."""
+               echo: Callable[[str], None] = print, plan: Plan | None = None) -> ShapeResult:
+    """Tune one shape, or return the cached winner. Resumes an interrupted study.
+
+    ``plan`` overrides the planner's choice (tests use it to search a fault-injection family).
+    """
     start = time.perf_counter()
-    plan = make_plan(spec)
+    plan = plan or make_plan(spec)
     rendered = render(plan)
     space = plan_space(plan)
     fields = key_fields(spec, shape, machine, rendered.source_hash)

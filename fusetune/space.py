@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import yaml
 
 from fusetune.errors import FusetuneError
-from fusetune.templates import template_dir
+from fusetune.templates import find_template
 
 Candidate = dict[str, Any]
 
@@ -71,11 +70,11 @@ class FamilySpace:
 _FIXED = FamilySpace(family="finalize", doc="norm statistics to affine maps", params=(), constraints=())
 
 
-def load_family(family: str, root: Path | None = None) -> FamilySpace:
+def load_family(family: str) -> FamilySpace:
     """Read ``<family>.yaml`` beside the template; a broken declaration is our bug, said plainly."""
     if family == "finalize":
         return _FIXED
-    path = (root or template_dir()) / f"{family}.yaml"
+    path = find_template(f"{family}.yaml")
     try:
         raw = yaml.safe_load(path.read_text())
         params = tuple(

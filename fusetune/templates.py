@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 from pathlib import Path
 
@@ -21,18 +20,27 @@ def template_dir() -> Path:
     return path
 
 
+def search_path() -> list[Path]:
+    """``templates/`` first, then the folders in ``$FUSETUNE_TEMPLATE_PATH`` (extra families)."""
+    extra = [Path(p) for p in os.environ.get("FUSETUNE_TEMPLATE_PATH", "").split(os.pathsep) if p]
+    return [template_dir(), *extra]
+
+
+def find_template(name: str) -> Path:
+    for root in search_path():
+        if (root / name).is_file():
+            return root / name
+    raise FusetuneError(f"no template file {name} in {', '.join(map(str, search_path()))}")
+
+
+def environment() -> jinja2.Environment:
+    return _environment(tuple(str(p) for p in search_path()))
+
+
 @functools.lru_cache(maxsize=4)
-def environment(root: str | None = None) -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(root or str(template_dir())),
+def _environment(roots: tuple[str, ...]) -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(list(roots)),
                               undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                               autoescape=False)
 
 
-def source_hash(names: list[str]) -> str:
-    """Hash of template files' text: part of every cache key, so editing a template invalidates."""
-    digest = hashlib.sha256()
-    root = template_dir()
-    for name in sorted(names):
-        digest.update(name.encode())
-        digest.update((root / name).read_bytes())
-    return digest.hexdigest()[:16]

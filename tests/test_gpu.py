@@ -1,0 +1,185 @@
+"""GPU tests: end to end on the seeds, kernel correctness beyond them, fault injection.
+
+Skipped without a CUDA GPU. Run on the device with: pytest -m gpu tests/test_gpu.py
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+from fusetune.build import build_many  # noqa: E402
+from fusetune.cache import Cache  # noqa: E402
+from fusetune.codegen import plan_space, render  # noqa: E402
+from fusetune.config import load_config, parse_config  # noqa: E402
+from fusetune.export import export  # noqa: E402
+from fusetune.plan import make_plan  # noqa: E402
+from fusetune.runner import GpuBenchmarker  # noqa: E402
+from fusetune.search import Machine, tune_shape  # noqa: E402
+from fusetune.space import candidate_key  # noqa: E402
+from fusetune.worker import Worker  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SEEDS = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Cache:
+    return Cache(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with Worker() as w:
+        yield w
+
+
+def _bench_factory(cache, machine, worker, **kwargs):
+    return lambda plan, shape: GpuBenchmarker(plan, shape, cache, machine, worker, echo=print, **kwargs)
+
+
+def _fresh_process_check(export_dir: Path, shape: list[int]) -> str:
+    """Import the exported module in a new interpreter, without fusetune, and compare."""
+    script = textwrap.dedent(f"""
+        import sys, torch
+        sys.modules["fusetune"] = None  # the export must not need fusetune
+        sys.path.insert(0, {str(export_dir.parent)!r})
+        from {export_dir.name} import Model, ModelNew
+        torch.manual_seed(1)
+        ref = Model().cuda()
+        fused = ModelNew().cuda()
+        fused.load_state_dict(ref.state_dict())
+        x = torch.rand({shape}, device="cuda")
+        with torch.no_grad():
+            want = ref.double()(x.double())
+            got = fused(x)
+        err = ((got.double() - want).norm() / want.norm()).item()
+        assert err < 1e-2, err
+        try:
+            fused(x.double())
+        except ValueError as exc:
+            assert "float32" in str(exc)
+        else:
+            raise AssertionError("float64 input was accepted")
+        print("EXPORT-OK", err)
+    """)
+    env = {**os.environ, "FUSETUNE_BUILD_DIR": str(export_dir / "build")}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.parametrize("config", SEEDS, ids=lambda p: p.stem)
+def test_seed_end_to_end(config, cache, worker, tmp_path):
+    """Search every configured shape with a small budget, then export and run the export."""
+    spec = load_config(config)
+    machine = Machine.detect()
+    for shape in spec.shapes:
+        result = tune_shape(spec, shape, cache, machine, _bench_factory(cache, machine, worker), trials=3)
+        assert result.status == "tuned", result
+        assert result.time_ms and result.time_ms > 0
+        again = tune_shape(spec, shape, cache, machine, _bench_factory(cache, machine, worker), trials=3)
+        assert again.status == "cached" and again.candidate == result.candidate
+    target = export(spec, list(spec.shapes), cache, tmp_path, machine.gpu)
+    record = json.loads((target / "winner.json").read_text())
+    assert [s["input_shape"] for s in record["shapes"]] == [list(s) for s in spec.shapes]
+    assert "EXPORT-OK" in _fresh_process_check(target, list(spec.shapes[-1]))
+
+
+# Chains beyond the seeds: other ops, kernel sizes, strides, odd sizes, 2-D and 3-D.
+EXTRA = {
+    "conv2d_avgpool_relu_mean": {
+        "producer": {"op": "conv2d", "in_channels": 5, "out_channels": 12, "kernel_size": [3, 5], "stride": 2,
+                     "padding": 1},
+        "epilogue": [{"op": "add", "by": "b"}, {"op": "avg_pool", "kernel_size": [3, 2], "stride": [2, 3]},
+                     {"op": "relu"}, {"op": "adaptive_avg_pool"}, {"op": "div", "by": 3.0}],
+        "parameters": {"b": {"init": "randn"}},
+        "shapes": [[3, 5, 29, 41]]},
+    "conv3d_bn_eval_clamp_sum": {
+        "producer": {"op": "conv3d", "in_channels": 4, "out_channels": 8, "kernel_size": 2},
+        "epilogue": [{"op": "batch_norm", "training": False}, {"op": "clamp", "min": -0.5},
+                     {"op": "sum", "dim": 1}],
+        "shapes": [[2, 4, 7, 9, 11]]},
+    "convt3d_groupnorm_minpool": {
+        "producer": {"op": "conv_transpose3d", "in_channels": 6, "out_channels": 10, "kernel_size": 3,
+                     "stride": 2, "padding": 1, "output_padding": 1},
+        "epilogue": [{"op": "mul", "by": -1.5}, {"op": "group_norm", "groups": 5}, {"op": "mul", "by": "s"},
+                     {"op": "max_pool", "kernel_size": 3, "stride": 2}, {"op": "min", "dim": 1}],
+        "parameters": {"s": {"init": "randn"}},
+        "shapes": [[2, 6, 5, 6, 7]]},
+    "conv2d_instancenorm_affine_max_gap": {
+        "producer": {"op": "conv2d", "in_channels": 3, "out_channels": 7, "kernel_size": 4, "bias": False},
+        "epilogue": [{"op": "instance_norm", "affine": True}, {"op": "max_pool", "kernel_size": 3},
+                     {"op": "adaptive_avg_pool"}, {"op": "clamp", "max": 0.3}],
+        "shapes": [[5, 3, 33, 35]]},
+    "conv3d_bn_train_mean_channels": {
+        "producer": {"op": "conv3d", "in_channels": 2, "out_channels": 6, "kernel_size": [1, 3, 3]},
+        "epilogue": [{"op": "batch_norm", "momentum": 0.3}, {"op": "relu"}, {"op": "mean", "dim": 1}],
+        "shapes": [[3, 2, 5, 13, 17]]},
+}
+# A chain whose batch norm is followed by a spatial sum: computed from the statistics alone.
+EXTRA["conv2d_bn_sum_spatial"] = {
+    "producer": {"op": "conv2d", "in_channels": 3, "out_channels": 9, "kernel_size": 3},
+    "epilogue": [{"op": "mul", "by": 0.7}, {"op": "batch_norm"}, {"op": "adaptive_avg_pool"}],
+    "shapes": [[4, 3, 19, 23]]}
+
+
+def test_families_beyond_the_seeds(cache, worker):
+    """Every compiled variant of every stage verifies on chains and shapes the seeds do not cover."""
+    machine = Machine.detect()
+    specs = {name: parse_config({"name": name, **raw}, f"<{name}>") for name, raw in EXTRA.items()}
+    plans = {name: make_plan(spec) for name, spec in specs.items()}
+    builds = build_many([render(p) for p in plans.values()], cache, arch=machine.capability)
+    assert all(b.ok for b in builds), [b.log for b in builds if not b.ok]
+    failures = []
+    for name, spec in specs.items():
+        plan = plans[name]
+        bench = GpuBenchmarker(plan, spec.shapes[0], cache, machine, worker, echo=print)
+        bench.prepare()
+        space = plan_space(plan)
+        facts_ok = 0
+        from fusetune.search import shape_facts
+        facts = shape_facts(spec, plan, spec.shapes[0])
+        for candidate in space.all():
+            if space.violations(candidate, facts):
+                continue
+            outcome = bench.confirm(candidate)
+            facts_ok += 1
+            if outcome["status"] != "ok":
+                failures.append((name, candidate_key(candidate), outcome))
+        assert facts_ok > 0, name
+        print(name, plan.describe(), facts_ok, "variants verified")
+    assert not failures, failures[:5]
+
+
+def test_fault_injection(cache, monkeypatch):
+    """Bad variants (out of bounds, endless loop, no compile, wrong values, bad launch) cost only themselves."""
+    monkeypatch.setenv("FUSETUNE_TEMPLATE_PATH", str(ROOT / "tests" / "fault_templates"))
+    spec = parse_config({"name": "fault_injection",
+                         "producer": {"op": "conv3d", "in_channels": 3, "out_channels": 5, "kernel_size": 3},
+                         "epilogue": [{"op": "mul", "by": 0.5}, {"op": "relu"}],
+                         "shapes": [[2, 3, 9, 11, 13]]}, "<fault>")
+    plan = dataclasses.replace(make_plan(spec), family="fault_map")
+    machine = Machine.detect()
+    with Worker() as worker:
+        result = tune_shape(spec, spec.shapes[0], cache, machine,
+                            _bench_factory(cache, machine, worker, job_timeout=20), trials=12, plan=plan)
+        restarts = worker.restarts
+    entry = cache.load(result.key)
+    by_fault = {o["candidate"]["fault_map.fault"]: o["status"] for o in entry.outcomes.values()}
+    print("outcomes:", by_fault, "worker restarts:", restarts)
+    assert by_fault == {"none": "ok", "oob_write": "crash", "spin": "timeout", "compile_error": "compile_error",
+                        "wrong_value": "wrong_result", "launch_error": "launch_error"}
+    assert result.status == "tuned" and result.candidate["fault_map.fault"] == "none"
+    assert restarts >= 2  # the crash and the hang each cost one worker

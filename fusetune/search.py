@@ -135,6 +135,7 @@ class _Objective:
         self.rerun: set[str] = set()  # candidates already re-run under --force in this search
         self.timings = {"evaluate_s": 0.0}
         self.evaluated = 0  # feasible trials run or reused in this process
+        self.seen: set[str] = set()  # candidates already counted in this process
 
     def stop_when_done(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if self.evaluated >= self.total:
@@ -155,6 +156,11 @@ class _Objective:
         trial.set_user_attr("status", outcome["status"])
         if outcome["status"] == "infeasible":
             raise optuna.TrialPruned("infeasible")  # rejected before building or running: not counted
+        if ckey in self.seen:  # the sampler asked again: answer it, but it costs no budget
+            if outcome["status"] != "ok":
+                raise optuna.TrialPruned(outcome["status"])
+            return float(outcome["time_ms"])
+        self.seen.add(ckey)
         self.evaluated += 1
         self._report(self.evaluated, candidate, outcome, source)
         if outcome["status"] != "ok":

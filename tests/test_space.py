@@ -139,12 +139,13 @@ def test_candidate_key_is_order_independent():
     assert candidate_key({**a, "stats.vec": 1}) != candidate_key(a)
 
 
-def test_broken_declaration_is_reported(tmp_path):
+def test_broken_declaration_is_reported(tmp_path, monkeypatch):
+    monkeypatch.setenv("FUSETUNE_TEMPLATE_PATH", str(tmp_path))
     (tmp_path / "bad.yaml").write_text("family: bad\nparams:\n  block: {choices: [1, 2], default: 3}\n")
     with pytest.raises(FusetuneError, match="default 3 is not one of its choices"):
-        load_family("bad", root=tmp_path)
+        load_family("bad")
     (tmp_path / "worse.yaml").write_text("family: worse\n")
     with pytest.raises(FusetuneError, match="broken template space declaration"):
-        load_family("worse", root=tmp_path)
-    with pytest.raises(FusetuneError, match="broken template space declaration"):
-        load_family("missing", root=tmp_path)
+        load_family("worse")
+    with pytest.raises(FusetuneError, match="no template file missing.yaml"):
+        load_family("missing")

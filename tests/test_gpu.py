@@ -115,7 +115,7 @@ EXTRA = {
         "producer": {"op": "conv_transpose3d", "in_channels": 6, "out_channels": 10, "kernel_size": 3,
                      "stride": 2, "padding": 1, "output_padding": 1},
         "epilogue": [{"op": "mul", "by": -1.5}, {"op": "group_norm", "groups": 5}, {"op": "mul", "by": "s"},
-                     {"op": "max_pool", "kernel_size": 3, "stride": 2}, {"op": "min", "dim": 1}],
+                     {"op": "max_pool", "kernel_size": 3, "stride": 2}, {"op": "relu"}],
         "parameters": {"s": {"init": "randn"}},
         "shapes": [[2, 6, 5, 6, 7]]},
     "conv2d_instancenorm_affine_max_gap": {
@@ -128,6 +128,10 @@ EXTRA = {
         "epilogue": [{"op": "batch_norm", "momentum": 0.3}, {"op": "relu"}, {"op": "mean", "dim": 1}],
         "shapes": [[3, 2, 5, 13, 17]]},
 }
+EXTRA["conv2d_min_channels"] = {
+    "producer": {"op": "conv2d", "in_channels": 4, "out_channels": 11, "kernel_size": 2, "padding": 2},
+    "epilogue": [{"op": "div", "by": 2.0}, {"op": "min", "dim": 1}, {"op": "clamp", "min": -0.2, "max": 0.2}],
+    "shapes": [[3, 4, 17, 15]]}
 # A chain whose batch norm is followed by a spatial sum: computed from the statistics alone.
 EXTRA["conv2d_bn_sum_spatial"] = {
     "producer": {"op": "conv2d", "in_channels": 3, "out_channels": 9, "kernel_size": 3},
@@ -179,7 +183,8 @@ def test_fault_injection(cache, monkeypatch):
     entry = cache.load(result.key)
     by_fault = {o["candidate"]["fault_map.fault"]: o["status"] for o in entry.outcomes.values()}
     print("outcomes:", by_fault, "worker restarts:", restarts)
+    logs = {o["candidate"]["fault_map.fault"]: o.get("log", "")[-600:] for o in entry.outcomes.values()}
     assert by_fault == {"none": "ok", "oob_write": "crash", "spin": "timeout", "compile_error": "compile_error",
-                        "wrong_value": "wrong_result", "launch_error": "launch_error"}
+                        "wrong_value": "wrong_result", "launch_error": "launch_error"}, logs
     assert result.status == "tuned" and result.candidate["fault_map.fault"] == "none"
     assert restarts >= 2  # the crash and the hang each cost one worker

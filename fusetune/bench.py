@@ -120,3 +120,16 @@ def table(results: list[dict[str, Any]]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
     gpu = results[0]["gpu"] if results else "?"
     return "\n".join(lines) + f"\n(ms, median; {gpu}; copy bandwidth {results[0]['copy_gbs']:.0f} GB/s)" if results else ""
+
+
+def _main(paths: list[str]) -> None:
+    """Print the table of saved ``fusetune bench --json`` results."""
+    import json
+
+    print(table([json.loads(open(p).read()) for p in paths]))
+
+
+if __name__ == "__main__":
+    import sys
+
+    _main(sys.argv[1:])

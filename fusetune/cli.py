@@ -286,3 +286,7 @@ def bench(ctx: click.Context, config: str, shapes: tuple[str, ...], json_path: s
     if json_path:
         from fusetune.cache import atomic_write_text
         atomic_write_text(Path(json_path), json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -126,7 +126,7 @@ def _main(paths: list[str]) -> None:
     """Print the table of saved ``fusetune bench --json`` results."""
     import json
 
-    print(table([json.loads(open(p).read()) for p in paths]))
+    print(table([r for p in paths for r in json.loads(open(p).read())]))
 
 
 if __name__ == "__main__":

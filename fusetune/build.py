@@ -23,6 +23,7 @@ from fusetune.cache import Cache
 from fusetune.codegen import RenderedModule
 
 BUILT_MARKER = "fusetune.built"
+FAILED_MARKER = "fusetune.failed"  # holds the log of a failed build: the same sources fail again
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,13 +52,17 @@ def load_generated(module_dir: Path) -> ModuleType:
     return module
 
 
-def build(rendered: RenderedModule, cache: Cache, timeout: float = 900.0, arch: str | None = None) -> BuildResult:
-    """Build one module unless a finished build of the same sources exists."""
+def build(rendered: RenderedModule, cache: Cache, timeout: float = 900.0, arch: str | None = None,
+          force: bool = False) -> BuildResult:
+    """Build one module unless a build of the same sources finished (or failed: unless ``force``)."""
     module_dir = rendered.write(cache.module_dir(rendered.name))
     build_dir = cache.build_dir(rendered.name)
     marker = build_dir / BUILT_MARKER
+    failed = build_dir / FAILED_MARKER
     if marker.exists():
         return BuildResult(rendered.name, True, 0.0, "", module_dir, build_dir, cached=True)
+    if failed.exists() and not force:
+        return BuildResult(rendered.name, False, 0.0, failed.read_text(), module_dir, build_dir, cached=True)
     with cache.lock(f"build-{rendered.name}"):
         if marker.exists():  # another process finished it while we waited
             return BuildResult(rendered.name, True, 0.0, "", module_dir, build_dir, cached=True)
@@ -67,22 +72,26 @@ def build(rendered: RenderedModule, cache: Cache, timeout: float = 900.0, arch: 
         if arch:
             env["TORCH_CUDA_ARCH_LIST"] = arch
         start = time.perf_counter()
-        ok, log = _run_child([sys.executable, "-m", "fusetune.build", str(module_dir), str(build_dir)], env, timeout)
+        ok, timed_out, log = _run_child([sys.executable, "-m", "fusetune.build", str(module_dir), str(build_dir)], env, timeout)
         seconds = time.perf_counter() - start
         if ok:
             marker.write_text(f"{seconds:.1f}\n")
+            failed.unlink(missing_ok=True)
+        elif not timed_out:  # a compiler error is for good; a timeout may pass on a less busy machine
+            failed.write_text(log)
         return BuildResult(rendered.name, ok, seconds, log, module_dir, build_dir)
 
 
 def build_many(modules: list[RenderedModule], cache: Cache, timeout: float = 900.0, arch: str | None = None,
-               jobs: int | None = None) -> list[BuildResult]:
+               jobs: int | None = None, force: bool = False) -> list[BuildResult]:
     """Build several modules at once (each child runs ninja itself)."""
     jobs = jobs or max(1, min(len(modules), (os.cpu_count() or 2) // 4 or 1))
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(lambda m: build(m, cache, timeout, arch), modules))
+        return list(pool.map(lambda m: build(m, cache, timeout, arch, force), modules))
 
 
-def _run_child(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[bool, str]:
+def _run_child(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[bool, bool, str]:
+    """Run ``cmd`` in its own process group: (succeeded, timed out, the end of its output)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
     try:
@@ -90,11 +99,11 @@ def _run_child(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[boo
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # nvcc and ninja too
         out, _ = proc.communicate()
-        return False, f"build timed out after {timeout:.0f} s\n{out[-4000:]}"
+        return False, True, f"build timed out after {timeout:.0f} s\n{out[-4000:]}"
     except KeyboardInterrupt:
         os.killpg(proc.pid, signal.SIGKILL)
         raise
-    return proc.returncode == 0, out[-8000:]
+    return proc.returncode == 0, False, out[-8000:]
 
 
 def _main(argv: list[str]) -> int:

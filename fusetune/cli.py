@@ -121,7 +121,7 @@ def search(ctx: click.Context, configs: tuple[str, ...], shapes: tuple[str, ...]
 
                 def make(plan_, shape_, spec_=spec):
                     return GpuBenchmarker(plan_, shape_, cache, machine, worker, job_timeout=job_timeout,
-                                          echo=click.echo)
+                                          force=force, echo=click.echo)
                 result = tune_shape(spec, shape, cache, machine, make, trials=trials, timeout=timeout,
                                     force=force, echo=click.echo)
                 rows.append((spec.name, result))

@@ -29,9 +29,10 @@ PREBUILD_ISOLATED = 16
 class GpuBenchmarker:
     def __init__(self, plan: Plan, shape: Shape, cache: Cache, machine: Machine, worker: Worker, *,
                  job_timeout: float = 60.0, build_timeout: float = 900.0, reps: int = 20,
-                 echo=print) -> None:
+                 force: bool = False, echo=print) -> None:
         self.plan, self.shape, self.cache, self.machine, self.worker = plan, shape, cache, machine, worker
         self.job_timeout, self.build_timeout, self.reps, self.echo = job_timeout, build_timeout, reps, echo
+        self.force = force  # rebuild sources whose build failed before
         self.space = plan_space(plan)
         self.main: BuildResult | None = None
         self.isolated: dict[str, BuildResult] = {}
@@ -39,13 +40,16 @@ class GpuBenchmarker:
 
     def _build(self, only: dict[str, list[dict[str, Any]]] | None = None) -> BuildResult:
         start = time.perf_counter()
-        result = build(render(self.plan, only), self.cache, timeout=self.build_timeout, arch=self.machine.capability)
+        result = build(render(self.plan, only), self.cache, timeout=self.build_timeout, arch=self.machine.capability,
+                       force=self.force)
         self.timings["build_s"] += time.perf_counter() - start
         return result
 
     def prepare(self) -> None:
         self.main = self._build()
         what = "reused" if self.main.cached else f"built in {self.main.seconds:.1f} s"
+        if not self.main.ok and self.main.cached:
+            what = "failed before (--force builds it again)"
         if self.main.ok:
             self.echo(f"  module {self.main.name}: {what}")
             return
@@ -57,7 +61,7 @@ class GpuBenchmarker:
             onlys = [{f.family: [v] for f, v in zip(kernel_families, combo)} for combo in combos]
             start = time.perf_counter()
             results = build_many([render(self.plan, only) for only in onlys], self.cache,
-                                 timeout=self.build_timeout, arch=self.machine.capability)
+                                 timeout=self.build_timeout, arch=self.machine.capability, force=self.force)
             self.timings["build_s"] += time.perf_counter() - start
             for only, result in zip(onlys, results):
                 self.isolated[_ident(only)] = result

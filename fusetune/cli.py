@@ -103,8 +103,8 @@ def search(ctx: click.Context, configs: tuple[str, ...], shapes: tuple[str, ...]
 
     specs = [load_config(c) for c in configs]  # all configs valid before any work starts
     selected = [(spec, _select_shapes(spec, shapes) if len(specs) == 1 else list(spec.shapes)) for spec in specs]
+    machine = Machine.detect()  # before the cache: a machine without a GPU is left as it was
     cache = _cache(ctx)
-    machine = Machine.detect()
     import torch
 
     free, _ = torch.cuda.mem_get_info()

@@ -109,16 +109,17 @@ def _study(cache: Cache, key: str, trials: int, seed: int) -> optuna.Study:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own line per trial says more
     storage = JournalStorage(JournalFileBackend(str(cache.study_path(key))))
-    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(8, trials))
-    return optuna.create_study(study_name=key, storage=storage, sampler=sampler, direction="minimize",
-                               load_if_exists=True)
+    study = optuna.create_study(study_name=key, storage=storage, direction="minimize", load_if_exists=True)
+    # A resumed study gets a different seed, so its sampler does not replay the first run's suggestions.
+    study.sampler = optuna.samplers.TPESampler(seed=seed + len(study.trials), n_startup_trials=min(8, trials))
+    return study
 
 
-def _evaluated(study: optuna.Study) -> int:
-    """Finished trials that ran something: infeasible ones cost nothing and do not count."""
+def _evaluated(study: optuna.Study) -> set[str]:
+    """Distinct candidates finished trials ran: infeasible ones cost nothing and do not count."""
     done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
-    return sum(1 for t in study.get_trials(deepcopy=False, states=done)
-               if t.user_attrs.get("status") not in (None, "infeasible"))
+    return {candidate_key(t.params) for t in study.get_trials(deepcopy=False, states=done)
+            if t.user_attrs.get("status") not in (None, "infeasible")}
 
 
 def _tried(study: optuna.Study) -> set[str]:
@@ -211,8 +212,12 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
     timings = {"prepare_s": time.perf_counter() - prepare_start}
     study = _study(cache, key, trials, spec.search.seed)
     facts = shape_facts(spec, plan, shape)
-    remaining = trials - (0 if force else _evaluated(study))
+    evaluated = set() if force else _evaluated(study)
+    remaining = trials - len(evaluated)
+    if force:  # a forced search names its own winner, even a slower one than a stale entry's
+        cache.update(key, fields, lambda e: setattr(e, "winner", None))
     objective = _Objective(space, facts, bench, cache, key, fields, force, echo, max(remaining, 0))
+    objective.seen |= evaluated  # a resumed search does not spend budget on what ran before
     tried = set() if force else _tried(study)
     feasible = [c for c in space.all() if not space.violations(c, facts)]
     if len(feasible) <= remaining:

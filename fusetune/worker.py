@@ -11,16 +11,24 @@ hangs without a GPU. A handler returns a dict with at least ``status``; a result
 """
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import multiprocessing
 import multiprocessing.connection
 import os
+import tempfile
 import time
 import traceback
 from typing import Any
 
 
-def _serve(conn: multiprocessing.connection.Connection, target: str, device: int | None) -> None:
+def _serve(conn: multiprocessing.connection.Connection, target: str, device: int | None, log_path: str) -> None:
+    # What the process prints (compiler, CUDA, a native crash's stack) goes to a file the
+    # parent reads when the process dies, so a crash outcome carries its cause.
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    faulthandler.enable()
     if device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
     module_name, func_name = target.split(":")
@@ -51,10 +59,25 @@ class Worker:
         self._ctx = multiprocessing.get_context("spawn")
         self._proc: Any = None
         self._conn: multiprocessing.connection.Connection | None = None
+        handle, self.log_path = tempfile.mkstemp(prefix="fusetune-worker-", suffix=".log")
+        os.close(handle)
+
+    def log_tail(self, chars: int = 2000) -> str:
+        """The end of what the worker processes printed (native crashes included)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - chars))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_serve, args=(child, self.target, self.device), daemon=True)
+        with open(self.log_path, "w"):
+            pass  # a fresh log for each process
+        self._proc = self._ctx.Process(target=_serve, args=(child, self.target, self.device, self.log_path),
+                                       daemon=True)
         self._proc.start()
         child.close()
         self._conn = parent
@@ -82,19 +105,23 @@ class Worker:
             if not self._conn.poll(timeout):
                 self._kill()
                 self.restarts += 1
-                return {"status": "timeout", "log": f"no answer within {timeout:.0f} s; worker killed"}
+                return {"status": "timeout", "log": f"no answer within {timeout:.0f} s; worker killed\n{self.log_tail()}"}
             result = self._conn.recv()
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+            if self._proc is not None:
+                self._proc.join(timeout=5)
             code = self._proc.exitcode if self._proc is not None else None
             self._kill()
             self.restarts += 1
-            return {"status": "crash", "log": f"worker died (exit code {code}) after {time.monotonic() - start:.1f} s"}
+            return {"status": "crash", "log": f"worker died (exit code {code}) after {time.monotonic() - start:.1f} s\n"
+                                              f"{self.log_tail()}"}
         if result.get("restart"):
             self._kill()
             self.restarts += 1
         return result
 
     def close(self) -> None:
+        """Stop the worker and remove its log."""
         if self._conn is not None and self._proc is not None and self._proc.is_alive():
             try:
                 self._conn.send(None)
@@ -102,6 +129,10 @@ class Worker:
             except (OSError, BrokenPipeError):
                 pass
         self._kill()
+        try:
+            os.unlink(self.log_path)
+        except OSError:
+            pass
 
     def __enter__(self) -> "Worker":
         return self

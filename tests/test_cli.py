@@ -1,0 +1,277 @@
+"""The command line, without a GPU: plan, refusals, cache inspection, export and deploy fallbacks."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from fusetune.cache import Cache
+from fusetune.cli import main
+from fusetune.codegen import plan_space, render
+from fusetune.config import load_config
+from fusetune.plan import make_plan
+from fusetune.search import Machine, shape_facts, tune_shape
+from fusetune.space import candidate_key
+
+from conftest import CONFIGS, SEEDS
+from fake_handlers import FakeBench, fake_time
+
+MACHINE = Machine("FakeGPU", "9.0", "13.0", "2.13")
+BAD = Path(__file__).resolve().parent / "bad_configs"
+BAD_CASES = [  # file, key the error must name
+    ("group_norm_groups_not_dividing.yaml", "epilogue[0].groups"),
+    ("search_trials_zero.yaml", "search.trials"),
+    ("producer_unknown_key.yaml", "producer.dilation"),
+]
+ALL_CONFIGS = sorted(CONFIGS.glob("*.yaml"))
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "cache"
+    monkeypatch.setenv("FUSETUNE_CACHE_DIR", str(root))
+    return root
+
+
+def _files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+
+
+def _tune(root: Path, seed: str, shape, trials: int = 3, **bench) -> str:
+    spec = load_config(SEEDS[seed])
+    result = tune_shape(spec, tuple(shape), Cache(root), MACHINE, FakeBench(**bench).factory, trials=trials,
+                        echo=lambda line: None)
+    assert result.status == "tuned"
+    return result.key
+
+
+# -- plan -------------------------------------------------------------------------------------
+
+
+def test_plan_lists_every_stage(runner):
+    result = runner.invoke(main, ["plan", *map(str, ALL_CONFIGS)])
+    assert result.exit_code == 0, result.output
+    for path in ALL_CONFIGS:
+        spec = load_config(path)
+        plan = make_plan(spec)
+        space = plan_space(plan)
+        assert f"{spec.name}: {plan.describe()}" in result.output
+        assert f"stages={'+'.join(plan.stages)}" in result.output
+        for family in space.families:
+            for p in family.params:
+                assert f"  {family.family}.{p.name}: {list(p.choices)} default {p.default}" in result.output
+        assert f"  {space.size()} candidates" in result.output
+    assert len(re.findall(r"^\S+: stages=", result.output, re.M)) == len(ALL_CONFIGS)
+
+
+# -- refusals: nothing written ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, key", BAD_CASES, ids=[c[0][:-5] for c in BAD_CASES])
+@pytest.mark.parametrize("command", ["search", "plan", "export"])
+def test_bad_config_exits_2_and_writes_nothing(runner, tmp_path, name, key, command):
+    path = BAD / name
+    cache = tmp_path / "cache"
+    out = tmp_path / "out"
+    args = ["--cache-dir", str(cache), command]
+    if command == "search":
+        args += [str(SEEDS["groupnorm"]), str(path)]  # a valid config first: still nothing runs
+    elif command == "export":
+        args += [str(path), "-o", str(out)]
+    else:
+        args += [str(path)]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert str(path) in result.stderr and key in result.stderr
+    assert result.stderr.startswith(f"error: {path}: {key}: ")
+    assert not cache.exists(), "the cache directory was created for a refused config"
+    assert not out.exists()
+
+
+def test_search_without_gpu_exits_1_and_writes_nothing(runner, tmp_path, no_gpu):
+    cache = tmp_path / "cache"
+    result = runner.invoke(main, ["--cache-dir", str(cache), "search", str(SEEDS["groupnorm"])])
+    assert result.exit_code == 1, result.output
+    assert "no CUDA GPU" in result.stderr
+    assert _files(cache) == []
+
+
+@pytest.mark.parametrize("shape", ["1,8,16,16", "128,8,128"])
+def test_search_unknown_shape_exits_2(runner, tmp_path, no_gpu, shape):
+    cache = tmp_path / "cache"
+    result = runner.invoke(main, ["--cache-dir", str(cache), "search", str(SEEDS["groupnorm"]), "--shape", shape])
+    assert result.exit_code == 2, result.output
+    assert f"--shape {shape} is not among the configured shapes" in result.stderr
+    assert "128,8,128,128; 3,8,37,45" in result.stderr
+    assert not cache.exists()
+
+
+def test_search_malformed_shape_exits_2(runner, tmp_path, no_gpu):
+    result = runner.invoke(main, ["--cache-dir", str(tmp_path / "c"), "search", str(SEEDS["groupnorm"]),
+                                  "--shape", "128,x"])
+    assert result.exit_code == 2
+    assert "expected comma-separated integers" in result.output
+
+
+# -- cache ------------------------------------------------------------------------------------
+
+
+def test_cache_list_empty(runner, cache_dir):
+    result = runner.invoke(main, ["cache", "list"])
+    assert result.exit_code == 0
+    assert result.output.strip() == "cache is empty"
+
+
+def test_cache_list_show_clear(runner, cache_dir):
+    spec = load_config(SEEDS["maxpool_gap"])
+    shape = (3, 3, 7, 11, 13)
+    plan = make_plan(spec)
+    space = plan_space(plan)
+    feasible = sorted((c for c in space.all() if not space.violations(c, shape_facts(spec, plan, shape))), key=fake_time)
+    failures = {candidate_key(feasible[0]): "crash", candidate_key(feasible[1]): "timeout"}
+    key = _tune(cache_dir, "maxpool_gap", shape, trials=24, failures=failures)
+    other = _tune(cache_dir, "groupnorm", (3, 8, 37, 45))
+
+    listed = runner.invoke(main, ["cache", "list"])
+    assert listed.exit_code == 0
+    lines = listed.output.splitlines()
+    assert len(lines) == 2
+    mine = next(line for line in lines if line.startswith(key))
+    assert spec.name in mine and "3x3x7x11x13" in mine and "FakeGPU" in mine and "18 trials" in mine
+    assert f"{fake_time(feasible[2]):.4f} ms" in mine
+
+    shown = runner.invoke(main, ["cache", "show", spec.name])
+    assert shown.exit_code == 0, shown.output
+    assert f'"key": "{key}"' in shown.output and other not in shown.output
+    for ckey, status in failures.items():
+        assert re.search(rf"^  {status} +{re.escape(ckey)}$", shown.output, re.M), status
+        assert f"fake {status} of {ckey}" in shown.output
+    ok_lines = re.findall(r"^  ok +\d+\.\d{4} ms  \S+$", shown.output, re.M)
+    assert len(ok_lines) == 16
+    assert ok_lines[0].endswith(candidate_key(feasible[2]))  # fastest first
+
+    prefix = runner.invoke(main, ["cache", "show", key[:8]])
+    assert prefix.exit_code == 0 and f'"key": "{key}"' in prefix.output
+
+    cleared = runner.invoke(main, ["cache", "clear", spec.name])
+    assert cleared.exit_code == 0 and "removed 1 entries" in cleared.output
+    assert [e.key for e in Cache(cache_dir).entries()] == [other]
+    assert runner.invoke(main, ["cache", "show", spec.name]).exit_code == 1
+
+    kept = runner.invoke(main, ["cache", "clear"], input="n\n")
+    assert kept.exit_code == 0 and [e.key for e in Cache(cache_dir).entries()] == [other]
+
+    everything = runner.invoke(main, ["cache", "clear", "--yes"])
+    assert everything.exit_code == 0 and "removed 1 entries" in everything.output
+    assert runner.invoke(main, ["cache", "list"]).output.strip() == "cache is empty"
+    assert [p for p in _files(cache_dir) if "locks" not in p.parts] == []
+
+
+def test_cache_show_and_clear_unknown(runner, cache_dir):
+    shown = runner.invoke(main, ["cache", "show", "nothing"])
+    assert shown.exit_code == 1 and "no cache entry matches 'nothing'" in shown.stderr
+    cleared = runner.invoke(main, ["cache", "clear", "nothing"])
+    assert cleared.exit_code == 1 and "no cache entry matches nothing" in cleared.stderr
+
+
+# -- export -----------------------------------------------------------------------------------
+
+
+def test_export_without_winner_exits_1(runner, cache_dir, tmp_path, no_gpu):
+    out = tmp_path / "out"
+    result = runner.invoke(main, ["export", str(SEEDS["groupnorm"]), "-o", str(out)])
+    assert result.exit_code == 1, result.output
+    assert "no tuned winner" in result.stderr and str(SEEDS["groupnorm"]) in result.stderr
+    assert not out.exists()
+
+
+def test_export_tuned_winner(runner, cache_dir, tmp_path, no_gpu):
+    spec = load_config(SEEDS["groupnorm"])
+    out = tmp_path / "out"
+    key0 = _tune(cache_dir, "groupnorm", spec.shapes[0])
+
+    # one shape tuned: exporting all shapes is refused, that shape alone works
+    partial = runner.invoke(main, ["export", str(SEEDS["groupnorm"]), "-o", str(out), "--gpu", "FakeGPU"])
+    assert partial.exit_code == 1 and "no tuned winner for shape [3, 8, 37, 45] on FakeGPU" in partial.stderr
+    other_gpu = runner.invoke(main, ["export", str(SEEDS["groupnorm"]), "-o", str(out), "--gpu", "OtherGPU",
+                                     "--shape", "128,8,128,128"])
+    assert other_gpu.exit_code == 1 and "on OtherGPU" in other_gpu.stderr
+
+    key1 = _tune(cache_dir, "groupnorm", spec.shapes[1], times=lambda c: 3.0 - fake_time(c))  # another winner
+    result = runner.invoke(main, ["export", str(SEEDS["groupnorm"]), "-o", str(out), "--gpu", "FakeGPU"])
+    assert result.exit_code == 0, result.output
+    target = out / spec.name
+    assert f"exported {spec.name} to {target}" in result.output
+    assert sorted(p.name for p in target.iterdir()) == sorted(
+        ["model.py", "kernels.cu", "binding.cpp", "winner.json", "__init__.py"])
+    assert [p.name for p in out.iterdir()] == [spec.name]  # no staging folder left behind
+    rendered = render(make_plan(spec))
+    for name in ("model.py", "kernels.cu", "binding.cpp"):
+        assert (target / name).read_text() == rendered.files[name]
+    record = json.loads((target / "winner.json").read_text())
+    cache = Cache(cache_dir)
+    winners = [cache.load(key0).winner, cache.load(key1).winner]
+    assert winners[0]["variant"] != winners[1]["variant"]
+    assert record["config"] == spec.name and record["module"] == rendered.name
+    assert record["variant"] == winners[0]["variant"]
+    assert set(record["variant"]) == {"producer", "stats", "finalize", "window_map"}
+    assert [s["input_shape"] for s in record["shapes"]] == [list(s) for s in spec.shapes]
+    assert [s["variant"] for s in record["shapes"]] == [w["variant"] for w in winners]
+    assert [s["key"] for s in record["shapes"]] == [key0, key1]
+    assert record["shapes"][1]["producer_output"] == [3, 64, 35, 43]
+    assert all(s["gpu"] == "FakeGPU" for s in record["shapes"])
+    assert "ModelNew" in (target / "__init__.py").read_text()
+
+    # again, without --gpu on a machine without one: any GPU's winner; the old export is replaced
+    (target / "stale.txt").write_text("x")
+    again = runner.invoke(main, ["export", str(SEEDS["groupnorm"]), "-o", str(out), "--shape", "3,8,37,45"])
+    assert again.exit_code == 0, again.output
+    assert not (target / "stale.txt").exists()
+    assert [s["key"] for s in json.loads((target / "winner.json").read_text())["shapes"]] == [key1]
+
+
+# -- deploy -----------------------------------------------------------------------------------
+
+
+def test_deploy_without_gpu_falls_back(runner, cache_dir, no_gpu):
+    result = runner.invoke(main, ["deploy", str(CONFIGS)])
+    assert result.exit_code == 0, result.output
+    shapes = [(load_config(p).name, s) for p in ALL_CONFIGS for s in load_config(p).shapes]
+    assert f"tune-on-deploy: 0 cached, 0 tuned, {len(shapes)} on eager PyTorch" in result.output
+    for name, shape in shapes:
+        assert f"  fallback: {name} {list(shape)}: no CUDA GPU visible" in result.output
+    assert [p for p in _files(cache_dir) if "locks" not in p.parts] == []
+
+
+def test_deploy_strict_without_gpu_exits_1(runner, cache_dir, no_gpu):
+    result = runner.invoke(main, ["deploy", str(CONFIGS), "--strict"])
+    assert result.exit_code == 1, result.output
+    assert "on eager PyTorch" in result.output and "fallback:" in result.output
+
+
+def test_deploy_reports_a_bad_config_as_a_fallback(runner, cache_dir, tmp_path, no_gpu):
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    shutil.copy(SEEDS["groupnorm"], folder / "good.yaml")
+    shutil.copy(BAD / "search_trials_zero.yaml", folder / "bad.yaml")
+    result = runner.invoke(main, ["deploy", str(folder)])
+    assert result.exit_code == 0, result.output
+    assert "3 on eager PyTorch" in result.output
+    assert f"fallback: {folder / 'bad.yaml'}: " in result.output and "search.trials" in result.output
+    assert runner.invoke(main, ["deploy", str(folder), "--strict"]).exit_code == 1

@@ -1,0 +1,358 @@
+"""The search with a fake benchmarker: winners, caching, resume, failures, infeasible candidates, concurrency."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+
+import pytest
+
+from fusetune.cache import STATUSES, Cache, make_key
+from fusetune.codegen import plan_space, render
+from fusetune.config import load_config
+from fusetune.plan import make_plan
+from fusetune.search import Machine, key_fields, shape_facts, tune_shape
+from fusetune.space import candidate_key
+
+from conftest import SEEDS
+from fake_handlers import MACHINE_FIELDS, FakeBench, fake_time, tune_in_process
+
+MACHINE = Machine("FakeGPU", "9.0", "13.0", "2.13")
+FAILURES = ("compile_error", "launch_error", "crash", "timeout", "wrong_result")
+
+
+def quiet(line: str) -> None:
+    pass
+
+
+@pytest.fixture
+def cache(tmp_path) -> Cache:
+    return Cache(tmp_path / "cache")
+
+
+def _feasible(spec, shape):
+    plan = make_plan(spec)
+    space = plan_space(plan)
+    facts = shape_facts(spec, plan, shape)
+    return [c for c in space.all() if not space.violations(c, facts)], space
+
+
+def _best_ok(entry):
+    oks = {k: o for k, o in entry.outcomes.items() if o["status"] == "ok"}
+    return min(oks, key=lambda k: oks[k]["time_ms"])
+
+
+# -- a small space (18 feasible candidates at this shape) is searched exhaustively ----------
+
+SMALL = (SEEDS["maxpool_gap"], (3, 3, 7, 11, 13))
+
+
+def test_small_space_is_searched_exhaustively_and_the_fastest_wins(cache):
+    spec = load_config(SMALL[0])
+    feasible, space = _feasible(spec, SMALL[1])
+    assert len(feasible) == 18  # plane_reduce: split * block <= 2 * P with P = 720
+    bench = FakeBench()
+    result = tune_shape(spec, SMALL[1], cache, MACHINE, bench.factory, trials=24, echo=quiet)
+    assert result.status == "tuned"
+    evaluated = bench.search_evaluations()
+    assert sorted(evaluated) == sorted(candidate_key(c) for c in feasible)  # each once, nothing else
+    fastest = min(feasible, key=fake_time)
+    assert result.candidate == fastest
+    assert result.time_ms == pytest.approx(fake_time(fastest))
+    assert result.eager_ms == bench.eager and result.speedup == pytest.approx(bench.eager / fake_time(fastest))
+    assert result.counts == {"ok": 18}
+    entry = cache.load(result.key)
+    assert entry.winner["candidate"] == fastest
+    assert entry.winner["variant"] == space.stage_values(fastest)
+    assert entry.winner["module"].startswith("ft_convt3d_scale_maxpool_gap_clamp_")
+    assert _best_ok(entry) == candidate_key(fastest)
+    assert entry.fields["problem_name"] == spec.name and entry.fields["gpu"] == "FakeGPU"
+    for ckey, outcome in entry.outcomes.items():
+        assert outcome["status"] == "ok" and candidate_key(outcome["candidate"]) == ckey
+    # the winner was confirmed on fresh inputs, and only the winner
+    assert [k for _, kind, k in bench.calls if kind == "confirm"] == [candidate_key(fastest)]
+
+
+def test_second_call_is_cached_and_runs_nothing(cache):
+    spec = load_config(SMALL[0])
+    first = tune_shape(spec, SMALL[1], cache, MACHINE, FakeBench().factory, trials=24, echo=quiet)
+    again = FakeBench()
+    second = tune_shape(spec, SMALL[1], cache, MACHINE, again.factory, trials=24, echo=quiet)
+    assert second.status == "cached"
+    assert again.made == 0 and again.calls == []  # no benchmarker at all, let alone a build
+    assert (second.key, second.candidate, second.time_ms) == (first.key, first.candidate, first.time_ms)
+    assert second.counts == first.counts
+
+
+def test_cached_winner_depends_on_the_machine(cache):
+    spec = load_config(SMALL[0])
+    tune_shape(spec, SMALL[1], cache, MACHINE, FakeBench().factory, trials=24, echo=quiet)
+    other = FakeBench()
+    result = tune_shape(spec, SMALL[1], cache, Machine("OtherGPU", "8.0", "13.0", "2.13"), other.factory,
+                        trials=24, echo=quiet)
+    assert result.status == "tuned" and len(other.search_evaluations()) == 18
+
+
+@pytest.mark.parametrize("status", FAILURES)
+def test_every_failure_status_is_recorded_and_never_wins(cache, status):
+    spec = load_config(SMALL[0])
+    feasible, _ = _feasible(spec, SMALL[1])
+    by_speed = sorted(feasible, key=fake_time)
+    failing = {candidate_key(c): status for c in by_speed[:3]}  # the three fastest fail
+    bench = FakeBench(failures=failing)
+    result = tune_shape(spec, SMALL[1], cache, MACHINE, bench.factory, trials=24, echo=quiet)
+    assert result.status == "tuned"
+    assert result.candidate == by_speed[3]
+    assert result.counts == {"ok": 15, status: 3}
+    entry = cache.load(result.key)
+    for ckey in failing:
+        assert entry.outcomes[ckey]["status"] == status
+        assert entry.outcomes[ckey]["log"] == f"fake {status} of {ckey}"
+        assert "time_ms" not in entry.outcomes[ckey]
+    assert candidate_key(entry.winner["candidate"]) not in failing
+    # failures are not re-timed or confirmed in the final round
+    final = [k for phase, _, k in bench.calls if phase == "final"]
+    assert not set(final) & set(failing)
+
+
+def test_all_failure_statuses_together(cache):
+    spec = load_config(SMALL[0])
+    feasible, _ = _feasible(spec, SMALL[1])
+    by_speed = sorted(feasible, key=fake_time)
+    failing = {candidate_key(c): s for c, s in zip(by_speed, FAILURES)}
+    result = tune_shape(spec, SMALL[1], cache, MACHINE, FakeBench(failures=failing).factory, trials=24, echo=quiet)
+    assert result.candidate == by_speed[len(FAILURES)]
+    entry = cache.load(result.key)
+    assert {k: o["status"] for k, o in entry.outcomes.items() if o["status"] != "ok"} == failing
+    assert set(FAILURES) | {"ok", "infeasible"} == set(STATUSES)
+
+
+def test_nothing_ok_means_failed_and_no_winner(cache):
+    spec = load_config(SMALL[0])
+    feasible, _ = _feasible(spec, SMALL[1])
+    bench = FakeBench(failures={candidate_key(c): "wrong_result" for c in feasible})
+    result = tune_shape(spec, SMALL[1], cache, MACHINE, bench.factory, trials=24, echo=quiet)
+    assert result.status == "failed" and result.candidate is None and result.time_ms is None
+    assert result.message == "no candidate passed verification"
+    assert result.counts == {"wrong_result": 18}
+    assert cache.load(result.key).winner is None
+    assert [kind for _, kind, _ in bench.calls if kind == "confirm"] == []
+
+
+def test_candidate_failing_confirm_is_not_the_winner(cache):
+    spec = load_config(SMALL[0])
+    feasible, _ = _feasible(spec, SMALL[1])
+    by_speed = sorted(feasible, key=fake_time)
+    bad = candidate_key(by_speed[0])
+    bench = FakeBench(confirm_failures={bad})
+    result = tune_shape(spec, SMALL[1], cache, MACHINE, bench.factory, trials=24, echo=quiet)
+    assert result.status == "tuned"
+    assert result.candidate == by_speed[1]
+    entry = cache.load(result.key)
+    assert entry.winner["candidate"] == by_speed[1]
+    assert entry.outcomes[bad]["status"] == "wrong_result"  # the confirm failure is recorded
+    confirms = [k for _, kind, k in bench.calls if kind == "confirm"]
+    assert confirms == [bad, candidate_key(by_speed[1])]
+
+
+@pytest.mark.parametrize("other_is_faster", [True, False])
+def test_a_winner_named_meanwhile_by_another_search(cache, other_is_faster):
+    """Another search of the same key names its winner while this one confirms: the faster one stays."""
+    spec = load_config(SMALL[0])
+    feasible, space = _feasible(spec, SMALL[1])
+    fastest = min(feasible, key=fake_time)
+    theirs = {"candidate": {"theirs": 1}, "variant": {}, "module": "m",
+              "time_ms": fake_time(fastest) * (0.5 if other_is_faster else 2.0)}
+    box = {}
+
+    def other_search_finishes(candidate):
+        def put(entry):
+            entry.winner = theirs
+        cache.update(box["key"], {}, put)
+
+    bench = FakeBench(on_confirm=other_search_finishes)
+    original = bench.factory
+
+    def factory(plan, shape):
+        box["key"] = make_key(key_fields(spec, shape, MACHINE, render(plan).source_hash))
+        return original(plan, shape)
+    result = tune_shape(spec, SMALL[1], cache, MACHINE, factory, trials=24, echo=quiet)
+    entry = cache.load(result.key)
+    assert result.key == box["key"]
+    if other_is_faster:
+        assert entry.winner == theirs
+        assert result.candidate == {"theirs": 1} and result.time_ms == theirs["time_ms"]
+    else:
+        assert entry.winner["candidate"] == fastest and result.candidate == fastest
+
+
+def test_every_confirm_failing_means_failed(cache):
+    spec = load_config(SMALL[0])
+    feasible, _ = _feasible(spec, SMALL[1])
+    bench = FakeBench(confirm_failures={candidate_key(c) for c in feasible})
+    result = tune_shape(spec, SMALL[1], cache, MACHINE, bench.factory, trials=24, echo=quiet)
+    assert result.status == "failed"
+    assert cache.load(result.key).winner is None
+    # only the re-timed best few were tried
+    assert len([kind for _, kind, _ in bench.calls if kind == "confirm"]) == 3
+
+
+def test_force_reruns_known_outcomes(cache):
+    spec = load_config(SMALL[0])
+    feasible, _ = _feasible(spec, SMALL[1])
+    tune_shape(spec, SMALL[1], cache, MACHINE, FakeBench().factory, trials=24, echo=quiet)
+    # now everything is twice as slow and the old winner is broken
+    old_best = candidate_key(min(feasible, key=fake_time))
+    bench = FakeBench(times=lambda c: 2 * fake_time(c), failures={old_best: "crash"})
+    result = tune_shape(spec, SMALL[1], cache, MACHINE, bench.factory, trials=24, force=True, echo=quiet)
+    assert result.status == "tuned"
+    assert bench.made == 1
+    assert sorted(bench.search_evaluations()) == sorted(candidate_key(c) for c in feasible)
+    entry = cache.load(result.key)
+    assert entry.outcomes[old_best]["status"] == "crash"
+    for c in feasible:
+        if candidate_key(c) != old_best:
+            assert entry.outcomes[candidate_key(c)]["time_ms"] == pytest.approx(2 * fake_time(c))
+
+
+def test_force_replaces_a_stale_winner(cache):
+    spec = load_config(SMALL[0])
+    feasible, _ = _feasible(spec, SMALL[1])
+    first = tune_shape(spec, SMALL[1], cache, MACHINE, FakeBench().factory, trials=24, echo=quiet)
+    old_best = candidate_key(first.candidate)
+    bench = FakeBench(times=lambda c: 2 * fake_time(c), failures={old_best: "crash"})
+    result = tune_shape(spec, SMALL[1], cache, MACHINE, bench.factory, trials=24, force=True, echo=quiet)
+    entry = cache.load(result.key)
+    assert entry.outcomes[old_best]["status"] == "crash"
+    assert candidate_key(entry.winner["candidate"]) != old_best  # never a winner whose latest outcome failed
+    assert candidate_key(result.candidate) == _best_ok(entry)
+
+
+# -- a large space: optuna samples, the budget counts ---------------------------------------
+
+LARGE = (SEEDS["groupnorm"], (128, 8, 128, 128))
+
+
+def test_large_space_spends_exactly_the_budget(cache):
+    spec = load_config(LARGE[0])
+    bench = FakeBench()
+    result = tune_shape(spec, LARGE[1], cache, MACHINE, bench.factory, trials=10, echo=quiet)
+    evaluated = bench.search_evaluations()
+    assert len(evaluated) == len(set(evaluated)) == 10
+    _, space = _feasible(spec, LARGE[1])
+    assert evaluated[0] == candidate_key(space.default())  # the declared default goes first
+    entry = cache.load(result.key)
+    assert set(entry.outcomes) == set(evaluated)
+    assert candidate_key(result.candidate) == _best_ok(entry)
+
+
+def _interrupted_then_resumed(cache, after: int, trials: int = 10):
+    spec = load_config(LARGE[0])
+    first = FakeBench(interrupt_after=after)
+    with pytest.raises(KeyboardInterrupt):
+        tune_shape(spec, LARGE[1], cache, MACHINE, first.factory, trials=trials, echo=quiet)
+    done = first.search_evaluations()
+    assert len(done) == after - 1 and len(first.interrupted()) == 1
+    second = FakeBench()
+    result = tune_shape(spec, LARGE[1], cache, MACHINE, second.factory, trials=trials, echo=quiet)
+    return done, first.interrupted()[0], second.search_evaluations(), result
+
+
+@pytest.mark.parametrize("after", [2, 5])
+def test_resume_never_reruns_a_known_outcome(cache, after):
+    done, interrupted, resumed, result = _interrupted_then_resumed(cache, after)
+    assert result.status == "tuned"
+    both = done + resumed
+    assert len(both) == len(set(both)), "a candidate was evaluated twice"
+    assert not set(done) & set(resumed)
+    assert len(both) <= 10
+    entry = cache.load(result.key)
+    ran = {k for k, o in entry.outcomes.items() if o["status"] != "infeasible"}
+    assert ran == set(both)  # the interrupted trial left no outcome behind ...
+    assert interrupted not in entry.outcomes or interrupted in resumed  # ... unless it ran again
+
+
+def test_resume_spends_exactly_the_budget(cache):
+    done, _, resumed, result = _interrupted_then_resumed(cache, after=5)
+    assert len(done) + len(resumed) == 10
+    outcomes = cache.load(result.key).outcomes.values()
+    assert sum(o["status"] != "infeasible" for o in outcomes) == 10
+
+
+def test_infeasible_candidates_are_recorded_and_free(cache):
+    spec = load_config(SEEDS["groupnorm"])
+    shape = (3, 8, 37, 45)
+    facts = shape_facts(spec, make_plan(spec), shape)
+    assert facts["S"] == 35 * 43 and facts["S"] % 4  # 16-byte loads impossible
+    bench = FakeBench()
+    result = tune_shape(spec, shape, cache, MACHINE, bench.factory, trials=8, echo=quiet)
+    entry = cache.load(result.key)
+    infeasible = {k: o for k, o in entry.outcomes.items() if o["status"] == "infeasible"}
+    assert infeasible, "the sampler never proposed stats.vec=4 (expected about half the time)"
+    assert any(o["candidate"]["stats.vec"] == 4 for o in infeasible.values())
+    for o in infeasible.values():
+        assert o["log"].startswith("stats: ")
+        if o["candidate"]["stats.vec"] == 4:
+            assert "S % vec == 0" in o["log"]
+        else:  # the other stats constraint: too many blocks per plane
+            assert o["candidate"]["stats.split"] * o["candidate"]["stats.block"] > 4 * facts["S"]
+    evaluated = bench.search_evaluations()
+    assert not set(evaluated) & set(infeasible)  # never run
+    assert len(evaluated) == len(set(evaluated)) == 8  # and not counted against the budget
+    ran = {k for k, o in entry.outcomes.items() if o["status"] != "infeasible"}
+    assert ran == set(evaluated)
+    assert result.counts["infeasible"] == len(infeasible) and result.counts["ok"] == 8
+    assert result.candidate["stats.vec"] == 1
+
+
+def test_concurrent_searches_of_one_key(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    root = tmp_path / "cache"
+    outs = [tmp_path / f"out{i}.json" for i in range(2)]
+    procs = [ctx.Process(target=tune_in_process, args=(str(root), str(LARGE[0]), list(LARGE[1]), 12, str(out), barrier))
+             for out in outs]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=90)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert [p.exitcode for p in procs] == [0, 0]
+    results = [json.loads(out.read_text()) for out in outs]
+    assert results[0]["key"] == results[1]["key"]
+    cache = Cache(root)
+    entry = cache.load(results[0]["key"])
+    # no outcome was lost to the other process's write
+    assert set(results[0]["evaluated"]) | set(results[1]["evaluated"]) <= set(entry.outcomes)
+    best = _best_ok(entry)
+    assert candidate_key(entry.winner["candidate"]) == best
+    assert entry.winner["time_ms"] == pytest.approx(entry.outcomes[best]["time_ms"])
+    for r in results:
+        assert r["status"] == "tuned" and r["time_ms"] >= entry.winner["time_ms"]
+    # a third search finds the winner cached
+    again = FakeBench()
+    result = tune_shape(load_config(LARGE[0]), LARGE[1], cache, Machine(*MACHINE_FIELDS), again.factory,
+                        trials=12, echo=quiet)
+    assert result.status == "cached" and result.candidate == entry.winner["candidate"]
+
+
+# -- shape facts ------------------------------------------------------------------------------
+
+FACTS = {
+    ("groupnorm", (128, 8, 128, 128)): dict(N=128, C=64, D=1, H=126, W=126, S=15876, OD=1, OH=31, OW=31, P=961),
+    ("groupnorm", (3, 8, 37, 45)): dict(N=3, C=64, D=1, H=35, W=43, S=1505, OD=1, OH=8, OW=10, P=80),
+    ("instancenorm", (128, 3, 16, 32, 32)): dict(N=128, C=16, D=14, H=30, W=30, S=12600, OD=14, OH=30, OW=30, P=12600),
+    ("instancenorm", (3, 3, 11, 19, 23)): dict(N=3, C=16, D=9, H=17, W=21, S=3213, OD=9, OH=17, OW=21, P=3213),
+    ("batchnorm", (16, 64, 16, 32, 32)): dict(N=16, C=128, D=20, H=36, W=36, S=25920, OD=20, OH=36, OW=36, P=25920),
+    ("batchnorm", (3, 64, 5, 7, 9)): dict(N=3, C=128, D=9, H=11, W=13, S=1287, OD=9, OH=11, OW=13, P=1287),
+    ("maxpool_gap", (128, 3, 16, 32, 32)): dict(N=128, C=16, D=31, H=63, W=63, S=123039, OD=15, OH=31, OW=31, P=14415),
+    ("maxpool_gap", (3, 3, 7, 11, 13)): dict(N=3, C=16, D=13, H=21, W=25, S=6825, OD=6, OH=10, OW=12, P=720),
+}
+
+
+@pytest.mark.parametrize("seed, shape", sorted(FACTS), ids=[f"{k}-{'x'.join(map(str, s))}" for k, s in sorted(FACTS)])
+def test_shape_facts(seed, shape):
+    spec = load_config(SEEDS[seed])
+    assert shape in spec.shapes
+    assert shape_facts(spec, make_plan(spec), shape) == FACTS[(seed, shape)]

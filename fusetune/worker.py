@@ -62,7 +62,7 @@ class Worker:
         handle, self.log_path = tempfile.mkstemp(prefix="fusetune-worker-", suffix=".log")
         os.close(handle)
 
-    def log_tail(self, chars: int = 2000) -> str:
+    def log_tail(self, chars: int = 6000) -> str:
         """The end of what the worker processes printed (native crashes included)."""
         try:
             with open(self.log_path, "rb") as f:

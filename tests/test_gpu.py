@@ -183,7 +183,7 @@ def test_fault_injection(cache, monkeypatch):
     entry = cache.load(result.key)
     by_fault = {o["candidate"]["fault_map.fault"]: o["status"] for o in entry.outcomes.values()}
     print("outcomes:", by_fault, "worker restarts:", restarts)
-    logs = {o["candidate"]["fault_map.fault"]: o.get("log", "")[-600:] for o in entry.outcomes.values()}
+    logs = {o["candidate"]["fault_map.fault"]: o.get("log", "")[-3000:] for o in entry.outcomes.values()}
     for fault, log in logs.items():
         print(f"--- {fault}: {log}")
     assert by_fault == {"none": "ok", "oob_write": "crash", "spin": "timeout", "compile_error": "compile_error",

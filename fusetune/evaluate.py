@@ -174,7 +174,7 @@ def _failure(exc: BaseException) -> dict[str, Any]:
 
 
 def handle(job: dict[str, Any]) -> dict[str, Any]:
-    """Worker entry point. Jobs: open, evaluate, confirm, eager."""
+    """Worker entry point. Jobs: open, evaluate (verify, then time), verify, confirm (on fresh inputs), eager."""
     start = time.perf_counter()
     kind = job["kind"]
     try:
@@ -187,7 +187,7 @@ def handle(job: dict[str, Any]) -> dict[str, Any]:
             result: dict[str, Any] = {"status": "ok"}
         elif kind == "eager":
             result = {"status": "ok", "time_ms": session.time_eager(job.get("reps", 20))}
-        elif kind in ("evaluate", "confirm"):
+        elif kind in ("evaluate", "verify", "confirm"):
             if kind == "confirm":
                 session.draw_inputs()
             verify_start = time.perf_counter()

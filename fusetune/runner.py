@@ -95,6 +95,10 @@ class GpuBenchmarker:
     def evaluate(self, candidate: Candidate) -> dict[str, Any]:
         return _clean(self._run("evaluate", candidate))
 
+    def verify(self, candidate: Candidate) -> dict[str, Any]:
+        """Verification alone, on the session's inputs (no timing)."""
+        return _clean(self._run("verify", candidate))
+
     def confirm(self, candidate: Candidate) -> dict[str, Any]:
         return _clean(self._run("confirm", candidate))
 

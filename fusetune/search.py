@@ -97,7 +97,7 @@ def shape_facts(spec: ProblemSpec, plan: Plan, shape: Shape) -> dict[str, int]:
 
 def key_fields(spec: ProblemSpec, shape: Shape, machine: Machine, source_hash: str) -> dict[str, Any]:
     """Everything that can change the answer. Not the config's name or its search settings."""
-    return {"problem": spec.canonical(), "shape": list(shape), "dtype": spec.dtype, "layout": "contiguous",
+    return {"problem": spec.canonical(), "shape": list(shape), "dtype": spec.dtype, "input_layout": "contiguous",
             "gpu": machine.gpu, "capability": machine.capability, "cuda": machine.cuda,
             "torch": machine.torch, "fusetune": __version__, "cuda_flags": list(CUDA_FLAGS),
             "sources": source_hash}

@@ -145,7 +145,7 @@ def test_cache_list_show_clear(runner, cache_dir):
     space = plan_space(plan)
     feasible = sorted((c for c in space.all() if not space.violations(c, shape_facts(spec, plan, shape))), key=fake_time)
     failures = {candidate_key(feasible[0]): "crash", candidate_key(feasible[1]): "timeout"}
-    key = _tune(cache_dir, "maxpool_gap", shape, trials=24, failures=failures)
+    key = _tune(cache_dir, "maxpool_gap", shape, trials=len(feasible), failures=failures)  # all of them
     other = _tune(cache_dir, "groupnorm", (3, 8, 37, 45))
 
     listed = runner.invoke(main, ["cache", "list"])
@@ -153,7 +153,8 @@ def test_cache_list_show_clear(runner, cache_dir):
     lines = listed.output.splitlines()
     assert len(lines) == 2
     mine = next(line for line in lines if line.startswith(key))
-    assert spec.name in mine and "3x3x7x11x13" in mine and "FakeGPU" in mine and "18 trials" in mine
+    assert spec.name in mine and "3x3x7x11x13" in mine and "FakeGPU" in mine
+    assert f"  {len(feasible)} trials  " in mine
     assert f"{fake_time(feasible[2]):.4f} ms" in mine
 
     shown = runner.invoke(main, ["cache", "show", spec.name])
@@ -163,7 +164,7 @@ def test_cache_list_show_clear(runner, cache_dir):
         assert re.search(rf"^  {status} +{re.escape(ckey)}$", shown.output, re.M), status
         assert f"fake {status} of {ckey}" in shown.output
     ok_lines = re.findall(r"^  ok +\d+\.\d{4} ms  \S+$", shown.output, re.M)
-    assert len(ok_lines) == 16
+    assert len(ok_lines) == len(feasible) - len(failures)
     assert ok_lines[0].endswith(candidate_key(feasible[2]))  # fastest first
 
     prefix = runner.invoke(main, ["cache", "show", key[:8]])

@@ -1,0 +1,155 @@
+"""The rendered kernels.cu of every seed (and of chains the seeds do not cover) compiles for sm_90,
+with every compile-time variant of every stage, no register spills, and no torch headers."""
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from fusetune.codegen import render
+from fusetune.config import load_config, parse_config
+from fusetune.plan import make_plan
+from fusetune.space import load_family
+
+from conftest import SEEDS
+
+NVCC = shutil.which("nvcc")
+
+#: Chains the seed configs do not cover: avg_pool, relu, eval-mode batch norm, sum/mean/min over
+#: channels, a 2-D plane_reduce.
+EXTRA = {
+    "conv2d_bneval_relu_avgpool_gap": {  # 2-D plane_reduce after an avg pool; eval-mode batch norm
+        "name": "conv2d_bneval_relu_avgpool_gap",
+        "producer": {"op": "conv2d", "in_channels": 8, "out_channels": 32, "kernel_size": 3},
+        "epilogue": [{"op": "batch_norm", "training": False}, {"op": "relu"}, {"op": "avg_pool", "kernel_size": 2},
+                     {"op": "adaptive_avg_pool"}, {"op": "add", "by": 1.0}],
+        "shapes": [[4, 8, 34, 34]],
+    },
+    "conv3d_relu_sum_channels": {
+        "name": "conv3d_relu_sum_channels",
+        "producer": {"op": "conv3d", "in_channels": 3, "out_channels": 16, "kernel_size": 3},
+        "epilogue": [{"op": "relu"}, {"op": "sum", "dim": 1}],
+        "shapes": [[2, 3, 10, 18, 18]],
+    },
+    "conv2d_groupnorm_mean_channels": {
+        "name": "conv2d_groupnorm_mean_channels",
+        "producer": {"op": "conv2d", "in_channels": 8, "out_channels": 32, "kernel_size": 3},
+        "parameters": {"s": {"init": "randn"}},
+        "epilogue": [{"op": "group_norm", "groups": 4}, {"op": "mul", "by": "s"}, {"op": "mean", "dim": 1}],
+        "shapes": [[4, 8, 34, 34]],
+    },
+    "conv2d_bneval_clamp_min_channels": {
+        "name": "conv2d_bneval_clamp_min_channels",
+        "producer": {"op": "conv2d", "in_channels": 8, "out_channels": 32, "kernel_size": 3, "bias": False},
+        "epilogue": [{"op": "batch_norm", "training": False}, {"op": "clamp", "min": -0.5},
+                     {"op": "min", "dim": 1}, {"op": "relu"}],
+        "shapes": [[4, 8, 34, 34]],
+    },
+}
+EXPECTED_EXTRA = {  # name: (stages, reduce mode or None, pool mode or None, norm scope or None)
+    "conv2d_bneval_relu_avgpool_gap": (("finalize", "plane_reduce"), "mean", "avg", "running"),
+    "conv3d_relu_sum_channels": (("channel_reduce",), "sum", None, None),
+    "conv2d_groupnorm_mean_channels": (("stats", "finalize", "channel_reduce"), "mean", None, "group"),
+    "conv2d_bneval_clamp_min_channels": (("finalize", "channel_reduce"), "min", None, "running"),
+}
+NAMES = sorted(SEEDS) + sorted(EXTRA)
+
+
+def _spec(name: str):
+    if name in SEEDS:
+        return load_config(SEEDS[name])
+    return parse_config(EXTRA[name], f"<{name}>")
+
+
+@pytest.fixture(scope="module")
+def rendered():
+    return {name: (make_plan(_spec(name)), render(make_plan(_spec(name)))) for name in NAMES}
+
+
+@pytest.fixture(scope="module")
+def compiled(rendered, tmp_path_factory):
+    """Start every nvcc at once, two at a time; each test waits for its own."""
+    if NVCC is None:
+        pytest.skip("nvcc not found")
+    folder = tmp_path_factory.mktemp("nvcc")
+
+    def compile_one(name: str) -> subprocess.CompletedProcess:
+        source = folder / f"{name}.cu"
+        source.write_text(rendered[name][1].files["kernels.cu"])
+        return subprocess.run([NVCC, "-arch=sm_90", "-O3", "-Xptxas", "-v", "-c", str(source),
+                               "-o", str(folder / f"{name}.o")],
+                              capture_output=True, text=True, timeout=300)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+    futures = {name: pool.submit(compile_one, name) for name in NAMES}
+    yield futures
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+def test_extra_configs_cover_what_they_claim(rendered):
+    for name, (stages, reduce, pool, scope) in EXPECTED_EXTRA.items():
+        plan = rendered[name][0]
+        assert plan.stages == stages, name
+        assert (plan.reduce.mode if plan.reduce else None) == reduce, name
+        assert (plan.pool.mode if plan.pool else None) == pool, name
+        assert (plan.norm.scope if plan.norm else None) == scope, name
+    kinds = {op.kind for name in EXTRA for op in rendered[name][0].spec.epilogue}
+    assert {"avg_pool", "relu", "batch_norm"} <= kinds
+    assert rendered["conv2d_bneval_relu_avgpool_gap"][0].spec.producer.spatial_dims == 2
+
+
+def _launcher(source: str, stage: str) -> str:
+    """The text of ``ft_launch_<stage>`` up to the next launcher (or the end)."""
+    start = source.index(f'extern "C" int ft_launch_{stage}(')
+    following = source.find('extern "C"', start + 1)
+    return source[start:following if following != -1 else len(source)]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_variant_has_a_case_in_its_launcher(rendered, name):
+    plan, module = rendered[name]
+    source = module.files["kernels.cu"]
+    for stage in plan.stages:
+        body = _launcher(source, stage)
+        cases = [int(n) for n in re.findall(r"^\s*case (\d+):", body, re.M)]
+        family = load_family(stage)
+        if not family.params:  # finalize: one fixed kernel, nothing to choose
+            assert cases == [], stage
+            continue
+        assert cases == list(range(len(family.variants()))), stage
+        assert len(family.variants()) > 1
+    for stage in ("stats", "finalize", "window_map", "plane_reduce", "channel_reduce"):
+        assert (f"ft_launch_{stage}(" in source) is (stage in plan.stages), stage
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_kernels_do_not_include_torch(rendered, name):
+    source = rendered[name][1].files["kernels.cu"]
+    includes = re.findall(r"^\s*#\s*include\s*[<\"]([^>\"]+)[>\"]", source, re.M)
+    assert includes, "expected at least the CUDA runtime header"
+    for header in includes:
+        assert not header.startswith(("torch/", "ATen/", "c10/", "pybind11/")), header
+        assert header != "Python.h"
+    assert "at::" not in source and "torch::" not in source
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+def test_kernels_compile_for_sm90_without_spills(rendered, compiled, name):
+    result = compiled[name].result()
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-6000:]
+    entries = re.findall(r"Compiling entry function '(\w+)' for 'sm_90'", log)
+    props = dict(re.findall(r"Function properties for (\w+)\n\s*\d+ bytes stack frame, (\d+) bytes spill stores", log))
+    assert entries, log[-3000:]
+    assert set(entries) <= set(props), "ptxas reported no properties for some kernels"
+    spilling = {fn: int(n) for fn, n in props.items() if int(n)}
+    assert spilling == {}, f"register spills (bytes stored) in {spilling}"
+    plan = rendered[name][0]
+    for stage in plan.stages:  # every stage's kernels were compiled
+        assert any(f"ft_{stage}_" in fn for fn in entries), stage
+    searched = [s for s in plan.stages if load_family(s).params]
+    assert len(entries) >= sum(len(load_family(s).variants()) for s in searched)

@@ -22,6 +22,8 @@ from types import ModuleType
 from fusetune.cache import Cache
 from fusetune.codegen import RenderedModule
 
+#: Build processes running now, so Ctrl-C can kill those started from other threads.
+_LIVE: set[subprocess.Popen] = set()
 BUILT_MARKER = "fusetune.built"
 FAILED_MARKER = "fusetune.failed"  # holds the log of a failed build: the same sources fail again
 
@@ -56,7 +58,8 @@ def build(rendered: RenderedModule, cache: Cache, timeout: float = 900.0, arch: 
           force: bool = False) -> BuildResult:
     """Build one module unless a build of the same sources finished (or failed: unless ``force``)."""
     module_dir = rendered.write(cache.module_dir(rendered.name))
-    build_dir = cache.build_dir(rendered.name)
+    # One build per architecture: a cache shared by several GPU kinds must not reuse a .so.
+    build_dir = cache.build_dir(f"{rendered.name}-sm{arch.replace('.', '')}" if arch else rendered.name)
     marker = build_dir / BUILT_MARKER
     failed = build_dir / FAILED_MARKER
     if marker.exists():
@@ -84,26 +87,49 @@ def build(rendered: RenderedModule, cache: Cache, timeout: float = 900.0, arch: 
 
 def build_many(modules: list[RenderedModule], cache: Cache, timeout: float = 900.0, arch: str | None = None,
                jobs: int | None = None, force: bool = False) -> list[BuildResult]:
-    """Build several modules at once (each child runs ninja itself)."""
+    """Build several modules at once (each child runs ninja itself).
+
+    Ctrl-C reaches only the main thread: it kills every running build's process group and
+    cancels the builds not yet started, instead of waiting for them.
+    """
     jobs = jobs or max(1, min(len(modules), (os.cpu_count() or 2) // 4 or 1))
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(lambda m: build(m, cache, timeout, arch, force), modules))
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=jobs)
+    try:
+        futures = [pool.submit(build, m, cache, timeout, arch, force) for m in modules]
+        return [f.result() for f in futures]
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in list(_LIVE):
+            _kill_group(proc)
+        raise
+    finally:
+        pool.shutdown(wait=False)
 
 
 def _run_child(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[bool, bool, str]:
     """Run ``cmd`` in its own process group: (succeeded, timed out, the end of its output)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
+    _LIVE.add(proc)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # nvcc and ninja too
+        _kill_group(proc)  # nvcc and ninja too
         out, _ = proc.communicate()
         return False, True, f"build timed out after {timeout:.0f} s\n{out[-4000:]}"
     except KeyboardInterrupt:
-        os.killpg(proc.pid, signal.SIGKILL)
+        _kill_group(proc)
         raise
+    finally:
+        _LIVE.discard(proc)
     return proc.returncode == 0, False, out[-8000:]
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _main(argv: list[str]) -> int:

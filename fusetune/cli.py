@@ -50,6 +50,17 @@ def _select_shapes(spec: ProblemSpec, wanted: tuple[str, ...]) -> list[Shape]:
     return shapes
 
 
+def _select_for_all(specs: list[ProblemSpec], wanted: tuple[str, ...]) -> list[tuple[ProblemSpec, list[Shape]]]:
+    """With several configs, each ``--shape`` applies to the configs that list it, and must match one."""
+    if len(specs) == 1 or not wanted:
+        return [(spec, _select_shapes(spec, wanted)) for spec in specs]
+    parsed = [_parse_shape(text) for text in wanted]
+    for text, shape in zip(wanted, parsed):
+        if not any(shape in spec.shapes for spec in specs):
+            raise ConfigError(", ".join(s.path for s in specs), "shapes", f"--shape {text} is in none of the configs")
+    return [(spec, [s for s in parsed if s in spec.shapes]) for spec in specs]
+
+
 def _cache(ctx: click.Context) -> Cache:
     return Cache(ctx.obj["cache_dir"])
 
@@ -102,7 +113,7 @@ def search(ctx: click.Context, configs: tuple[str, ...], shapes: tuple[str, ...]
     from fusetune.worker import Worker
 
     specs = [load_config(c) for c in configs]  # all configs valid before any work starts
-    selected = [(spec, _select_shapes(spec, shapes) if len(specs) == 1 else list(spec.shapes)) for spec in specs]
+    selected = _select_for_all(specs, shapes)
     machine = Machine.detect()  # before the cache: a machine without a GPU is left as it was
     cache = _cache(ctx)
     import torch

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from fusetune import __version__
+from fusetune.cache import atomic_write_text
 from fusetune.ops import Elementwise
 from fusetune.plan import Plan
 from fusetune.space import PlanSpace, load_family
@@ -34,11 +35,8 @@ class RenderedModule:
         directory.mkdir(parents=True, exist_ok=True)
         for name, text in self.files.items():
             target = directory / name
-            if target.exists() and target.read_text() == text:
-                continue
-            tmp = target.with_suffix(target.suffix + ".tmp")
-            tmp.write_text(text)
-            tmp.replace(target)
+            if not (target.exists() and target.read_text() == text):
+                atomic_write_text(target, text)  # unique temporary names: concurrent writers are safe
         return directory
 
 
@@ -107,7 +105,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
     kernels = "\n".join(parts)
     binding = env.get_template("binding.cpp.j2").render(**context)
     digest = hashlib.sha256((kernels + binding + repr(CUDA_FLAGS)).encode()).hexdigest()[:12]
-    name = f"ft_{plan.spec.name.replace('-', '_')}_{digest}"
+    name = f"ft_{digest}"  # by content alone: configs that differ only in name share builds and keys
     submodules, lines, norm_attr = _reference_code(plan)
     model = env.get_template("model.py.j2").render(
         module_name=name, variants=variants, default_variant=space.stage_values(space.default()),

@@ -119,6 +119,9 @@ def _parse_parameters(raw: Any, path: str) -> dict[str, ParamDecl]:
         key = f"parameters.{name}"
         if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
             raise ConfigError(path, key, "expected a Python identifier not starting with '_' as the parameter name")
+        if _reserved(name):
+            raise ConfigError(path, key, f"'{name}' is taken by the generated model (an nn.Module attribute, "
+                                         "the producer or an op's submodule); choose another name")
         if not isinstance(decl, Mapping):
             raise ConfigError(path, key, f"expected a mapping like {{shape: per_channel, init: ones}}, got {decl!r}")
         for k in decl:
@@ -131,6 +134,21 @@ def _parse_parameters(raw: Any, path: str) -> dict[str, ParamDecl]:
             raise ConfigError(path, f"{key}.init", f"expected one of {', '.join(PARAM_INITS)}, got {init!r}")
         out[name] = ParamDecl(name=name, init=init)
     return out
+
+
+#: Attributes the generated Model/ModelNew define beside nn.Module's own.
+_MODEL_ATTRIBUTES = {"producer", "variant", "fill_value", "produce", "epilogue", "share_from", "set_variant"}
+
+
+def _reserved(name: str) -> bool:
+    """A parameter becomes an attribute of the generated model: it must not replace one."""
+    import re
+
+    import torch
+
+    if name in _MODEL_ATTRIBUTES or hasattr(torch.nn.Module, name):
+        return True
+    return re.fullmatch(rf"({'|'.join(REGISTRY)})_\d+", name) is not None
 
 
 def _parse_shapes(raw: Any, producer: Producer, path: str) -> tuple[Shape, ...]:
@@ -172,7 +190,7 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
         if not isinstance(entry, Mapping) or "op" not in entry:
             raise ConfigError(path, key, f"expected a mapping with an 'op' key, got {entry!r}")
         kind = entry["op"]
-        if kind not in REGISTRY:
+        if not isinstance(kind, str) or kind not in REGISTRY:
             raise ConfigError(path, f"{key}.op", f"unknown op {kind!r}; expected one of: {', '.join(sorted(REGISTRY))}")
         if reduced_by and REGISTRY[kind].role != "elementwise":
             raise ConfigError(path, f"{key}.op", f"'{kind}' needs (N, C, spatial) input, but {reduced_by} "

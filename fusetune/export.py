@@ -1,7 +1,8 @@
 """Export tuned winners as a self-contained module: model.py, kernels.cu, binding.cpp, winner.json.
 
 The exported model.py is the very file fusetune verified and timed; winner.json picks the
-tuned variant per producer-output shape (the first one also serves unseen shapes).
+tuned variant per input shape (the first one also serves shapes not tuned; the kernels fall
+back to scalar loads where its vector loads would not fit).
 """
 from __future__ import annotations
 

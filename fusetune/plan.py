@@ -84,6 +84,8 @@ class Plan:
                 f"bias={'dropped' if self.drop_bias else 'epilogue' if self.bias_in_epilogue else 'none'}")
 
 
+#: Learnable per-channel parameters one module can read (FT_MAX_PARAMS in templates/args.h.j2).
+MAX_PARAMS = 8
 _SLOTS = ("pre", "norm", "mid", "pool", "post", "reduce", "final")
 _ROLE_SLOT = {"norm": 1, "pool": 3, "reduce": 5}
 
@@ -109,6 +111,10 @@ def make_plan(spec: ProblemSpec) -> Plan:
     reduce = groups["reduce"][0] if groups["reduce"] else None
     family = _family(spec, norm, groups["mid"], pool, reduce)
     pre = tuple(groups["pre"])
+    plan_params = {name for op in spec.epilogue if op.role == "elementwise" for name in op.params()}
+    if len(plan_params) > MAX_PARAMS:
+        raise PlanError(f"{spec.path}: the chain reads {len(plan_params)} learnable parameters; the kernels take "
+                        f"at most {MAX_PARAMS}")
     drop_bias = (spec.producer.bias and norm is not None and norm.scope == "instance"
                  and all(isinstance(op, (Mul, Div, Add)) for op in pre))
     return Plan(spec=spec, pre=pre, norm=norm, mid=tuple(groups["mid"]), pool=pool,

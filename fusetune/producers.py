@@ -40,7 +40,7 @@ class Producer:
         if not isinstance(raw, Mapping):
             raise ConfigError(path, "producer", f"expected a mapping with an 'op' key, got {raw!r}")
         kind = raw.get("op")
-        if kind not in KINDS:
+        if not isinstance(kind, str) or kind not in KINDS:
             raise ConfigError(path, "producer.op", f"expected one of {', '.join(KINDS)}, got {kind!r}")
         dims = KINDS[kind][0]
         ctx = OpContext(path=path, key="producer", in_shape=(), spatial_dims=dims, parameters={})

@@ -9,10 +9,12 @@ import time
 from typing import Any
 
 import itertools
+import os
 
 from fusetune.build import BuildResult, build, build_many
 from fusetune.cache import Cache
 from fusetune.codegen import plan_space, render
+from fusetune.errors import FusetuneError
 from fusetune.ops import Shape
 from fusetune.plan import Plan
 from fusetune.search import Machine
@@ -87,10 +89,15 @@ class GpuBenchmarker:
         module = self._module_for(candidate) if candidate is not None else self.main
         if module is None or not module.ok:
             return {"status": "compile_error", "log": module.log[-4000:] if module else "not built"}
-        opened = self.worker.run(self._job("open", None, module), OPEN_TIMEOUT)
-        if opened["status"] != "ok":
-            return opened
-        return self.worker.run(self._job(kind, candidate, module), self.job_timeout)
+        with self.cache.lock(f"gpu-{self.machine.gpu.replace(' ', '_')}-{os.environ.get('CUDA_VISIBLE_DEVICES', '')}"):
+            # One job on a GPU at a time, across processes: two timings at once measure neither.
+            opened = self.worker.run(self._job("open", None, module), OPEN_TIMEOUT)
+            if opened["status"] != "ok":
+                if module is self.main:  # the shape itself cannot be set up: not this candidate's fault
+                    raise FusetuneError(f"{self.plan.spec.path}: cannot prepare shape {list(self.shape)} on the "
+                                        f"GPU ({opened['status']}): {opened.get('log', '')[-1500:]}")
+                return opened
+            return self.worker.run(self._job(kind, candidate, module), self.job_timeout)
 
     def evaluate(self, candidate: Candidate) -> dict[str, Any]:
         return _clean(self._run("evaluate", candidate))

@@ -123,7 +123,8 @@ def _evaluated(study: optuna.Study) -> set[str]:
 
 
 def _tried(study: optuna.Study) -> set[str]:
-    return {candidate_key(t.params) for t in study.get_trials(deepcopy=False) if t.params}
+    """Candidates with an outcome. A trial cut off by Ctrl-C has none, so it is queued again."""
+    return {candidate_key(t.params) for t in study.get_trials(deepcopy=False) if "status" in t.user_attrs}
 
 
 class _Objective:
@@ -251,8 +252,8 @@ def _name_winner(cache: Cache, key: str, fields: dict[str, Any], bench: Benchmar
     retimed: list[tuple[float, Candidate]] = []
     for outcome in oks[:RETIME_TOP]:
         again = bench.evaluate(outcome["candidate"])
-        if again["status"] == "ok":
-            retimed.append((min(again["time_ms"], outcome["time_ms"]), outcome["candidate"]))
+        if again["status"] == "ok":  # ranked by the new time alone: a lucky first timing does not carry over
+            retimed.append((again["time_ms"], outcome["candidate"]))
     for time_ms, candidate in sorted(retimed, key=lambda item: item[0]):
         check = bench.confirm(candidate)
         if check["status"] != "ok":

@@ -91,6 +91,16 @@ def test_seed_end_to_end(config, cache, worker, tmp_path):
         assert result.time_ms and result.time_ms > 0
         again = tune_shape(spec, shape, cache, machine, _bench_factory(cache, machine, worker), trials=3)
         assert again.status == "cached" and again.candidate == result.candidate
+    # A winner must also run correctly at a shape it was not tuned for (export and deploy use the
+    # first shape's winner there): the defaults' 16-byte loads meet planes that are not aligned.
+    first = tune_shape(spec, spec.shapes[0], cache, machine, _bench_factory(cache, machine, worker), trials=3)
+    plan = make_plan(spec)
+    default = plan_space(plan).default()
+    other = GpuBenchmarker(plan, spec.shapes[-1], cache, machine, worker, echo=print)
+    other.prepare()
+    for candidate in (first.candidate, default, {**default, "producer.layout": "channels_last"}):
+        outcome = other.verify(candidate)
+        assert outcome["status"] == "ok", (candidate, outcome)
     target = export(spec, list(spec.shapes), cache, tmp_path, machine.gpu)
     record = json.loads((target / "winner.json").read_text())
     assert [s["input_shape"] for s in record["shapes"]] == [list(s) for s in spec.shapes]
@@ -132,6 +142,12 @@ EXTRA["conv2d_min_channels"] = {
     "producer": {"op": "conv2d", "in_channels": 4, "out_channels": 11, "kernel_size": 2, "padding": 2},
     "epilogue": [{"op": "div", "by": 2.0}, {"op": "min", "dim": 1}, {"op": "clamp", "min": -0.2, "max": 0.2}],
     "shapes": [[3, 4, 17, 15]]}
+# A large offset before the norm: statistics from raw float sums would cancel catastrophically.
+EXTRA["conv2d_offset_groupnorm"] = {
+    "producer": {"op": "conv2d", "in_channels": 8, "out_channels": 16, "kernel_size": 3},
+    "epilogue": [{"op": "add", "by": 300.0}, {"op": "group_norm", "groups": 4}, {"op": "max_pool", "kernel_size": 2},
+                 {"op": "clamp", "min": 0.0, "max": 1.0}],
+    "shapes": [[3, 8, 29, 31]]}
 # A chain whose batch norm is followed by a spatial sum: computed from the statistics alone.
 EXTRA["conv2d_bn_sum_spatial"] = {
     "producer": {"op": "conv2d", "in_channels": 3, "out_channels": 9, "kernel_size": 3},

@@ -142,3 +142,19 @@ def test_instance_norm_without_producer_bias_has_nothing_to_drop():
 def test_other_norms_keep_the_bias(norm):
     # group norm mixes channels and batch norm's running statistics see the bias: neither cancels it
     assert _plan("instancenorm", [norm, {"op": "max", "dim": 1}]).drop_bias is False
+
+
+def test_too_many_parameters_is_a_plan_error():
+    """The kernels take at most MAX_PARAMS per-channel parameters; say so before building."""
+    from fusetune.plan import MAX_PARAMS
+
+    count = MAX_PARAMS + 1
+    raw = {"name": "many", "producer": {"op": "conv2d", "in_channels": 3, "out_channels": 4, "kernel_size": 3},
+           "parameters": {f"p{i}": {"init": "ones"} for i in range(count)},
+           "epilogue": [{"op": "mul", "by": f"p{i}"} for i in range(count)] + [{"op": "relu"}],
+           "shapes": [[1, 3, 8, 8]]}
+    with pytest.raises(PlanError, match=f"reads {count} learnable parameters"):
+        make_plan(parse_config(raw, "many.yaml"))
+    raw["parameters"].pop(f"p{count - 1}")
+    raw["epilogue"].pop(count - 1)
+    make_plan(parse_config(raw, "many.yaml"))

@@ -72,7 +72,7 @@ def test_small_space_is_searched_exhaustively_and_the_fastest_wins(cache):
     entry = cache.load(result.key)
     assert entry.winner["candidate"] == fastest
     assert entry.winner["variant"] == space.stage_values(fastest)
-    assert entry.winner["module"].startswith("ft_convt3d_scale_maxpool_gap_clamp_")
+    assert entry.winner["module"] == render(make_plan(spec)).name
     assert _best_ok(entry) == candidate_key(fastest)
     assert entry.fields["problem_name"] == spec.name and entry.fields["gpu"] == "FakeGPU"
     for ckey, outcome in entry.outcomes.items():
@@ -365,3 +365,18 @@ def test_shape_facts(seed, shape):
     spec = load_config(SEEDS[seed])
     assert shape in spec.shapes
     assert shape_facts(spec, make_plan(spec), shape) == FACTS[(seed, shape)]
+
+
+def test_renamed_config_shares_module_and_key(tmp_path):
+    """The config's name changes neither the generated sources nor the cache key."""
+    import dataclasses
+
+    from fusetune.codegen import render
+    from fusetune.search import key_fields
+
+    spec = load_config(SEEDS["groupnorm"])
+    renamed = dataclasses.replace(spec, name="another_name")
+    a, b = render(make_plan(spec)), render(make_plan(renamed))
+    assert a.name == b.name and a.source_hash == b.source_hash
+    assert make_key(key_fields(spec, spec.shapes[0], MACHINE, a.source_hash)) == \
+        make_key(key_fields(renamed, renamed.shapes[0], MACHINE, b.source_hash))

@@ -27,11 +27,6 @@ class Elementwise(Op):
     def cuda(self, v: str, load: ParamLoader) -> str:
         raise NotImplementedError
 
-    def is_positive_affine(self) -> bool | None:
-        """True if the op is x -> a*x+b with a > 0 known at plan time, False if not affine
-        or of unknown sign. Lets the planner commute it with max pooling."""
-        return False
-
 
 @dataclasses.dataclass(frozen=True)
 class _Binary(Elementwise):
@@ -76,8 +71,6 @@ class Mul(_Binary):
     kind: ClassVar[str] = "mul"
     symbol: ClassVar[str] = "*"
 
-    def is_positive_affine(self) -> bool | None:
-        return self.scalar is not None and self.scalar > 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,8 +78,6 @@ class Div(_Binary):
     kind: ClassVar[str] = "div"
     symbol: ClassVar[str] = "/"
 
-    def is_positive_affine(self) -> bool | None:
-        return self.scalar is not None and self.scalar > 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,8 +85,6 @@ class Add(_Binary):
     kind: ClassVar[str] = "add"
     symbol: ClassVar[str] = "+"
 
-    def is_positive_affine(self) -> bool | None:
-        return True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,7 @@ import copy
 import math
 from typing import Any, Callable
 
-from fusetune.build import build, load_generated
+from fusetune.build import build_and_load
 from fusetune.cache import Cache
 from fusetune.codegen import render
 from fusetune.config import ProblemSpec
@@ -52,11 +52,7 @@ def run_bench(spec: ProblemSpec, shape: Shape, cache: Cache, *, reps: int = 50, 
     if entry is None or entry.winner is None:
         raise FusetuneError(f"{spec.path}: no tuned winner for {list(shape)} on {machine.gpu}; "
                             f"run `fusetune search {spec.path} --shape {','.join(map(str, shape))}` first")
-    built = build(rendered, cache, arch=machine.capability)
-    if not built.ok:
-        raise FusetuneError(f"{spec.name}: build failed:\n{built.log[-2000:]}")
-    generated = load_generated(built.module_dir)
-    generated.load_kernels(build_directory=str(built.build_dir))
+    generated = build_and_load(rendered, cache, machine.capability)
     torch.manual_seed(0)
     reference = generated.Model().cuda()
     fused = generated.ModelNew(variant=entry.winner["variant"]).cuda()

@@ -21,6 +21,7 @@ from types import ModuleType
 
 from fusetune.cache import Cache
 from fusetune.codegen import RenderedModule
+from fusetune.errors import FusetuneError
 
 #: Build processes running now, so Ctrl-C can kill those started from other threads.
 _LIVE: set[subprocess.Popen] = set()
@@ -83,6 +84,16 @@ def build(rendered: RenderedModule, cache: Cache, timeout: float = 900.0, arch: 
         elif not timed_out:  # a compiler error is for good; a timeout may pass on a less busy machine
             failed.write_text(log)
         return BuildResult(rendered.name, ok, seconds, log, module_dir, build_dir)
+
+
+def build_and_load(rendered: RenderedModule, cache: Cache, arch: str | None) -> ModuleType:
+    """Build (or reuse) a module and import it with its kernels loaded; FusetuneError if the build fails."""
+    built = build(rendered, cache, arch=arch)
+    if not built.ok:
+        raise FusetuneError(f"module {rendered.name} failed to build:\n{built.log[-2000:]}")
+    generated = load_generated(built.module_dir)
+    generated.load_kernels(build_directory=str(built.build_dir))
+    return generated
 
 
 def build_many(modules: list[RenderedModule], cache: Cache, timeout: float = 900.0, arch: str | None = None,

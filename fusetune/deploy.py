@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from fusetune.build import build, load_generated
+from fusetune.build import build_and_load, load_generated
 from fusetune.cache import Cache
 from fusetune.codegen import render
 from fusetune.config import ProblemSpec, load_config
@@ -91,12 +91,12 @@ def load_tuned(config: str | Path, cache: Cache | None = None) -> torch.nn.Modul
         warnings.warn(f"fusetune: {spec.name}: no tuned winner on {machine.gpu}; using eager PyTorch "
                       f"(run `fusetune search {config}`)", stacklevel=2)
         return generated.Model()
-    result = build(rendered, cache, arch=machine.capability)
-    if not result.ok:
-        warnings.warn(f"fusetune: {spec.name}: build failed; using eager PyTorch\n{result.log[-1000:]}", stacklevel=2)
+    try:
+        generated = build_and_load(rendered, cache, machine.capability)
+    except FusetuneError as exc:
+        warnings.warn(f"fusetune: {spec.name}: {exc}; using eager PyTorch", stacklevel=2)
         return generated.Model()
-    generated.load_kernels(build_directory=str(result.build_dir))
     model = generated.ModelNew(variant=next(iter(winners.values())))
-    for y_shape, variant in winners.items():
-        model._by_shape[y_shape] = model._resolve(variant)
+    for input_shape, variant in winners.items():
+        model._by_shape[input_shape] = model._resolve(variant)
     return model

@@ -258,12 +258,14 @@ def deploy(ctx: click.Context, config_dir: str, budget: float, strict: bool) -> 
             machine = None
         worker_box: list = []
 
-        def make_bench_for(cache_, machine_):
+        def make_bench_for(cache_, machine_, seconds_left):
             from fusetune.runner import GpuBenchmarker
             from fusetune.worker import Worker
             if not worker_box:
                 worker_box.append(Worker())
-            return lambda plan_, shape_: GpuBenchmarker(plan_, shape_, cache_, machine_, worker_box[0], echo=click.echo)
+            return lambda plan_, shape_: GpuBenchmarker(plan_, shape_, cache_, machine_, worker_box[0],
+                                                        build_timeout=max(1.0, seconds_left),
+                                                        open_timeout=max(1.0, seconds_left), echo=click.echo)
         report = ensure_tuned(Path(config_dir), cache, budget, make_bench_for, machine, echo=click.echo)
         for w in worker_box:
             w.close()

@@ -36,7 +36,11 @@ class DeployReport:
 
 def ensure_tuned(config_dir: Path, cache: Cache, budget_s: float, make_bench_for: Callable, machine: Machine | None,
                  echo: Callable[[str], None] = print) -> DeployReport:
-    """Tune every untuned shape of every config in ``config_dir`` within ``budget_s`` seconds in all."""
+    """Tune every untuned shape of every config in ``config_dir`` within ``budget_s`` seconds in all.
+
+    ``make_bench_for(cache, machine, seconds_left)`` returns a benchmarker factory whose builds and
+    set-up must also end within ``seconds_left``: the budget bounds more than the trials.
+    """
     report = DeployReport()
     configs = sorted(Path(config_dir).glob("*.yaml")) + sorted(Path(config_dir).glob("*.yml"))
     specs: list[ProblemSpec] = []
@@ -57,7 +61,7 @@ def ensure_tuned(config_dir: Path, cache: Cache, budget_s: float, make_bench_for
                 report.fallback.append(f"{label}: time budget spent")
                 continue
             try:
-                result: ShapeResult = tune_shape(spec, shape, cache, machine, make_bench_for(cache, machine),
+                result: ShapeResult = tune_shape(spec, shape, cache, machine, make_bench_for(cache, machine, left),
                                                  timeout=min(left, spec.search.timeout), echo=echo)
             except FusetuneError as exc:
                 report.fallback.append(f"{label}: {exc}")

@@ -30,11 +30,12 @@ PREBUILD_ISOLATED = 16
 
 class GpuBenchmarker:
     def __init__(self, plan: Plan, shape: Shape, cache: Cache, machine: Machine, worker: Worker, *,
-                 job_timeout: float = 60.0, build_timeout: float = 900.0, reps: int = 20,
-                 force: bool = False, echo=print) -> None:
+                 job_timeout: float = 60.0, build_timeout: float = 900.0, open_timeout: float = OPEN_TIMEOUT,
+                 reps: int = 20, force: bool = False, echo=print) -> None:
         self.plan, self.shape, self.cache, self.machine, self.worker = plan, shape, cache, machine, worker
         self.job_timeout, self.build_timeout, self.reps, self.echo = job_timeout, build_timeout, reps, echo
         self.force = force  # rebuild sources whose build failed before
+        self.open_timeout = open_timeout
         self.space = plan_space(plan)
         self.main: BuildResult | None = None
         self.isolated: dict[str, BuildResult] = {}
@@ -91,7 +92,7 @@ class GpuBenchmarker:
             return {"status": "compile_error", "log": module.log[-4000:] if module else "not built"}
         with self.cache.lock(f"gpu-{self.machine.gpu.replace(' ', '_')}-{os.environ.get('CUDA_VISIBLE_DEVICES', '')}"):
             # One job on a GPU at a time, across processes: two timings at once measure neither.
-            opened = self.worker.run(self._job("open", None, module), OPEN_TIMEOUT)
+            opened = self.worker.run(self._job("open", None, module), self.open_timeout)
             if opened["status"] != "ok":
                 if module is self.main:  # the shape itself cannot be set up: not this candidate's fault
                     raise FusetuneError(f"{self.plan.spec.path}: cannot prepare shape {list(self.shape)} on the "

@@ -276,3 +276,26 @@ def test_deploy_reports_a_bad_config_as_a_fallback(runner, cache_dir, tmp_path, 
     assert "3 on eager PyTorch" in result.output
     assert f"fallback: {folder / 'bad.yaml'}: " in result.output and "search.trials" in result.output
     assert runner.invoke(main, ["deploy", str(folder), "--strict"]).exit_code == 1
+
+
+def test_deploy_bounds_the_benchmarker_by_the_budget_left(tmp_path):
+    """ensure_tuned hands each benchmarker the seconds left, so builds and set-up are bounded too."""
+    from fusetune.deploy import ensure_tuned
+    from fusetune.search import Machine
+
+    from fake_handlers import FakeBench
+
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "one.yaml").write_text(
+        "name: one\nproducer: {op: conv2d, in_channels: 3, out_channels: 4, kernel_size: 3}\n"
+        "epilogue: [{op: relu}]\nshapes: [[2, 3, 9, 11]]\nsearch: {trials: 2}\n")
+    seen: list[float] = []
+
+    def make_bench_for(cache, machine, seconds_left):
+        seen.append(seconds_left)
+        return FakeBench().factory
+
+    report = ensure_tuned(tmp_path / "configs", Cache(tmp_path / "cache"), 50.0, make_bench_for,
+                          Machine("FakeGPU", "9.0", "13.0", "2.13"), echo=lambda s: None)
+    assert report.tuned == ["one [2, 3, 9, 11]"] and report.ok
+    assert len(seen) == 1 and 0 < seen[0] <= 50.0

@@ -48,9 +48,8 @@ class Producer:
         if KINDS[kind][2]:
             allowed.append("output_padding")
         reject_unknown(raw, allowed, ctx)
-        zero = [0] * dims
-        padding = _take_nonneg_window(raw, "padding", ctx, zero)
-        output_padding = _take_nonneg_window(raw, "output_padding", ctx, zero)
+        padding = take_window(raw, "padding", ctx, default=0, minimum=0)
+        output_padding = take_window(raw, "output_padding", ctx, default=0, minimum=0)
         producer = cls(kind=kind,
                        in_channels=take_int(raw, "in_channels", ctx, minimum=1),
                        out_channels=take_int(raw, "out_channels", ctx, minimum=1),
@@ -89,12 +88,3 @@ class Producer:
     def canonical(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-
-def _take_nonneg_window(raw: Mapping[str, Any], key: str, ctx: OpContext, default: list[int]) -> tuple[int, ...]:
-    value = raw.get(key, default)
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = [value] * ctx.spatial_dims
-    if (not isinstance(value, list) or len(value) != ctx.spatial_dims
-            or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in value)):
-        raise ctx.error(key, f"expected a non-negative integer or a list of {ctx.spatial_dims}, got {raw.get(key)!r}")
-    return tuple(value)

@@ -58,10 +58,9 @@ class GpuBenchmarker:
             return
         self.echo(f"  module {self.main.name} failed to build; building variants on their own\n"
                   f"{self.main.log[-1500:]}")
-        kernel_families = [f for f in self.space.families if f.family in self.plan.stages and f.compile_params]
-        combos = list(itertools.product(*(f.variants() for f in kernel_families)))
+        combos = list(itertools.product(*(f.variants() for f in self._kernel_families())))
         if len(combos) <= PREBUILD_ISOLATED:
-            onlys = [{f.family: [v] for f, v in zip(kernel_families, combo)} for combo in combos]
+            onlys = [{f.family: [v] for f, v in zip(self._kernel_families(), combo)} for combo in combos]
             start = time.perf_counter()
             results = build_many([render(self.plan, only) for only in onlys], self.cache,
                                  timeout=self.build_timeout, arch=self.machine.capability, force=self.force)
@@ -69,12 +68,16 @@ class GpuBenchmarker:
             for only, result in zip(onlys, results):
                 self.isolated[_ident(only)] = result
 
+    def _kernel_families(self) -> list:
+        """The stages with compiled variants: what a one-variant module restricts."""
+        return [f for f in self.space.families if f.family in self.plan.stages and f.compile_params]
+
     def _module_for(self, candidate: Candidate) -> BuildResult:
         if self.main is not None and self.main.ok:
             return self.main
         stages = self.space.stage_values(candidate)
         only = {f.family: [{p.name: stages[f.family][p.name] for p in f.compile_params}]
-                for f in self.space.families if f.family in self.plan.stages and f.compile_params}
+                for f in self._kernel_families()}
         if _ident(only) not in self.isolated:
             self.isolated[_ident(only)] = self._build(only)
         return self.isolated[_ident(only)]

@@ -37,3 +37,15 @@ def import_file(path: Path):
 @pytest.fixture(params=sorted(SEEDS), ids=sorted(SEEDS))
 def seed_path(request) -> Path:
     return SEEDS[request.param]
+
+
+def run_processes(procs: list, timeout: float) -> list:
+    """Start the processes, wait up to ``timeout`` s for each, kill stragglers; their exit codes."""
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=timeout)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    return [p.exitcode for p in procs]

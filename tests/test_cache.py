@@ -13,7 +13,7 @@ from fusetune.cache import SCHEMA, Cache, Entry, atomic_write_text, make_key
 from fusetune.config import load_config
 from fusetune.search import Machine, key_fields
 
-from conftest import SEEDS
+from conftest import SEEDS, run_processes
 
 MACHINE = Machine("FakeGPU", "9.0", "13.0", "2.13")
 FIELDS = {"problem": {"kind": "x"}, "shape": [1, 2, 3], "gpu": "FakeGPU"}
@@ -242,14 +242,7 @@ def test_concurrent_writers_lose_nothing(tmp_path):
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(WRITERS)
     procs = [ctx.Process(target=_writer, args=(str(root), w, barrier)) for w in range(WRITERS)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=60)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert [p.exitcode for p in procs] == [0] * WRITERS
+    assert run_processes(procs, timeout=60) == [0] * WRITERS
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no reader ever saw half a file
         entry = Cache(root).load("shared")

@@ -13,7 +13,7 @@ from fusetune.plan import make_plan
 from fusetune.search import Machine, key_fields, shape_facts, tune_shape
 from fusetune.space import candidate_key
 
-from conftest import SEEDS
+from conftest import SEEDS, run_processes
 from fake_handlers import MACHINE_FIELDS, FakeBench, fake_time, tune_in_process
 
 MACHINE = Machine("FakeGPU", "9.0", "13.0", "2.13")
@@ -320,14 +320,7 @@ def test_concurrent_searches_of_one_key(tmp_path):
     outs = [tmp_path / f"out{i}.json" for i in range(2)]
     procs = [ctx.Process(target=tune_in_process, args=(str(root), str(LARGE[0]), list(LARGE[1]), 12, str(out), barrier))
              for out in outs]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=90)
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert [p.exitcode for p in procs] == [0, 0]
+    assert run_processes(procs, timeout=90) == [0, 0]
     results = [json.loads(out.read_text()) for out in outs]
     assert results[0]["key"] == results[1]["key"]
     cache = Cache(root)

@@ -124,11 +124,13 @@ def take_bool(raw: Mapping[str, Any], key: str, ctx: OpContext, *, default: bool
     return value
 
 
-def take_window(raw: Mapping[str, Any], key: str, ctx: OpContext, *, default: Any = ...) -> tuple[int, ...]:
-    """An int or a list of ints, one per spatial dim; returns one int per spatial dim."""
+def take_window(raw: Mapping[str, Any], key: str, ctx: OpContext, *, default: Any = ...,
+                minimum: int = 1) -> tuple[int, ...]:
+    """An int or a list of ints, one per spatial dim, each >= ``minimum`` (1: sizes, 0: paddings)."""
+    what = f"{'a non-negative' if minimum == 0 else 'an'} integer or a list of {ctx.spatial_dims} integers"
     if key not in raw:
         if default is ...:
-            raise ctx.error(key, f"missing; expected an integer or a list of {ctx.spatial_dims} integers")
+            raise ctx.error(key, f"missing; expected {what}")
         value = default
     else:
         value = raw[key]
@@ -137,10 +139,11 @@ def take_window(raw: Mapping[str, Any], key: str, ctx: OpContext, *, default: An
     elif isinstance(value, list) and len(value) == ctx.spatial_dims:
         values = value
     else:
-        raise ctx.error(key, f"expected an integer or a list of {ctx.spatial_dims} integers, got {value!r}")
+        raise ctx.error(key, f"expected {what}, got {value!r}")
     for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ctx.error(key, f"expected positive integers, got {value!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            expected = "positive integers" if minimum == 1 else what
+            raise ctx.error(key, f"expected {expected}, got {value!r}")
     return tuple(values)
 
 

@@ -72,19 +72,16 @@ class Mul(_Binary):
     symbol: ClassVar[str] = "*"
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Div(_Binary):
     kind: ClassVar[str] = "div"
     symbol: ClassVar[str] = "/"
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Add(_Binary):
     kind: ClassVar[str] = "add"
     symbol: ClassVar[str] = "+"
-
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """``fusetune bench``: eager PyTorch, torch.compile and the tuned winner, in one process.
 
 Same inputs, same weights, same timing method for all (CUDA events, L2 flushed, median).
-The fused epilogue is also timed alone against the bytes it must move, at the copy
-bandwidth measured here, so its distance from the memory floor is explicit.
+With cuDNN as the producer, the fused epilogue is also timed alone against the bytes it must
+move, at the copy bandwidth measured here, so its distance from the memory floor is explicit.
+With the convolution inside the kernels (direct), there is no epilogue to time alone: the
+convolution's useful FLOP rate is reported against the FP32 peak instead.
 """
 from __future__ import annotations
 
@@ -41,6 +43,29 @@ def epilogue_bytes(spec: ProblemSpec, plan: Plan, shape: Shape) -> int:
     return passes * y + out
 
 
+def conv_flops(spec: ProblemSpec, shape: Shape) -> int:
+    """Useful floating-point operations of the convolution (2 per multiply-add, no zero taps):
+    every output of a convolution, every input of a transposed one, meets every tap once."""
+    producer = spec.producer
+    points = math.prod(shape[2:]) if producer.transposed else math.prod(producer.out_shape(shape)[2:])
+    return 2 * shape[0] * points * producer.in_channels * producer.out_channels * math.prod(producer.kernel_size)
+
+
+def fp32_peak_tflops() -> float | None:
+    """FP32 FMA peak: multiprocessors x 128 lanes x 2 flops x the maximum SM clock (nvidia-smi)."""
+    import subprocess
+
+    import torch
+
+    try:
+        mhz = float(subprocess.run(["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits"],
+                                   capture_output=True, text=True, timeout=10).stdout.split()[0])
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        return None
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return sms * 128 * 2 * mhz * 1e6 / 1e12
+
+
 def run_bench(spec: ProblemSpec, shape: Shape, cache: Cache, *, reps: int = 50, compile_modes: tuple[str, ...] = (
         "default", "max-autotune-no-cudagraphs"), echo: Callable[[str], None] = print) -> dict[str, Any]:
     import torch
@@ -76,15 +101,27 @@ def run_bench(spec: ProblemSpec, shape: Shape, cache: Cache, *, reps: int = 50, 
         result[f"compile_{mode}_ms"] = median_ms(lambda: compiled(x), reps=reps)
         torch._dynamo.reset()
     result["fusetune_ms"] = median_ms(lambda: fused(x), reps=reps)
-    result["producer_ms"] = median_ms(lambda: fused.produce(x), reps=reps)
-    with torch.no_grad():
-        y = fused.produce(x)
-    result["epilogue_ms"] = median_ms(lambda: fused.epilogue(y), reps=reps)
     bandwidth = copy_bandwidth_gbs()
-    nbytes = epilogue_bytes(spec, plan, shape)
-    result.update(copy_gbs=bandwidth, epilogue_bytes=nbytes,
-                  epilogue_floor_ms=nbytes / (bandwidth * 1e9) * 1e3)
-    result["epilogue_floor_fraction"] = result["epilogue_floor_ms"] / result["epilogue_ms"]
+    result["copy_gbs"] = bandwidth
+    if entry.winner["candidate"].get("producer.impl") == "direct":
+        # The convolution runs inside the kernels: no producer output, so no epilogue to time alone.
+        # What bounds it is arithmetic: the convolution's FMAs, once per pass that computes it.
+        passes = int(plan.needs_stats) + int(plan.family is not None)
+        peak = fp32_peak_tflops()
+        result.update(impl="direct", conv_passes=passes, conv_gflop=conv_flops(spec, shape) / 1e9)
+        result["conv_tflops"] = passes * result["conv_gflop"] / result["fusetune_ms"] * 1e-9 * 1e3
+        if peak:
+            result["fp32_peak_tflops"] = peak
+            result["fp32_peak_fraction"] = result["conv_tflops"] / peak
+    else:
+        result["impl"] = "cudnn"
+        result["producer_ms"] = median_ms(lambda: fused.produce(x), reps=reps)
+        with torch.no_grad():
+            y = fused.produce(x)
+        result["epilogue_ms"] = median_ms(lambda: fused.epilogue(y), reps=reps)
+        nbytes = epilogue_bytes(spec, plan, shape)
+        result.update(epilogue_bytes=nbytes, epilogue_floor_ms=nbytes / (bandwidth * 1e9) * 1e3)
+        result["epilogue_floor_fraction"] = result["epilogue_floor_ms"] / result["epilogue_ms"]
     result["speedup_vs_eager"] = result["eager_ms"] / result["fusetune_ms"]
     for mode in compile_modes:
         result[f"speedup_vs_compile_{mode}"] = result[f"compile_{mode}_ms"] / result["fusetune_ms"]
@@ -102,16 +139,23 @@ def _driver() -> str:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    header = ("config", "shape", "eager", "compile", "max-autotune", "fusetune", "vs eager", "vs m-a",
-              "epilogue", "floor", "of floor")
+    """One row per result. A cuDNN winner shows its epilogue against the memory floor; a direct
+    winner (the convolution inside the kernels) its convolution throughput against the FP32 peak."""
+    header = ("config", "shape", "eager", "compile", "max-autotune", "fusetune", "vs eager", "vs m-a", "impl",
+              "epilogue", "floor", "of floor", "conv TFLOP/s", "of FP32 peak")
     rows = [header]
     for r in results:
+        direct = r.get("impl") == "direct"
         rows.append((r["config"], "x".join(map(str, r["shape"])), f"{r['eager_ms']:.3f}",
                      f"{r.get('compile_default_ms', float('nan')):.3f}",
                      f"{r.get('compile_max-autotune-no-cudagraphs_ms', float('nan')):.3f}",
                      f"{r['fusetune_ms']:.3f}", f"{r['speedup_vs_eager']:.2f}x",
                      f"{r.get('speedup_vs_compile_max-autotune-no-cudagraphs', float('nan')):.2f}x",
-                     f"{r['epilogue_ms']:.3f}", f"{r['epilogue_floor_ms']:.3f}", f"{100 * r['epilogue_floor_fraction']:.0f}%"))
+                     r.get("impl", "cudnn"),
+                     "-" if direct else f"{r['epilogue_ms']:.3f}", "-" if direct else f"{r['epilogue_floor_ms']:.3f}",
+                     "-" if direct else f"{100 * r['epilogue_floor_fraction']:.0f}%",
+                     f"{r['conv_tflops']:.1f} ({r['conv_passes']} pass)" if direct else "-",
+                     f"{100 * r['fp32_peak_fraction']:.0f}%" if direct and "fp32_peak_fraction" in r else "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
     gpu = results[0]["gpu"] if results else "?"

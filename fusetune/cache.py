@@ -6,7 +6,7 @@ Layout under the cache root::
     entries/<key>.json     one shape of one problem on one software/hardware stack
     studies/<key>.journal  the optuna study of that shape (journal storage: resumable,
                            safe for several processes)
-    modules/<name>/        rendered sources (kernels.cu, binding.cpp, model.py)
+    modules/<name>/        rendered sources (<stage>.cu, binding.cpp, model.py)
     builds/<name>/         load_inline build directories, one per module
     locks/                 fcntl lock files
 

@@ -91,8 +91,9 @@ def plan(configs: tuple[str, ...]) -> None:
         for family in space.families:
             for p in family.params:
                 kind = "compile-time" if p.compile_time else "run-time"
-                click.echo(f"  {family.family}.{p.name}: {list(p.choices)} default {p.default} ({kind}) - {p.doc}")
-        click.echo(f"  {space.size()} candidates")
+                when = f" [when {p.when or family.when}]" if (p.when or family.when) else ""
+                click.echo(f"  {family.family}.{p.name}: {list(p.choices)} default {p.default} ({kind}){when} - {p.doc}")
+        click.echo(f"  {sum(1 for _ in space.all())} distinct candidates (before each shape's constraints)")
 
 
 @main.command()
@@ -217,7 +218,7 @@ def cache_show(ctx: click.Context, key: str) -> None:
         for ckey, o in sorted(e.outcomes.items(), key=lambda item: item[1].get("time_ms") or float("inf")):
             t = f"{o['time_ms']:.4f} ms" if o.get("time_ms") else ""
             log = (o.get("log") or "").strip().splitlines()
-            click.echo(f"  {o['status']:13s} {t:>12s}  {ckey}" + (f"\n      {log[-1][:200]}" if log else ""))
+            click.echo(f"  {o['status']:13s} {t:>12s}  {ckey}" + (f"\n      {log[-1][:400]}" if log else ""))
 
 
 @cache_group.command(name="clear")

@@ -1,4 +1,4 @@
-"""Render a plan into the files of one extension module: kernels.cu, binding.cpp, model.py.
+"""Render a plan into the files of one extension module: <stage>.cu per stage, binding.cpp, model.py.
 
 All compile-time variants of every stage go into one module (chosen at run time by
 index), so a search builds once per plan, not once per trial. The module name carries
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -20,14 +21,19 @@ from fusetune.space import PlanSpace, load_family
 from fusetune.templates import environment
 
 #: Flags for nvcc; part of every cache key. No fast-math: it changes rounding of rsqrt and division.
-CUDA_FLAGS = ("-O3", "-lineinfo")
+CUDA_FLAGS = ("-O3", "-lineinfo", "-std=c++17")
 STRATEGIES = {"warp": 0, "smem": 1}
 
 
 @dataclasses.dataclass(frozen=True)
 class RenderedModule:
     name: str  # extension module name, unique per source content
-    files: dict[str, str]  # file name -> text: kernels.cu, binding.cpp, model.py
+    files: dict[str, str]  # file name -> text: <stage>.cu (one per stage), binding.cpp, model.py
+
+    @property
+    def cuda_sources(self) -> dict[str, str]:
+        """The torch-free CUDA translation units, one per stage."""
+        return {name: text for name, text in self.files.items() if name.endswith(".cu")}
     source_hash: str
 
     def write(self, directory: Path) -> Path:
@@ -42,7 +48,13 @@ class RenderedModule:
 
 def plan_space(plan: Plan) -> PlanSpace:
     """The producer's own choices (layout), then each kernel stage's declared space."""
-    return PlanSpace(families=(load_family("producer"),) + tuple(load_family(stage) for stage in plan.stages))
+    return PlanSpace(families=(load_family("producer"),) + tuple(load_family(stage) for stage in plan.stages),
+                     plan_facts=plan_facts(plan))
+
+
+def plan_facts(plan: Plan) -> dict[str, Any]:
+    """What the plan offers, by name, for the spaces' ``when`` and constraints."""
+    return {"family": plan.family or "none", "direct": int(plan.direct)}
 
 
 def _chain(ops: Sequence[Elementwise], v: str, slots: dict[str, int]) -> str:
@@ -59,6 +71,17 @@ def _pool_window(plan: Plan) -> dict[str, Any]:
     pad = (1,) * (3 - dims)
     return {"mode": plan.pool.mode, "kernel": pad + tuple(plan.pool.kernel_size),
             "stride": pad + tuple(plan.pool.stride)}
+
+
+def _conv_geometry(plan: Plan) -> dict[str, Any]:
+    """The convolution as compile-time constants for the direct kernels, 2-D padded to 3-D."""
+    producer = plan.spec.producer
+    pad = 3 - producer.spatial_dims
+    return {"cin": producer.in_channels, "cout": producer.out_channels, "transposed": producer.transposed,
+            "kernel": (1,) * pad + tuple(producer.kernel_size), "stride": (1,) * pad + tuple(producer.stride),
+            "padding": (0,) * pad + tuple(producer.padding),
+            "output_padding": (0,) * pad + tuple(producer.output_padding),
+            "weights": producer.in_channels * producer.out_channels * math.prod(producer.kernel_size)}
 
 
 def _reference_code(plan: Plan) -> tuple[list[tuple[str, str]], list[str], str]:
@@ -98,18 +121,19 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         "norm": norm,
         "channels_per_group": norm.groups_of(plan.spec.producer.out_channels) if norm else 1,
         "cuda_flags": list(CUDA_FLAGS),
+        "conv": _conv_geometry(plan),
     }
-    parts = [env.get_template("common.cuh.j2").render(**context)]
-    for stage in plan.stages:
-        parts.append(env.get_template(f"{stage}.cu.j2").render(variants=variants[stage], **context))
-    kernels = "\n".join(parts)
+    # One translation unit per stage (each with the shared header): ninja compiles them in parallel.
+    common = env.get_template("common.cuh.j2").render(**context)
+    sources = {f"{stage}.cu": common + "\n" + env.get_template(f"{stage}.cu.j2").render(variants=variants[stage], **context)
+               for stage in plan.stages}
     binding = env.get_template("binding.cpp.j2").render(**context)
-    digest = hashlib.sha256((kernels + binding + repr(CUDA_FLAGS)).encode()).hexdigest()[:12]
-    name = f"ft_{digest}"  # by content alone: configs that differ only in name share builds and keys
+    digest = hashlib.sha256(("".join(sources[k] for k in sorted(sources)) + binding + repr(CUDA_FLAGS)).encode())
+    name = f"ft_{digest.hexdigest()[:12]}"  # by content alone: configs that differ only in name share builds and keys
     submodules, lines, norm_attr = _reference_code(plan)
     model = env.get_template("model.py.j2").render(
         module_name=name, variants=variants, default_variant=space.stage_values(space.default()),
-        submodules=submodules, forward_lines=lines, norm_attr=norm_attr, **context)
-    files = {"kernels.cu": kernels, "binding.cpp": binding, "model.py": model}
+        submodules=submodules, forward_lines=lines, norm_attr=norm_attr, cuda_sources=list(sources), **context)
+    files = {**sources, "binding.cpp": binding, "model.py": model}
     full = hashlib.sha256("".join(files[k] for k in sorted(files)).encode()).hexdigest()[:16]
     return RenderedModule(name=name, files=files, source_hash=full)

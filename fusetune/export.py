@@ -1,4 +1,4 @@
-"""Export tuned winners as a self-contained module: model.py, kernels.cu, binding.cpp, winner.json.
+"""Export tuned winners as a self-contained module: model.py, <stage>.cu, binding.cpp, winner.json.
 
 The exported model.py is the very file fusetune verified and timed; winner.json picks the
 tuned variant per input shape (the first one also serves shapes not tuned; the kernels fall

@@ -13,6 +13,12 @@ then depends on what the chain ends with:
   * ``channel_reduce`` a reduction over the channel dim;
   * ``window_map``     neither: a pooled (or same-size) tensor.
 
+Where the convolution is small enough (its weights fit in constant memory), the plan also
+offers the producer computed *inside* the kernels (``direct``): ``direct_stats`` takes the
+norm's statistics from the convolution as it computes it, and ``direct_main`` recomputes it
+tile by tile, applies the chain and pools or reduces on chip, so the convolution output is
+never written. The search picks between the two worlds (``producer.impl``).
+
 Exact algebra the planner uses:
   * a spatial mean (or sum) right after a norm is the norm's affine map applied to the
     plane's mean, which the statistics pass already has: no main pass at all;
@@ -22,6 +28,7 @@ Exact algebra the planner uses:
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Sequence
 
 from fusetune.config import ProblemSpec
@@ -41,6 +48,7 @@ class Plan:
     final: tuple[Elementwise, ...]
     family: str | None  # main kernel family, or None when finalize computes the output
     drop_bias: bool  # the producer's bias is cancelled exactly by the norm: never applied
+    direct: bool = False  # the convolution can also run inside the kernels (direct_* stages)
 
     @property
     def bias_in_epilogue(self) -> bool:
@@ -53,8 +61,8 @@ class Plan:
         return self.norm is not None and self.norm.scope != "running"
 
     @property
-    def stages(self) -> tuple[str, ...]:
-        """Kernel families in launch order; each one with a declared space is searched."""
+    def cudnn_stages(self) -> tuple[str, ...]:
+        """Kernel families in launch order after a cuDNN convolution."""
         stages: list[str] = []
         if self.needs_stats:
             stages.append("stats")
@@ -63,6 +71,25 @@ class Plan:
         if self.family is not None:
             stages.append(self.family)
         return tuple(stages)
+
+    @property
+    def direct_stages(self) -> tuple[str, ...]:
+        """Kernel families in launch order with the convolution inside them; empty if not offered."""
+        if not self.direct:
+            return ()
+        stages: list[str] = []
+        if self.needs_stats:
+            stages.append("direct_stats")
+        if self.norm is not None:
+            stages.append("finalize")
+        if self.family is not None:
+            stages.append("direct_main")
+        return tuple(stages)
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """Every kernel family of the module (both worlds; finalize serves both), in a fixed order."""
+        return self.cudnn_stages + tuple(s for s in self.direct_stages if s not in self.cudnn_stages)
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -77,7 +104,8 @@ class Plan:
     def describe(self) -> str:
         def names(ops: Sequence[Op]) -> str:
             return ",".join(op.kind for op in ops) or "-"
-        return (f"stages={'+'.join(self.stages)} pre={names(self.pre)} "
+        direct = f" direct={'+'.join(self.direct_stages)}" if self.direct else ""
+        return (f"stages={'+'.join(self.cudnn_stages)}{direct} pre={names(self.pre)} "
                 f"norm={self.norm.kind if self.norm else '-'} mid={names(self.mid)} "
                 f"pool={self.pool.kind if self.pool else '-'} post={names(self.post)} "
                 f"reduce={self.reduce.kind if self.reduce else '-'} final={names(self.final)} "
@@ -86,6 +114,10 @@ class Plan:
 
 #: Learnable per-channel parameters one module can read (FT_MAX_PARAMS in templates/args.h.j2).
 MAX_PARAMS = 8
+#: Largest convolution weight (floats) the direct kernels take: they keep it in constant memory (64 KB).
+DIRECT_MAX_WEIGHTS = 12288
+#: Most output channels one thread of a direct channel reduction holds (registers).
+DIRECT_MAX_CHANNEL_REDUCE = 32
 _SLOTS = ("pre", "norm", "mid", "pool", "post", "reduce", "final")
 _ROLE_SLOT = {"norm": 1, "pool": 3, "reduce": 5}
 
@@ -119,7 +151,17 @@ def make_plan(spec: ProblemSpec) -> Plan:
                  and all(isinstance(op, (Mul, Div, Add)) for op in pre))
     return Plan(spec=spec, pre=pre, norm=norm, mid=tuple(groups["mid"]), pool=pool,
                 post=tuple(groups["post"]), reduce=reduce, final=tuple(groups["final"]),
-                family=family, drop_bias=drop_bias)
+                family=family, drop_bias=drop_bias, direct=_direct_fits(spec, family))
+
+
+def _direct_fits(spec: ProblemSpec, family: str | None) -> bool:
+    """Whether the direct kernels can take this producer: weights in constant memory, and for a
+    channel reduction every channel of a position in one thread's registers."""
+    producer = spec.producer
+    weights = producer.in_channels * producer.out_channels * math.prod(producer.kernel_size)
+    if weights > DIRECT_MAX_WEIGHTS or producer.out_channels % 4 != 0:
+        return False
+    return family != "channel_reduce" or producer.out_channels <= DIRECT_MAX_CHANNEL_REDUCE
 
 
 def _family(spec: ProblemSpec, norm: Norm | None, mid: list[Op], pool: Pool | None,

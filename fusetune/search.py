@@ -16,7 +16,7 @@ import optuna
 
 from fusetune import __version__
 from fusetune.cache import Cache, Entry, make_key
-from fusetune.codegen import CUDA_FLAGS, plan_space, render
+from fusetune.codegen import CUDA_FLAGS, plan_facts, plan_space, render
 from fusetune.config import ProblemSpec
 from fusetune.errors import FusetuneError
 from fusetune.ops import Shape
@@ -81,7 +81,8 @@ class ShapeResult:
 
 
 def shape_facts(spec: ProblemSpec, plan: Plan, shape: Shape) -> dict[str, int]:
-    """Names the template constraints may use: producer output and pooled sizes."""
+    """Names the template constraints may use: producer output and pooled sizes, and what the
+    plan offers."""
     out = spec.producer.out_shape(shape)
     spatial = (1,) * (5 - len(out)) + tuple(out[2:])
     facts = {"N": out[0], "C": out[1], "D": spatial[0], "H": spatial[1], "W": spatial[2]}
@@ -92,7 +93,7 @@ def shape_facts(spec: ProblemSpec, plan: Plan, shape: Shape) -> dict[str, int]:
         pooled = (1,) * (3 - len(pooled)) + tuple(pooled)
     facts.update(OD=pooled[0], OH=pooled[1], OW=pooled[2])
     facts["P"] = pooled[0] * pooled[1] * pooled[2]
-    return facts
+    return {**facts, **plan_facts(plan)}  # and what the plan offers (direct kernels, main family)
 
 
 def key_fields(spec: ProblemSpec, shape: Shape, machine: Machine, source_hash: str) -> dict[str, Any]:
@@ -115,16 +116,17 @@ def _study(cache: Cache, key: str, trials: int, seed: int) -> optuna.Study:
     return study
 
 
-def _evaluated(study: optuna.Study) -> set[str]:
+def _evaluated(study: optuna.Study, space: PlanSpace) -> set[str]:
     """Distinct candidates finished trials ran: infeasible ones cost nothing and do not count."""
     done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
-    return {candidate_key(t.params) for t in study.get_trials(deepcopy=False, states=done)
+    return {candidate_key(space.canonical(t.params)) for t in study.get_trials(deepcopy=False, states=done)
             if t.user_attrs.get("status") not in (None, "infeasible")}
 
 
-def _tried(study: optuna.Study) -> set[str]:
+def _tried(study: optuna.Study, space: PlanSpace) -> set[str]:
     """Candidates with an outcome. A trial cut off by Ctrl-C has none, so it is queued again."""
-    return {candidate_key(t.params) for t in study.get_trials(deepcopy=False) if "status" in t.user_attrs}
+    return {candidate_key(space.canonical(t.params)) for t in study.get_trials(deepcopy=False)
+            if "status" in t.user_attrs}
 
 
 class _Objective:
@@ -144,8 +146,9 @@ class _Objective:
             study.stop()
 
     def __call__(self, trial: optuna.Trial) -> float:
-        candidate = {name: trial.suggest_categorical(name, list(choices))
+        suggested = {name: trial.suggest_categorical(name, list(choices))
                      for name, choices in self.space.choices().items()}
+        candidate = self.space.canonical(suggested)  # choices that do not matter here are not new candidates
         ckey = candidate_key(candidate)
         entry = self.cache.load(self.key)
         known = entry.outcomes.get(ckey) if entry else None
@@ -213,13 +216,13 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
     timings = {"prepare_s": time.perf_counter() - prepare_start}
     study = _study(cache, key, trials, spec.search.seed)
     facts = shape_facts(spec, plan, shape)
-    evaluated = set() if force else _evaluated(study)
+    evaluated = set() if force else _evaluated(study, space)
     remaining = trials - len(evaluated)
     if force:  # a forced search names its own winner, even a slower one than a stale entry's
         cache.update(key, fields, lambda e: setattr(e, "winner", None))
     objective = _Objective(space, facts, bench, cache, key, fields, force, echo, max(remaining, 0))
     objective.seen |= evaluated  # a resumed search does not spend budget on what ran before
-    tried = set() if force else _tried(study)
+    tried = set() if force else _tried(study, space)
     feasible = [c for c in space.all() if not space.violations(c, facts)]
     if len(feasible) <= remaining:
         queue = [c for c in feasible if candidate_key(c) not in tried]  # small space: try all of it

@@ -4,6 +4,11 @@ The space, its validation and its documentation all come from that one declarati
 Compile-time parameters are instantiated in the module (one variant per combination, chosen
 at run time by index); run-time parameters are passed as kernel arguments.
 A candidate is a flat dict ``{"<family>.<param>": value}`` over every stage of a plan.
+
+A family (or one parameter) may declare ``when``: an expression over the producer's choices
+(``impl``, ``layout``) and the plan's facts (``family``, ``direct``) under which it matters at all. Where it does not, the candidate is
+canonical with the declared default there, so the search never times the same kernels twice
+under two names (cuDNN's layout means nothing to a kernel that computes the convolution itself).
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ class ParamSpec:
     default: Any
     compile_time: bool
     doc: str
+    when: str | None = None  # expression over the producer's choices: where this parameter matters
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +48,7 @@ class FamilySpace:
     doc: str
     params: tuple[ParamSpec, ...]
     constraints: tuple[Constraint, ...]
+    when: str | None = None  # expression over the producer's choices: where this family runs
 
     @property
     def compile_params(self) -> tuple[ParamSpec, ...]:
@@ -79,15 +86,18 @@ def load_family(family: str) -> FamilySpace:
         raw = yaml.safe_load(path.read_text())
         params = tuple(
             ParamSpec(name=name, choices=tuple(d["choices"]), default=d["default"],
-                      compile_time=bool(d.get("compile_time", True)), doc=str(d.get("doc", "")))
+                      compile_time=bool(d.get("compile_time", True)), doc=str(d.get("doc", "")),
+                      when=d.get("when"))
             for name, d in raw["params"].items())
         constraints = tuple(Constraint(expr=c["expr"], why=c["why"]) for c in raw.get("constraints") or [])
+        when = raw.get("when")
     except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as exc:
         raise FusetuneError(f"{path}: broken template space declaration: {exc!r}") from None
     for p in params:
         if p.default not in p.choices:
             raise FusetuneError(f"{path}: params.{p.name}.default {p.default!r} is not one of its choices")
-    return FamilySpace(family=family, doc=str(raw.get("doc", "")).strip(), params=params, constraints=constraints)
+    return FamilySpace(family=family, doc=str(raw.get("doc", "")).strip(), params=params, constraints=constraints,
+                       when=when)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +105,8 @@ class PlanSpace:
     """The product of the spaces of a plan's stages, with flat ``family.param`` names."""
 
     families: tuple[FamilySpace, ...]
+    #: What the plan offers, for ``when`` and constraints: ``family`` (the main kernel's), ``direct``.
+    plan_facts: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def names(self) -> list[str]:
         return [f"{f.family}.{p.name}" for f in self.families for p in f.params]
@@ -112,15 +124,61 @@ class PlanSpace:
         return size
 
     def all(self) -> Iterator[Candidate]:
-        names = self.names()
-        for combo in itertools.product(*self.choices().values()):
-            yield dict(zip(names, combo))
+        """Every distinct canonical candidate, in a fixed order: for each choice of the producer,
+        the product of the choices that matter under it (the rest stay at their defaults)."""
+        producer = next((f for f in self.families if f.family == "producer"), None)
+        producer_names = [f"producer.{p.name}" for p in producer.params] if producer else []
+        producer_combos = itertools.product(*(p.choices for p in producer.params)) if producer else [()]
+        seen: set[str] = set()
+        for combo in producer_combos:
+            base = self.canonical({**self.default(), **dict(zip(producer_names, combo))})
+            varying = [name for name in self.names() if name not in producer_names
+                       and self.canonical({**base, name: "\0"})[name] == "\0"]  # the choices that matter here
+            for values in itertools.product(*(self.choices()[name] for name in varying)):
+                candidate = {**base, **dict(zip(varying, values))}
+                key = candidate_key(candidate)
+                if key not in seen:
+                    seen.add(key)
+                    yield candidate
+
+    def _producer_choices(self, candidate: Mapping[str, Any]) -> dict[str, Any]:
+        """The names a ``when`` may use: the producer's choices and the plan's facts."""
+        return {**self.plan_facts, "impl": candidate.get("producer.impl", "cudnn"),
+                "layout": candidate.get("producer.layout", "contiguous")}
+
+    def _matters(self, when: str | None, producer: Mapping[str, Any]) -> bool:
+        return when is None or bool(eval(when, {"__builtins__": {}}, dict(producer)))  # noqa: S307 - our own data
+
+    def canonical(self, candidate: Mapping[str, Any]) -> Candidate:
+        """The candidate with every choice that does not matter under its producer set to its default."""
+        out = dict(candidate)
+        for f in self.families:  # the producer first, in declaration order: layout's `when` reads impl
+            if f.family == "producer":
+                for p in f.params:
+                    if not self._matters(p.when, self._producer_choices(out)):
+                        out[f"producer.{p.name}"] = p.default
+        producer = self._producer_choices(out)
+        for f in self.families:
+            if f.family == "producer":
+                continue
+            family_matters = self._matters(f.when, producer)
+            for p in f.params:
+                if not (family_matters and self._matters(p.when, producer)):
+                    out[f"{f.family}.{p.name}"] = p.default
+        return out
+
+    def active(self, candidate: Mapping[str, Any]) -> list[FamilySpace]:
+        """The families that run for this candidate (the others are canonical defaults only)."""
+        producer = self._producer_choices(candidate)
+        return [f for f in self.families if self._matters(f.when, producer)]
 
     def violations(self, candidate: Mapping[str, Any], facts: Mapping[str, int]) -> list[str]:
-        """Constraints the candidate breaks at a shape; empty when it is feasible."""
+        """Constraints the candidate breaks at a shape; empty when it is feasible.
+
+        Only the families that run for the candidate are checked."""
         broken = []
-        shared = {**facts, "layout": candidate.get("producer.layout", "contiguous")}
-        for f in self.families:
+        shared = {**facts, **self._producer_choices(candidate)}
+        for f in self.active(candidate):
             names = {p.name: candidate[f"{f.family}.{p.name}"] for p in f.params}
             for c in f.constraints:
                 if not eval(c.expr, {"__builtins__": {}}, {**shared, **names}):  # noqa: S307 - our own data

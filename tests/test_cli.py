@@ -72,11 +72,13 @@ def test_plan_lists_every_stage(runner):
         plan = make_plan(spec)
         space = plan_space(plan)
         assert f"{spec.name}: {plan.describe()}" in result.output
-        assert f"stages={'+'.join(plan.stages)}" in result.output
+        assert f"stages={'+'.join(plan.cudnn_stages)}" in result.output
+        if plan.direct:
+            assert f"direct={'+'.join(plan.direct_stages)}" in result.output
         for family in space.families:
             for p in family.params:
                 assert f"  {family.family}.{p.name}: {list(p.choices)} default {p.default}" in result.output
-        assert f"  {space.size()} candidates" in result.output
+        assert f"  {len(list(space.all()))} distinct candidates" in result.output
     assert len(re.findall(r"^\S+: stages=", result.output, re.M)) == len(ALL_CONFIGS)
 
 
@@ -219,11 +221,11 @@ def test_export_tuned_winner(runner, cache_dir, tmp_path, no_gpu):
     assert result.exit_code == 0, result.output
     target = out / spec.name
     assert f"exported {spec.name} to {target}" in result.output
-    assert sorted(p.name for p in target.iterdir()) == sorted(
-        ["model.py", "kernels.cu", "binding.cpp", "winner.json", "__init__.py"])
-    assert [p.name for p in out.iterdir()] == [spec.name]  # no staging folder left behind
     rendered = render(make_plan(spec))
-    for name in ("model.py", "kernels.cu", "binding.cpp"):
+    assert sorted(p.name for p in target.iterdir()) == sorted(
+        ["model.py", *rendered.cuda_sources, "binding.cpp", "winner.json", "__init__.py"])
+    assert [p.name for p in out.iterdir()] == [spec.name]  # no staging folder left behind
+    for name in ("model.py", *rendered.cuda_sources, "binding.cpp"):
         assert (target / name).read_text() == rendered.files[name]
     record = json.loads((target / "winner.json").read_text())
     cache = Cache(cache_dir)
@@ -231,7 +233,7 @@ def test_export_tuned_winner(runner, cache_dir, tmp_path, no_gpu):
     assert winners[0]["variant"] != winners[1]["variant"]
     assert record["config"] == spec.name and record["module"] == rendered.name
     assert record["variant"] == winners[0]["variant"]
-    assert set(record["variant"]) == {"producer", "stats", "finalize", "window_map"}
+    assert set(record["variant"]) == {"producer", *make_plan(spec).stages}
     assert [s["input_shape"] for s in record["shapes"]] == [list(s) for s in spec.shapes]
     assert [s["variant"] for s in record["shapes"]] == [w["variant"] for w in winners]
     assert [s["key"] for s in record["shapes"]] == [key0, key1]

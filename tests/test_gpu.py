@@ -98,7 +98,11 @@ def test_seed_end_to_end(config, cache, worker, tmp_path):
     default = plan_space(plan).default()
     other = GpuBenchmarker(plan, spec.shapes[-1], cache, machine, worker, echo=print)
     other.prepare()
-    for candidate in (first.candidate, default, {**default, "producer.layout": "channels_last"}):
+    space = plan_space(plan)
+    candidates = [first.candidate, default, {**default, "producer.layout": "channels_last"}]
+    if plan.direct:
+        candidates.append(space.canonical({**default, "producer.impl": "direct"}))
+    for candidate in candidates:
         outcome = other.verify(candidate)
         assert outcome["status"] == "ok", (candidate, outcome)
     target = export(spec, list(spec.shapes), cache, tmp_path, machine.gpu)
@@ -155,8 +159,52 @@ EXTRA["conv2d_bn_sum_spatial"] = {
     "shapes": [[4, 3, 19, 23]]}
 
 
+# Direct kernels (the convolution inside): transposed convolutions whose output parity is known at
+# compile time and ones where it is not, padding, odd strides, every main family, stats-only plans.
+EXTRA["convt3d_direct_instancenorm_max_channels"] = {
+    "producer": {"op": "conv_transpose3d", "in_channels": 3, "out_channels": 8, "kernel_size": 3, "stride": 2,
+                 "padding": 1, "output_padding": 1},
+    "epilogue": [{"op": "instance_norm"}, {"op": "clamp", "min": -0.7, "max": 0.9}, {"op": "max", "dim": 1}],
+    "shapes": [[2, 3, 5, 7, 6]]}
+EXTRA["convt3d_direct_stride3_maxpool_gap"] = {
+    "producer": {"op": "conv_transpose3d", "in_channels": 4, "out_channels": 8, "kernel_size": [2, 3, 4],
+                 "stride": [2, 1, 3], "padding": [0, 1, 1]},
+    "epilogue": [{"op": "mul", "by": "s"}, {"op": "max_pool", "kernel_size": 3, "stride": 2},
+                 {"op": "adaptive_avg_pool"}, {"op": "add", "by": 0.25}],
+    "parameters": {"s": {"init": "randn"}},
+    "shapes": [[3, 4, 5, 9, 4]]}
+EXTRA["conv2d_direct_stride_bn_mean"] = {
+    "producer": {"op": "conv2d", "in_channels": 3, "out_channels": 8, "kernel_size": 3, "stride": 2, "padding": 1},
+    "epilogue": [{"op": "mul", "by": 0.7}, {"op": "batch_norm"}, {"op": "adaptive_avg_pool"}],
+    "shapes": [[5, 3, 21, 18]]}
+EXTRA["conv3d_direct_padded_groupnorm_avgpool"] = {
+    "producer": {"op": "conv3d", "in_channels": 3, "out_channels": 12, "kernel_size": [3, 1, 2], "padding": [1, 0, 1]},
+    "epilogue": [{"op": "group_norm", "groups": 3}, {"op": "avg_pool", "kernel_size": 2}, {"op": "relu"}],
+    "shapes": [[2, 3, 7, 9, 11]]}
+
+
+def _covering(space, facts) -> list:
+    """Every compiled variant and run-time choice of every stage at least once (the others at their
+    defaults), in each world the plan offers: the sum of the stages' spaces, not their product."""
+    producer = next(f for f in space.families if f.family == "producer")
+    seen, out = set(), []
+    for impl in producer.params[0].choices:
+        for layout in producer.params[1].choices:
+            base = space.canonical({**space.default(), "producer.impl": impl, "producer.layout": layout})
+            for family in space.active(base):
+                for values in family.variants() + [{p.name: c} for p in family.params if not p.compile_time
+                                                   for c in p.choices]:
+                    candidate = space.canonical({**base, **{f"{family.family}.{k}": v for k, v in values.items()}})
+                    key = candidate_key(candidate)
+                    if key not in seen and not space.violations(candidate, facts):
+                        seen.add(key)
+                        out.append(candidate)
+    return out
+
+
 def test_families_beyond_the_seeds(cache, worker):
-    """Every compiled variant of every stage verifies on chains and shapes the seeds do not cover."""
+    """Every compiled variant of every stage verifies on chains and shapes the seeds do not cover,
+    in both worlds (cuDNN and the direct kernels)."""
     machine = Machine.detect()
     specs = {name: parse_config({"name": name, **raw}, f"<{name}>") for name, raw in EXTRA.items()}
     plans = {name: make_plan(spec) for name, spec in specs.items()}
@@ -171,16 +219,44 @@ def test_families_beyond_the_seeds(cache, worker):
         facts_ok = 0
         from fusetune.search import shape_facts
         facts = shape_facts(spec, plan, spec.shapes[0])
-        for candidate in space.all():
-            if space.violations(candidate, facts):
-                continue
+        for candidate in _covering(space, facts):
             outcome = bench.verify(candidate)
             facts_ok += 1
             if outcome["status"] != "ok":
                 failures.append((name, candidate_key(candidate), outcome))
         assert facts_ok > 0, name
+        if plan.direct:
+            assert any(c["producer.impl"] == "direct" for c in _covering(space, facts)), name
         print(name, plan.describe(), facts_ok, "variants verified")
     assert not failures, failures[:5]
+
+
+@pytest.mark.parametrize("config", SEEDS, ids=lambda p: p.stem)
+def test_direct_kernels_at_seed_shapes(config, cache, worker):
+    """Every direct variant verifies at the seed's own (large) shape; prints its time beside cuDNN's."""
+    spec = load_config(config)
+    plan = make_plan(spec)
+    if not plan.direct:
+        pytest.skip(f"{spec.name}: the plan offers no direct kernels")
+    machine = Machine.detect()
+    from fusetune.search import shape_facts
+    shape = spec.shapes[0]
+    space = plan_space(plan)
+    bench = GpuBenchmarker(plan, shape, cache, machine, worker, echo=print)
+    bench.prepare()
+    direct = [c for c in _covering(space, shape_facts(spec, plan, shape)) if c["producer.impl"] == "direct"]
+    assert direct
+    failures, times = [], {}
+    for candidate in direct:
+        outcome = bench.evaluate(candidate)
+        if outcome["status"] != "ok":
+            failures.append((candidate_key(candidate), outcome))
+        else:
+            times[candidate_key(candidate)] = outcome["time_ms"]
+    cudnn = bench.evaluate(space.default())
+    best = min(times.items(), key=lambda kv: kv[1]) if times else None
+    print(f"{spec.name} {shape}: {len(direct)} direct variants, best {best}; cuDNN default {cudnn.get('time_ms')}")
+    assert not failures, failures[:3]
 
 
 def test_fault_injection(cache, monkeypatch):
@@ -190,7 +266,7 @@ def test_fault_injection(cache, monkeypatch):
                          "producer": {"op": "conv3d", "in_channels": 3, "out_channels": 5, "kernel_size": 3},
                          "epilogue": [{"op": "mul", "by": 0.5}, {"op": "relu"}],
                          "shapes": [[2, 3, 9, 11, 13]]}, "<fault>")
-    plan = dataclasses.replace(make_plan(spec), family="fault_map")
+    plan = dataclasses.replace(make_plan(spec), family="fault_map", direct=False)
     machine = Machine.detect()
     with Worker() as worker:
         result = tune_shape(spec, spec.shapes[0], cache, machine,

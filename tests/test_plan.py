@@ -13,11 +13,12 @@ from fusetune.plan import make_plan
 from conftest import SEEDS
 
 EXPECTED = {
-    # seed: (stages, family, drop_bias)
-    "groupnorm": (("stats", "finalize", "window_map"), "window_map", False),
-    "instancenorm": (("stats", "finalize", "channel_reduce"), "channel_reduce", True),
-    "batchnorm": (("stats", "finalize"), None, False),
-    "maxpool_gap": (("plane_reduce",), "plane_reduce", False),
+    # seed: (stages after cuDNN, family, drop_bias, stages with the convolution inside)
+    "groupnorm": (("stats", "finalize", "window_map"), "window_map", False, ("direct_stats", "finalize", "direct_main")),
+    "instancenorm": (("stats", "finalize", "channel_reduce"), "channel_reduce", True,
+                     ("direct_stats", "finalize", "direct_main")),
+    "batchnorm": (("stats", "finalize"), None, False, ()),  # 64 x 128 x 5^3 weights: too many for constant memory
+    "maxpool_gap": (("plane_reduce",), "plane_reduce", False, ("direct_main",)),
 }
 
 
@@ -35,12 +36,24 @@ def _plan(key: str, epilogue: list, **producer):
 @pytest.mark.parametrize("key", sorted(EXPECTED))
 def test_seed_plans(key):
     plan = make_plan(load_config(SEEDS[key]))
-    stages, family, drop_bias = EXPECTED[key]
-    assert plan.stages == stages
+    stages, family, drop_bias, direct = EXPECTED[key]
+    assert plan.cudnn_stages == stages and plan.direct_stages == direct
+    assert plan.direct is bool(direct)
+    assert plan.stages == stages + tuple(s for s in direct if s not in stages)  # finalize serves both
     assert plan.family == family
     assert plan.drop_bias is drop_bias
     assert plan.needs_stats is ("stats" in stages)
     assert f"stages={'+'.join(stages)}" in plan.describe()
+
+
+def test_direct_kernels_only_where_they_fit():
+    # 8 x 64 x 3 x 3 weights fit; 8 x 256 x 3 x 3 (18432 floats, 72 KB) do not.
+    assert _plan("groupnorm", [{"op": "relu"}]).direct
+    assert not _plan("groupnorm", [{"op": "relu"}], out_channels=256).direct
+    # channels not a multiple of 4 (the channel tiles), and a channel reduction over more than 32
+    assert not _plan("groupnorm", [{"op": "relu"}], out_channels=30).direct
+    assert not _plan("groupnorm", [{"op": "max", "dim": 1}], out_channels=64).direct
+    assert _plan("groupnorm", [{"op": "max", "dim": 1}], out_channels=32).direct
 
 
 def test_seed_slots():
@@ -97,10 +110,10 @@ def test_eval_mode_batch_norm_has_no_stats_stage():
     assert not plan.needs_stats
     assert "stats" not in plan.stages and "finalize" in plan.stages
     # no statistics pass, so finalize cannot produce the plane means itself: a main pass is needed
-    assert plan.stages == ("finalize", "plane_reduce")
+    assert plan.cudnn_stages == ("finalize", "plane_reduce")
 
     plan = _plan("batchnorm", [{"op": "batch_norm", "training": False}, {"op": "relu"}])
-    assert plan.stages == ("finalize", "window_map")
+    assert plan.cudnn_stages == ("finalize", "window_map")
 
 
 def test_norm_then_mean_needs_no_main_pass_only_without_mid_ops_or_pool():
@@ -114,9 +127,9 @@ def test_norm_then_mean_needs_no_main_pass_only_without_mid_ops_or_pool():
 
 
 def test_chains_without_norm():
-    assert _plan("groupnorm", [{"op": "relu"}]).stages == ("window_map",)
+    assert _plan("groupnorm", [{"op": "relu"}]).stages == ("window_map", "direct_main")
     plan = _plan("instancenorm", [{"op": "relu"}, {"op": "min", "dim": 1}, {"op": "mul", "by": 2.0}])
-    assert plan.stages == ("channel_reduce",)
+    assert plan.cudnn_stages == ("channel_reduce",) and plan.direct_stages == ("direct_main",)
     assert [op.kind for op in plan.final] == ["mul"]
     assert plan.drop_bias is False
 

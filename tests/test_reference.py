@@ -234,9 +234,11 @@ def test_model_new_shares_batch_norm_buffers(tmp_path):
 def test_model_new_variant_selection(tmp_path):
     _, module = _generate("groupnorm", tmp_path)
     fused = module.ModelNew()
-    assert fused.variant == {"producer": {"layout": "contiguous"},
+    assert fused.variant == {"producer": {"impl": "cudnn", "layout": "contiguous"},
                              "stats": {"block": 256, "vec": 4, "reduce": "warp", "split": 4},
-                             "finalize": {}, "window_map": {"block": 256, "ilp": 2}}
+                             "finalize": {}, "window_map": {"block": 256, "ilp": 2},
+                             "direct_stats": {"block": 128, "ct": 16, "reduce": "warp", "split": 16},
+                             "direct_main": {"block": 128, "ct": 16, "reduce": "warp", "split": 16}}
     stats_variants = module.VARIANTS["stats"]
     index, split = fused._resolved["stats"]
     assert stats_variants[index] == {"block": 256, "vec": 4, "reduce": "warp"} and split == 4
@@ -264,6 +266,7 @@ def test_generated_model_does_not_need_fusetune(tmp_path):
     _, module = _generate("groupnorm", tmp_path)
     source = (tmp_path / "groupnorm" / "model.py").read_text()
     assert "import fusetune" not in source and "from fusetune" not in source
-    assert (tmp_path / "groupnorm" / "kernels.cu").exists() and (tmp_path / "groupnorm" / "binding.cpp").exists()
+    assert (tmp_path / "groupnorm" / "stats.cu").exists() and (tmp_path / "groupnorm" / "binding.cpp").exists()
+    assert module.CUDA_SOURCES == [f"{stage}.cu" for stage in make_plan(load_config(SEEDS["groupnorm"])).stages]
     assert re.fullmatch(r"ft_[0-9a-f]{12}", module.MODULE_NAME)  # named by content, not by config name
     assert module.MODULE_NAME.isidentifier()

@@ -120,16 +120,57 @@ def test_variant_index_rejects_unknown_values():
 
 def test_plan_space_of_seeds():
     space = plan_space(make_plan(load_config(SEEDS["groupnorm"])))
-    assert [f.family for f in space.families] == ["producer", "stats", "finalize", "window_map"]
-    assert space.names() == ["producer.layout", "stats.block", "stats.vec", "stats.reduce", "stats.split",
-                             "window_map.block", "window_map.ilp"]
-    layouts = len(load_family("producer").params[0].choices)
-    assert space.size() == layouts * 3 * 2 * 2 * 6 * 3 * 3
-    assert sum(1 for _ in space.all()) == space.size()
+    assert [f.family for f in space.families] == ["producer", "stats", "finalize", "window_map", "direct_stats",
+                                                  "direct_main"]
+    assert space.names()[:8] == ["producer.impl", "producer.layout", "stats.block", "stats.vec", "stats.reduce",
+                                 "stats.split", "window_map.block", "window_map.ilp"]
     assert space.default() in list(space.all())
-    assert space.stage_values(space.default()) == {"producer": {"layout": "contiguous"},
+    assert space.stage_values(space.default()) == {"producer": {"impl": "cudnn", "layout": "contiguous"},
         "stats": {"block": 256, "vec": 4, "reduce": "warp", "split": 4}, "finalize": {},
-        "window_map": {"block": 256, "ilp": 2}}
+        "window_map": {"block": 256, "ilp": 2},
+        "direct_stats": {"block": 128, "ct": 16, "reduce": "warp", "split": 16},
+        "direct_main": {"block": 128, "ct": 16, "reduce": "warp", "split": 16}}
+    # Distinct candidates: cuDNN's (2 layouts x stats x window_map) plus the direct kernels' (no layout;
+    # direct_main's reduction strategy matters only for a plane reduction, not this window map).
+    cudnn = 2 * (3 * 2 * 2 * 6) * (3 * 3)
+    direct = (2 * 3 * 2 * 4) * (2 * 4 * 4)
+    assert sum(1 for _ in space.all()) == cudnn + direct
+
+
+def test_candidates_are_canonical_where_a_choice_does_not_matter():
+    space = plan_space(make_plan(load_config(SEEDS["groupnorm"])))
+    default = space.default()
+    direct = {**default, "producer.impl": "direct", "producer.layout": "channels_last", "stats.block": 512,
+              "window_map.ilp": 4, "direct_main.reduce": "smem", "direct_main.ct": 8}
+    canonical = space.canonical(direct)
+    # Under the direct kernels, cuDNN's layout and the cuDNN-path stages are at their defaults ...
+    assert canonical["producer.layout"] == "contiguous"
+    assert canonical["stats.block"] == default["stats.block"] and canonical["window_map.ilp"] == default["window_map.ilp"]
+    # ... the window map needs no in-block reduction, and what the direct kernels choose is kept.
+    assert canonical["direct_main.reduce"] == "warp" and canonical["direct_main.ct"] == 8
+    assert [f.family for f in space.active(canonical)] == ["producer", "finalize", "direct_stats", "direct_main"]
+    cudnn = space.canonical({**default, "producer.layout": "channels_last", "direct_stats.ct": 4})
+    assert cudnn["producer.layout"] == "channels_last" and cudnn["direct_stats.ct"] == 16
+    assert space.canonical(canonical) == canonical  # idempotent
+    # A plan without direct kernels never runs them, whatever is asked.
+    batchnorm = plan_space(make_plan(load_config(SEEDS["batchnorm"])))
+    asked = {**batchnorm.default(), "producer.impl": "direct", "producer.layout": "channels_last"}
+    assert batchnorm.canonical(asked) == {**asked, "producer.impl": "cudnn"}
+    assert {c["producer.impl"] for c in batchnorm.all()} == {"cudnn"}
+
+
+def test_constraints_of_inactive_families_are_not_checked():
+    plan = make_plan(load_config(SEEDS["groupnorm"]))
+    space = plan_space(plan)
+    facts = {"N": 3, "C": 64, "D": 1, "H": 35, "W": 43, "S": 1505, "OD": 1, "OH": 8, "OW": 10, "P": 80,
+             "direct": 1, "family": "window_map"}
+    direct = space.canonical({**space.default(), "producer.impl": "direct", "direct_main.split": 1,
+                              "direct_stats.split": 1})
+    assert direct["stats.vec"] == 4 and facts["S"] % 4  # stats' own constraint would fail, but stats does not run
+    assert space.violations(direct, facts) == []
+    assert space.violations({**direct, "direct_main.ct": 32}, facts) == []  # 64 % 32 == 0
+    broken = space.violations({**direct, "direct_stats.split": 64, "direct_stats.block": 256}, facts)
+    assert broken and all(b.startswith("direct_stats:") for b in broken)
 
 
 def test_candidate_key_is_order_independent():

@@ -124,8 +124,8 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         "conv": _conv_geometry(plan),
     }
     # One translation unit per stage (each with the shared header): ninja compiles them in parallel.
-    common = env.get_template("common.cuh.j2").render(**context)
-    sources = {f"{stage}.cu": common + "\n" + env.get_template(f"{stage}.cu.j2").render(variants=variants[stage], **context)
+    sources = {f"{stage}.cu": env.get_template("common.cuh.j2").render(stage=stage, **context) + "\n"
+               + env.get_template(f"{stage}.cu.j2").render(variants=variants[stage], **context)
                for stage in plan.stages}
     binding = env.get_template("binding.cpp.j2").render(**context)
     digest = hashlib.sha256(("".join(sources[k] for k in sorted(sources)) + binding + repr(CUDA_FLAGS)).encode())

@@ -81,13 +81,13 @@ def compiled(rendered, tmp_path_factory):
     def compile_one(name: str, unit: str, text: str) -> subprocess.CompletedProcess:
         source = folder / f"{name}-{unit}"
         source.write_text(text)
-        return subprocess.run([NVCC, "-arch=sm_90", "-O3", "-std=c++17", "-Xptxas", "-v", "-c", str(source),
-                               "-o", str(source.with_suffix(".o"))],
+        return subprocess.run([NVCC, "-arch=sm_90", "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-Xptxas", "-v",
+                               "-c", str(source), "-o", str(source.with_suffix(".o"))],
                               capture_output=True, text=True, timeout=900)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 2))
     futures = {name: [pool.submit(compile_one, name, unit, text) for unit, text in module.cuda_sources.items()]
                for name, (_, module) in rendered.items()}
-    yield futures
+    yield folder, futures
     pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -143,10 +143,16 @@ def test_kernels_do_not_include_torch(rendered, name):
 @pytest.mark.nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_kernels_compile_for_sm90_without_spills(rendered, compiled, name):
-    results = [future.result() for future in compiled[name]]
+    folder, futures = compiled
+    results = [future.result() for future in futures[name]]
     log = "".join(result.stdout + result.stderr for result in results)
     for result in results:
         assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    # The units link into one library: nothing is defined twice across them (torch's build links them so).
+    objects = [str(folder / f"{name}-{unit}").replace(".cu", ".o") for unit in rendered[name][1].cuda_sources]
+    linked = subprocess.run([NVCC, "-arch=sm_90", "-shared", "-o", str(folder / f"{name}.so"), *objects],
+                            capture_output=True, text=True, timeout=300)
+    assert linked.returncode == 0, linked.stdout + linked.stderr
     entries = re.findall(r"Compiling entry function '(\w+)' for 'sm_90'", log)
     props = dict(re.findall(r"Function properties for (\w+)\n\s*\d+ bytes stack frame, (\d+) bytes spill stores", log))
     assert entries, log[-3000:]

@@ -101,6 +101,31 @@ def _reference_code(plan: Plan) -> tuple[list[tuple[str, str]], list[str], str]:
     return submodules, lines, norm_attr
 
 
+#: Stages compiled one unit per variant: their fully unrolled kernels take ptxas seconds each.
+PER_VARIANT_UNITS = ("direct_stats", "direct_main")
+
+
+def _units(env, plan: Plan, variants: dict[str, list[dict[str, Any]]], context: dict[str, Any]) -> dict[str, str]:
+    """The CUDA translation units: one per stage (with the shared header), and for the slow-to-compile
+    stages one per variant plus a small dispatcher. ninja compiles them in parallel."""
+    units: dict[str, str] = {}
+    for stage in plan.stages:
+        header = env.get_template("common.cuh.j2").render(stage=stage, **context) + "\n"
+        template = env.get_template(f"{stage}.cu.j2")
+        if stage not in PER_VARIANT_UNITS:
+            units[f"{stage}.cu"] = header + template.render(variants=variants[stage], **context)
+            continue
+        family = load_family(stage)
+        names = {"C": plan.spec.producer.out_channels, **plan_facts(plan)}
+        compiled = [family.compiles(variant, names) for variant in variants[stage]]
+        units[f"{stage}.cu"] = env.get_template("dispatch.cu.j2").render(stage=stage, variants=variants[stage],
+                                                                         compiled=compiled)
+        for i, variant in enumerate(variants[stage]):
+            if compiled[i]:
+                units[f"{stage}_{i}.cu"] = header + template.render(variants=[variant], unit=i, **context)
+    return units
+
+
 def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> RenderedModule:
     """Render every compile-time variant of every stage, or just those in ``only`` (per stage).
 
@@ -123,10 +148,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         "cuda_flags": list(CUDA_FLAGS),
         "conv": _conv_geometry(plan),
     }
-    # One translation unit per stage (each with the shared header): ninja compiles them in parallel.
-    sources = {f"{stage}.cu": env.get_template("common.cuh.j2").render(stage=stage, **context) + "\n"
-               + env.get_template(f"{stage}.cu.j2").render(variants=variants[stage], **context)
-               for stage in plan.stages}
+    sources = _units(env, plan, variants, context)
     binding = env.get_template("binding.cpp.j2").render(**context)
     digest = hashlib.sha256(("".join(sources[k] for k in sorted(sources)) + binding + repr(CUDA_FLAGS)).encode())
     name = f"ft_{digest.hexdigest()[:12]}"  # by content alone: configs that differ only in name share builds and keys

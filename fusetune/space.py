@@ -49,6 +49,12 @@ class FamilySpace:
     params: tuple[ParamSpec, ...]
     constraints: tuple[Constraint, ...]
     when: str | None = None  # expression over the producer's choices: where this family runs
+    compile_if: str | None = None  # expression over a variant, C and the plan's facts: worth compiling
+
+    def compiles(self, variant: Mapping[str, Any], names: Mapping[str, Any]) -> bool:
+        """Whether a compile-time variant is built for a plan (``names``: C and the plan's facts);
+        the others break the family's constraints for every shape of that plan."""
+        return self.compile_if is None or bool(eval(self.compile_if, {"__builtins__": {}}, {**names, **variant}))  # noqa: S307
 
     @property
     def compile_params(self) -> tuple[ParamSpec, ...]:
@@ -91,13 +97,14 @@ def load_family(family: str) -> FamilySpace:
             for name, d in raw["params"].items())
         constraints = tuple(Constraint(expr=c["expr"], why=c["why"]) for c in raw.get("constraints") or [])
         when = raw.get("when")
+        compile_if = raw.get("compile_if")
     except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError) as exc:
         raise FusetuneError(f"{path}: broken template space declaration: {exc!r}") from None
     for p in params:
         if p.default not in p.choices:
             raise FusetuneError(f"{path}: params.{p.name}.default {p.default!r} is not one of its choices")
     return FamilySpace(family=family, doc=str(raw.get("doc", "")).strip(), params=params, constraints=constraints,
-                       when=when)
+                       when=when, compile_if=compile_if)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -184,21 +184,20 @@ EXTRA["conv3d_direct_padded_groupnorm_avgpool"] = {
 
 
 def _covering(space, facts) -> list:
-    """Every compiled variant and run-time choice of every stage at least once (the others at their
-    defaults), in each world the plan offers: the sum of the stages' spaces, not their product."""
-    producer = next(f for f in space.families if f.family == "producer")
-    seen, out = set(), []
-    for impl in producer.params[0].choices:
-        for layout in producer.params[1].choices:
-            base = space.canonical({**space.default(), "producer.impl": impl, "producer.layout": layout})
-            for family in space.active(base):
-                for values in family.variants() + [{p.name: c} for p in family.params if not p.compile_time
-                                                   for c in p.choices]:
-                    candidate = space.canonical({**base, **{f"{family.family}.{k}": v for k, v in values.items()}})
-                    key = candidate_key(candidate)
-                    if key not in seen and not space.violations(candidate, facts):
-                        seen.add(key)
-                        out.append(candidate)
+    """Feasible candidates that between them run every compiled variant and every run-time choice
+    of every stage that can run here, in each world the plan offers (greedy: the sum of the stages'
+    spaces, not their product)."""
+    covered, out = set(), []
+    for candidate in space.all():
+        if space.violations(candidate, facts):
+            continue
+        parts = {(f.family, p.name, candidate[f"{f.family}.{p.name}"]) for f in space.active(candidate)
+                 for p in f.params if not p.compile_time}
+        parts |= {(f.family, repr(sorted((p.name, candidate[f"{f.family}.{p.name}"]) for p in f.compile_params)))
+                  for f in space.active(candidate)}
+        if not parts <= covered:
+            covered |= parts
+            out.append(candidate)
     return out
 
 

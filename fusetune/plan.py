@@ -159,7 +159,7 @@ def _direct_fits(spec: ProblemSpec, family: str | None) -> bool:
     channel reduction every channel of a position in one thread's registers."""
     producer = spec.producer
     weights = producer.in_channels * producer.out_channels * math.prod(producer.kernel_size)
-    if weights > DIRECT_MAX_WEIGHTS or producer.out_channels % 4 != 0:
+    if weights > DIRECT_MAX_WEIGHTS or producer.out_channels % 2 != 0:
         return False
     return family != "channel_reduce" or producer.out_channels <= DIRECT_MAX_CHANNEL_REDUCE
 

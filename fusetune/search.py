@@ -227,9 +227,11 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
     if len(feasible) <= remaining:
         queue = [c for c in feasible if candidate_key(c) not in tried]  # small space: try all of it
     else:
-        # A known-good start for every template: the declared defaults, where feasible here.
-        default = space.default()
-        queue = [default] if default in feasible and candidate_key(default) not in tried else []
+        # A known-good start for every template: the declared defaults of each world the plan offers
+        # (cuDNN and, where offered, the direct kernels), where feasible here.
+        starts = [space.default()] + [space.canonical({**space.default(), "producer.impl": "direct"})] * plan.direct
+        queue = [c for c in (_nearest(start, feasible) for start in starts)
+                 if c is not None and candidate_key(c) not in tried]
     for candidate in queue:
         study.enqueue_trial(candidate)
     search_start = time.perf_counter()
@@ -245,6 +247,15 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
     timings["final_s"] = time.perf_counter() - final_start
     result.shape, result.timings, result.seconds = shape, timings, time.perf_counter() - start
     return result
+
+
+def _nearest(start: Candidate, feasible: list[Candidate]) -> Candidate | None:
+    """``start`` if feasible, else the feasible candidate of the same producer choice that differs
+    from it in the fewest choices (a default's split may be too large for a small shape)."""
+    same = [c for c in feasible if c.get("producer.impl") == start.get("producer.impl")]
+    if not same:
+        return None
+    return min(same, key=lambda c: sum(c[k] != v for k, v in start.items()))
 
 
 def _name_winner(cache: Cache, key: str, fields: dict[str, Any], bench: Benchmarker, eager: float | None,

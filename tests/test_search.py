@@ -243,7 +243,14 @@ def test_large_space_spends_exactly_the_budget(cache):
     assert len(evaluated) == len(set(evaluated)) == 10
     feasible, space = _feasible(spec, LARGE[1])
     assert len(feasible) > 10  # so the budget, not the space, is what stopped the search
-    assert evaluated[0] == candidate_key(space.default())  # the declared default goes first
+    assert evaluated[0] == candidate_key(space.default())  # the declared default goes first ...
+    # ... then the direct kernels' default, or (its split of 16 blocks being too many for 961 pooled
+    # outputs) the feasible direct candidate nearest to it.
+    direct_default = space.canonical({**space.default(), "producer.impl": "direct"})
+    assert space.violations(direct_default, shape_facts(spec, make_plan(spec), LARGE[1]))
+    second = next(o["candidate"] for o in cache.load(result.key).outcomes.values()
+                  if candidate_key(o["candidate"]) == evaluated[1])
+    assert {k for k in second if second[k] != direct_default[k]} == {"direct_main.split"}
     entry = cache.load(result.key)
     assert {k for k, o in entry.outcomes.items() if o["status"] != "infeasible"} == set(evaluated)
     assert candidate_key(result.candidate) == _best_ok(entry)

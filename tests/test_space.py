@@ -128,12 +128,12 @@ def test_plan_space_of_seeds():
     assert space.stage_values(space.default()) == {"producer": {"impl": "cudnn", "layout": "contiguous"},
         "stats": {"block": 256, "vec": 4, "reduce": "warp", "split": 4}, "finalize": {},
         "window_map": {"block": 256, "ilp": 2},
-        "direct_stats": {"block": 128, "ct": 16, "taps": "rows", "reduce": "warp", "split": 16},
-        "direct_main": {"block": 128, "ct": 16, "taps": "rows", "reduce": "warp", "split": 16}}
+        "direct_stats": {"block": 128, "ct": 4, "taps": "unrolled", "reduce": "warp", "split": 16},
+        "direct_main": {"block": 128, "ct": 4, "taps": "unrolled", "reduce": "warp", "split": 16}}
     # Distinct candidates: cuDNN's (2 layouts x stats x window_map) plus the direct kernels' (no layout;
     # direct_main's reduction strategy matters only for a plane reduction, not this window map).
     cudnn = 2 * (3 * 2 * 2 * 6) * (3 * 3)
-    direct = (2 * 3 * 2 * 2 * 4) * (2 * 4 * 2 * 4)
+    direct = (2 * 4 * 2 * 2 * 4) * (2 * 5 * 2 * 4)
     assert sum(1 for _ in space.all()) == cudnn + direct
 
 
@@ -149,8 +149,8 @@ def test_candidates_are_canonical_where_a_choice_does_not_matter():
     # ... the window map needs no in-block reduction, and what the direct kernels choose is kept.
     assert canonical["direct_main.reduce"] == "warp" and canonical["direct_main.ct"] == 8
     assert [f.family for f in space.active(canonical)] == ["producer", "finalize", "direct_stats", "direct_main"]
-    cudnn = space.canonical({**default, "producer.layout": "channels_last", "direct_stats.ct": 4})
-    assert cudnn["producer.layout"] == "channels_last" and cudnn["direct_stats.ct"] == 16
+    cudnn = space.canonical({**default, "producer.layout": "channels_last", "direct_stats.ct": 16})
+    assert cudnn["producer.layout"] == "channels_last" and cudnn["direct_stats.ct"] == 4  # the default
     assert space.canonical(canonical) == canonical  # idempotent
     # A plan without direct kernels never runs them, whatever is asked.
     batchnorm = plan_space(make_plan(load_config(SEEDS["batchnorm"])))

@@ -109,7 +109,7 @@ def run_bench(spec: ProblemSpec, shape: Shape, cache: Cache, *, reps: int = 50, 
         passes = int(plan.needs_stats) + int(plan.family is not None)
         peak = fp32_peak_tflops()
         result.update(impl="direct", conv_passes=passes, conv_gflop=conv_flops(spec, shape) / 1e9)
-        result["conv_tflops"] = passes * result["conv_gflop"] / result["fusetune_ms"] * 1e-9 * 1e3
+        result["conv_tflops"] = passes * result["conv_gflop"] / result["fusetune_ms"]  # GFLOP per ms = TFLOP/s
         if peak:
             result["fp32_peak_tflops"] = peak
             result["fp32_peak_fraction"] = result["conv_tflops"] / peak

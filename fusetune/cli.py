@@ -149,7 +149,7 @@ def _summary(rows: list) -> str:
     lines = [header]
     for name, r in rows:
         counts = " ".join(f"{k}:{v}" for k, v in sorted(r.counts.items()))
-        winner = " ".join(f"{k}={v}" for k, v in (r.candidate or {}).items())
+        winner = " ".join(f"{k}={v}" for k, v in (r.shown or r.candidate or {}).items())
         lines.append((name, "x".join(map(str, r.shape)), r.status, f"{r.time_ms:.4f}" if r.time_ms else "-",
                       f"{r.eager_ms:.4f}" if r.eager_ms else "-", f"{r.speedup:.2f}x" if r.speedup else "-",
                       counts, winner))

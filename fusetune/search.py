@@ -72,6 +72,7 @@ class ShapeResult:
     seconds: float = 0.0
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
     message: str = ""
+    shown: dict[str, Any] | None = None  # the winner's choices that matter (see PlanSpace.relevant)
 
     @property
     def speedup(self) -> float | None:
@@ -182,7 +183,7 @@ class _Objective:
         return outcome
 
     def _report(self, number: int, candidate: Candidate, outcome: dict[str, Any], source: str) -> None:
-        params = " ".join(f"{k}={v}" for k, v in candidate.items())
+        params = " ".join(f"{k}={v}" for k, v in self.space.relevant(candidate).items())
         status = outcome["status"]
         result = f"{outcome['time_ms']:.4f} ms" if status == "ok" else status
         note = " (known)" if source == "known" else ""
@@ -207,7 +208,8 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
     if entry is not None and entry.winner is not None and not force:
         return ShapeResult(shape=shape, key=key, status="cached", candidate=entry.winner["candidate"],
                            time_ms=entry.winner["time_ms"], eager_ms=entry.winner.get("eager_ms"),
-                           counts=_counts(entry), seconds=time.perf_counter() - start)
+                           counts=_counts(entry), seconds=time.perf_counter() - start,
+                           shown=space.relevant(entry.winner["candidate"]))
     trials = trials or spec.search.trials
     timeout = timeout or spec.search.timeout
     bench = make_bench(plan, shape)
@@ -246,6 +248,7 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
     result = _name_winner(cache, key, fields, bench, eager, rendered.name, space, echo)
     timings["final_s"] = time.perf_counter() - final_start
     result.shape, result.timings, result.seconds = shape, timings, time.perf_counter() - start
+    result.shown = space.relevant(result.candidate) if result.candidate else None
     return result
 
 

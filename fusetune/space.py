@@ -174,6 +174,12 @@ class PlanSpace:
                     out[f"{f.family}.{p.name}"] = p.default
         return out
 
+    def relevant(self, candidate: Mapping[str, Any]) -> dict[str, Any]:
+        """The choices that matter under the candidate's producer: what a report should show."""
+        producer = self._producer_choices(candidate)
+        return {f"{f.family}.{p.name}": candidate[f"{f.family}.{p.name}"] for f in self.active(candidate)
+                for p in f.params if f"{f.family}.{p.name}" in candidate and self._matters(p.when, producer)}
+
     def active(self, candidate: Mapping[str, Any]) -> list[FamilySpace]:
         """The families that run for this candidate (the others are canonical defaults only)."""
         producer = self._producer_choices(candidate)

@@ -191,3 +191,15 @@ def test_broken_declaration_is_reported(tmp_path, monkeypatch):
         load_family("worse")
     with pytest.raises(FusetuneError, match="no template file missing.yaml"):
         load_family("missing")
+
+
+def test_reports_show_only_the_choices_that_matter():
+    space = plan_space(make_plan(load_config(SEEDS["groupnorm"])))
+    cudnn = space.default()
+    shown = space.relevant(cudnn)
+    assert "producer.layout" in shown and "stats.vec" in shown
+    assert not any(k.startswith("direct_") for k in shown)
+    direct = space.canonical({**cudnn, "producer.impl": "direct"})
+    shown = space.relevant(direct)
+    assert "producer.layout" not in shown and not any(k.startswith(("stats.", "window_map.")) for k in shown)
+    assert "direct_main.ct" in shown and "direct_main.reduce" not in shown  # a window map combines nothing

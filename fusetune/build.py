@@ -1,4 +1,4 @@
-"""Build rendered modules with ``load_inline`` (ninja), each in a killable child process.
+"""Build rendered modules with ``torch.utils.cpp_extension.load`` (ninja), each in a killable child process.
 
 Why a child process: a build can hang or run long, and must be stoppable at a time limit
 without leaving the parent in an unknown state. Why one directory per module: builds that

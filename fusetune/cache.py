@@ -7,7 +7,7 @@ Layout under the cache root::
     studies/<key>.journal  the optuna study of that shape (journal storage: resumable,
                            safe for several processes)
     modules/<name>/        rendered sources (<stage>.cu, binding.cpp, model.py)
-    builds/<name>/         load_inline build directories, one per module
+    builds/<name>/         extension build directories, one per module
     locks/                 fcntl lock files
 
 Every write goes to a temporary file and is renamed into place under an exclusive lock,

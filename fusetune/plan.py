@@ -60,31 +60,26 @@ class Plan:
         """A statistics pass over the producer output is needed (not for eval-mode batch norm)."""
         return self.norm is not None and self.norm.scope != "running"
 
+    def _stages(self, stats: str, main: str | None) -> tuple[str, ...]:
+        """Launch order: the statistics pass, finalize (any norm), the main kernel."""
+        stages: list[str] = []
+        if self.needs_stats:
+            stages.append(stats)
+        if self.norm is not None:
+            stages.append("finalize")
+        if self.family is not None and main is not None:
+            stages.append(main)
+        return tuple(stages)
+
     @property
     def cudnn_stages(self) -> tuple[str, ...]:
         """Kernel families in launch order after a cuDNN convolution."""
-        stages: list[str] = []
-        if self.needs_stats:
-            stages.append("stats")
-        if self.norm is not None:
-            stages.append("finalize")
-        if self.family is not None:
-            stages.append(self.family)
-        return tuple(stages)
+        return self._stages("stats", self.family)
 
     @property
     def direct_stages(self) -> tuple[str, ...]:
         """Kernel families in launch order with the convolution inside them; empty if not offered."""
-        if not self.direct:
-            return ()
-        stages: list[str] = []
-        if self.needs_stats:
-            stages.append("direct_stats")
-        if self.norm is not None:
-            stages.append("finalize")
-        if self.family is not None:
-            stages.append("direct_main")
-        return tuple(stages)
+        return self._stages("direct_stats", "direct_main") if self.direct else ()
 
     @property
     def stages(self) -> tuple[str, ...]:

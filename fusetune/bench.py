@@ -3,8 +3,9 @@
 Same inputs, same weights, same timing method for all (CUDA events, L2 flushed, median).
 With cuDNN as the producer, the fused epilogue is also timed alone against the bytes it must
 move, at the copy bandwidth measured here, so its distance from the memory floor is explicit.
-With the convolution inside the kernels (direct), there is no epilogue to time alone: the
-convolution's useful FLOP rate is reported against the FP32 peak instead.
+With the convolution inside the kernels (direct on CUDA cores, gemm on tensor cores), there is
+no epilogue to time alone: the convolution's useful FLOP rate is reported against the peak of
+the units that compute it (FP32 FMA, or dense TF32 MMA) instead.
 """
 from __future__ import annotations
 
@@ -51,8 +52,12 @@ def conv_flops(spec: ProblemSpec, shape: Shape) -> int:
     return 2 * shape[0] * points * producer.in_channels * producer.out_channels * math.prod(producer.kernel_size)
 
 
-def fp32_peak_tflops() -> float | None:
-    """FP32 FMA peak: multiprocessors x 128 lanes x 2 flops x the maximum SM clock (nvidia-smi)."""
+#: Dense flops per multiprocessor per clock on Hopper, by the units an impl computes on.
+PEAK_FLOPS_PER_SM_CLOCK = {"direct": ("FP32", 128 * 2), "gemm": ("TF32", 1024 * 2)}
+
+
+def peak_tflops(flops_per_sm_clock: int) -> float | None:
+    """A peak at the maximum SM clock (nvidia-smi): multiprocessors x flops per clock x clock."""
     import subprocess
 
     import torch
@@ -63,7 +68,7 @@ def fp32_peak_tflops() -> float | None:
     except (OSError, subprocess.SubprocessError, IndexError, ValueError):
         return None
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return sms * 128 * 2 * mhz * 1e6 / 1e12
+    return sms * flops_per_sm_clock * mhz * 1e6 / 1e12
 
 
 def run_bench(spec: ProblemSpec, shape: Shape, cache: Cache, *, reps: int = 50, compile_modes: tuple[str, ...] = (
@@ -103,16 +108,17 @@ def run_bench(spec: ProblemSpec, shape: Shape, cache: Cache, *, reps: int = 50, 
     result["fusetune_ms"] = median_ms(lambda: fused(x), reps=reps)
     bandwidth = copy_bandwidth_gbs()
     result["copy_gbs"] = bandwidth
-    if entry.winner["candidate"].get("producer.impl") == "direct":
+    impl = entry.winner["candidate"].get("producer.impl", "cudnn")
+    if impl in PEAK_FLOPS_PER_SM_CLOCK:
         # The convolution runs inside the kernels: no producer output, so no epilogue to time alone.
         # What bounds it is arithmetic: the convolution's FMAs, once per pass that computes it.
         passes = int(plan.needs_stats) + int(plan.family is not None)
-        peak = fp32_peak_tflops()
-        result.update(impl="direct", conv_passes=passes, conv_gflop=conv_flops(spec, shape) / 1e9)
+        kind, per_clock = PEAK_FLOPS_PER_SM_CLOCK[impl]
+        peak = peak_tflops(per_clock)
+        result.update(impl=impl, conv_passes=passes, conv_gflop=conv_flops(spec, shape) / 1e9)
         result["conv_tflops"] = passes * result["conv_gflop"] / result["fusetune_ms"]  # GFLOP per ms = TFLOP/s
         if peak:
-            result["fp32_peak_tflops"] = peak
-            result["fp32_peak_fraction"] = result["conv_tflops"] / peak
+            result.update(peak_kind=kind, peak_tflops=peak, peak_fraction=result["conv_tflops"] / peak)
     else:
         result["impl"] = "cudnn"
         result["producer_ms"] = median_ms(lambda: fused.produce(x), reps=reps)
@@ -139,13 +145,13 @@ def _driver() -> str:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    """One row per result. A cuDNN winner shows its epilogue against the memory floor; a direct
-    winner (the convolution inside the kernels) its convolution throughput against the FP32 peak."""
+    """One row per result. A cuDNN winner shows its epilogue against the memory floor; a winner with
+    the convolution inside the kernels its convolution throughput against the peak of its units."""
     header = ("config", "shape", "eager", "compile", "max-autotune", "fusetune", "vs eager", "vs m-a", "impl",
-              "epilogue", "floor", "of floor", "conv TFLOP/s", "of FP32 peak")
+              "epilogue", "floor", "of floor", "conv TFLOP/s", "of peak")
     rows = [header]
     for r in results:
-        direct = r.get("impl") == "direct"
+        direct = r.get("impl", "cudnn") != "cudnn"
         rows.append((r["config"], "x".join(map(str, r["shape"])), f"{r['eager_ms']:.3f}",
                      f"{r.get('compile_default_ms', float('nan')):.3f}",
                      f"{r.get('compile_max-autotune-no-cudagraphs_ms', float('nan')):.3f}",
@@ -155,7 +161,7 @@ def table(results: list[dict[str, Any]]) -> str:
                      "-" if direct else f"{r['epilogue_ms']:.3f}", "-" if direct else f"{r['epilogue_floor_ms']:.3f}",
                      "-" if direct else f"{100 * r['epilogue_floor_fraction']:.0f}%",
                      f"{r['conv_tflops']:.1f} ({r['conv_passes']} pass)" if direct else "-",
-                     f"{100 * r['fp32_peak_fraction']:.0f}%" if direct and "fp32_peak_fraction" in r else "-"))
+                     f"{100 * r['peak_fraction']:.0f}% {r['peak_kind']}" if direct and "peak_fraction" in r else "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
     gpu = results[0]["gpu"] if results else "?"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,6 +18,7 @@ from fusetune.ops import Elementwise
 from fusetune.plan import Plan
 from fusetune.space import PlanSpace, load_family
 from fusetune.templates import environment
+from fusetune.tiles import gemm_tile
 
 #: Flags for nvcc; part of every cache key. No fast-math: it changes rounding of rsqrt and division.
 CUDA_FLAGS = ("-O3", "-lineinfo", "-std=c++17")
@@ -54,7 +54,7 @@ def plan_space(plan: Plan) -> PlanSpace:
 
 def plan_facts(plan: Plan) -> dict[str, Any]:
     """What the plan offers, by name, for the spaces' ``when`` and constraints."""
-    return {"family": plan.family or "none", "direct": int(plan.direct)}
+    return {"family": plan.family or "none", "direct": int(plan.direct), "gemm": int(plan.gemm)}
 
 
 def _chain(ops: Sequence[Elementwise], v: str, slots: dict[str, int]) -> str:
@@ -71,17 +71,6 @@ def _pool_window(plan: Plan) -> dict[str, Any]:
     pad = (1,) * (3 - dims)
     return {"mode": plan.pool.mode, "kernel": pad + tuple(plan.pool.kernel_size),
             "stride": pad + tuple(plan.pool.stride)}
-
-
-def _conv_geometry(plan: Plan) -> dict[str, Any]:
-    """The convolution as compile-time constants for the direct kernels, 2-D padded to 3-D."""
-    producer = plan.spec.producer
-    pad = 3 - producer.spatial_dims
-    return {"cin": producer.in_channels, "cout": producer.out_channels, "transposed": producer.transposed,
-            "kernel": (1,) * pad + tuple(producer.kernel_size), "stride": (1,) * pad + tuple(producer.stride),
-            "padding": (0,) * pad + tuple(producer.padding),
-            "output_padding": (0,) * pad + tuple(producer.output_padding),
-            "weights": producer.in_channels * producer.out_channels * math.prod(producer.kernel_size)}
 
 
 def _reference_code(plan: Plan) -> tuple[list[tuple[str, str]], list[str], str]:
@@ -102,7 +91,7 @@ def _reference_code(plan: Plan) -> tuple[list[tuple[str, str]], list[str], str]:
 
 
 #: Stages compiled one unit per variant: their fully unrolled kernels take ptxas seconds each.
-PER_VARIANT_UNITS = ("direct_stats", "direct_main")
+PER_VARIANT_UNITS = ("direct_stats", "direct_main", "gemm_stats", "gemm_main")
 
 
 def _units(env, plan: Plan, variants: dict[str, list[dict[str, Any]]], context: dict[str, Any]) -> dict[str, str]:
@@ -113,7 +102,7 @@ def _units(env, plan: Plan, variants: dict[str, list[dict[str, Any]]], context: 
         header = env.get_template("common.cuh.j2").render(stage=stage, **context) + "\n"
         template = env.get_template(f"{stage}.cu.j2")
         if stage not in PER_VARIANT_UNITS:
-            units[f"{stage}.cu"] = header + template.render(variants=variants[stage], **context)
+            units[f"{stage}.cu"] = header + template.render(variants=variants[stage], stage=stage, **context)
             continue
         family = load_family(stage)
         names = {"C": plan.spec.producer.out_channels, **plan_facts(plan)}
@@ -122,7 +111,7 @@ def _units(env, plan: Plan, variants: dict[str, list[dict[str, Any]]], context: 
                                                                          compiled=compiled)
         for i, variant in enumerate(variants[stage]):
             if compiled[i]:
-                units[f"{stage}_{i}.cu"] = header + template.render(variants=[variant], unit=i, **context)
+                units[f"{stage}_{i}.cu"] = header + template.render(variants=[variant], unit=i, stage=stage, **context)
     return units
 
 
@@ -139,14 +128,21 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
     for stage, wanted in (only or {}).items():
         variants[stage] = [v for v in variants[stage] if v in wanted]
     norm = plan.norm
+    conv = plan.spec.producer.geometry()
+    pool = _pool_window(plan)
+    window = (pool["kernel"], pool["stride"])  # the main kernels' cells
+    gemm_shape = gemm_tile(conv, (1, 1, 1), (1, 1, 1), 1, 1)  # K and strides: the same for every box
     context: dict[str, Any] = {
         "plan": plan, "spec": plan.spec, "version": __version__, "py": repr,
         "chain": lambda ops, v: _chain(ops, v, slots),
-        "pool": _pool_window(plan), "strategy_id": STRATEGIES.__getitem__,
+        "pool": pool, "strategy_id": STRATEGIES.__getitem__,
         "norm": norm,
         "channels_per_group": norm.groups_of(plan.spec.producer.out_channels) if norm else 1,
         "cuda_flags": list(CUDA_FLAGS),
-        "conv": _conv_geometry(plan),
+        "conv": conv,
+        "gemm": {"k": gemm_shape.k, "k_pad": gemm_shape.k_pad, "w_stride": gemm_shape.w_stride},
+        "gemm_tile": lambda variant, pooled: gemm_tile(conv, *(window if pooled else ((1, 1, 1), (1, 1, 1))),
+                                                       variant["tw"], variant["th"]),
     }
     sources = _units(env, plan, variants, context)
     binding = env.get_template("binding.cpp.j2").render(**context)

@@ -17,7 +17,9 @@ Where the convolution is small enough (its weights fit in constant memory), the 
 offers the producer computed *inside* the kernels (``direct``): ``direct_stats`` takes the
 norm's statistics from the convolution as it computes it, and ``direct_main`` recomputes it
 tile by tile, applies the chain and pools or reduces on chip, so the convolution output is
-never written. The search picks between the two worlds (``producer.impl``).
+never written. Where the channels come in whole tensor-core tiles, the plan also offers the
+same two passes as implicit GEMMs on the tensor cores in TF32 (``gemm_stats``, ``gemm_main``:
+see fusetune/tiles.py). The search picks among the worlds (``producer.impl``).
 
 Exact algebra the planner uses:
   * a spatial mean (or sum) right after a norm is the norm's affine map applied to the
@@ -34,6 +36,7 @@ from typing import Sequence
 from fusetune.config import ProblemSpec
 from fusetune.errors import PlanError
 from fusetune.ops import Add, Div, Elementwise, Mul, Norm, Op, Pool, Reduce
+from fusetune.tiles import gemm_fits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +51,8 @@ class Plan:
     final: tuple[Elementwise, ...]
     family: str | None  # main kernel family, or None when finalize computes the output
     drop_bias: bool  # the producer's bias is cancelled exactly by the norm: never applied
-    direct: bool = False  # the convolution can also run inside the kernels (direct_* stages)
+    direct: bool = False  # the convolution can also run inside the kernels on CUDA cores (direct_* stages)
+    gemm: bool = False  # ... and as implicit GEMMs on the tensor cores (gemm_* stages)
 
     @property
     def bias_in_epilogue(self) -> bool:
@@ -82,9 +86,32 @@ class Plan:
         return self._stages("direct_stats", "direct_main") if self.direct else ()
 
     @property
+    def gemm_stages(self) -> tuple[str, ...]:
+        """Kernel families in launch order with the convolution on the tensor cores; empty if not offered."""
+        return self._stages("gemm_stats", "gemm_main") if self.gemm else ()
+
+    @property
+    def impl_stages(self) -> dict[str, tuple[str, ...]]:
+        """producer.impl -> its stages in launch order, for every impl the plan offers."""
+        offered = {"cudnn": self.cudnn_stages, "direct": self.direct_stages, "gemm": self.gemm_stages}
+        return {impl: stages for impl, stages in offered.items() if impl == "cudnn" or stages}
+
+    @property
     def stages(self) -> tuple[str, ...]:
-        """Every kernel family of the module (both worlds; finalize serves both), in a fixed order."""
-        return self.cudnn_stages + tuple(s for s in self.direct_stages if s not in self.cudnn_stages)
+        """Every kernel family of the module (all worlds; finalize serves them all), in a fixed order."""
+        ordered: list[str] = []
+        for stages in self.impl_stages.values():
+            ordered += [s for s in stages if s not in ordered]
+        return tuple(ordered)
+
+    @property
+    def pre_scale(self) -> tuple[Elementwise, ...] | None:
+        """The multiplicative ops of the pre chain where that chain is affine per channel (mul, div and
+        add only), else None. Then pre(y) - pre(p) = scale * (y - p): statistics kernels may sum raw
+        convolution values around a raw pivot and scale the sums once at the end."""
+        if all(isinstance(op, (Mul, Div, Add)) for op in self.pre):
+            return tuple(op for op in self.pre if not isinstance(op, Add))
+        return None
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -100,6 +127,7 @@ class Plan:
         def names(ops: Sequence[Op]) -> str:
             return ",".join(op.kind for op in ops) or "-"
         direct = f" direct={'+'.join(self.direct_stages)}" if self.direct else ""
+        direct += f" gemm={'+'.join(self.gemm_stages)}" if self.gemm else ""
         return (f"stages={'+'.join(self.cudnn_stages)}{direct} pre={names(self.pre)} "
                 f"norm={self.norm.kind if self.norm else '-'} mid={names(self.mid)} "
                 f"pool={self.pool.kind if self.pool else '-'} post={names(self.post)} "
@@ -146,7 +174,8 @@ def make_plan(spec: ProblemSpec) -> Plan:
                  and all(isinstance(op, (Mul, Div, Add)) for op in pre))
     return Plan(spec=spec, pre=pre, norm=norm, mid=tuple(groups["mid"]), pool=pool,
                 post=tuple(groups["post"]), reduce=reduce, final=tuple(groups["final"]),
-                family=family, drop_bias=drop_bias, direct=_direct_fits(spec, family))
+                family=family, drop_bias=drop_bias, direct=_direct_fits(spec, family),
+                gemm=_gemm_fits(spec, pool))
 
 
 def _direct_fits(spec: ProblemSpec, family: str | None) -> bool:
@@ -157,6 +186,17 @@ def _direct_fits(spec: ProblemSpec, family: str | None) -> bool:
     if weights > DIRECT_MAX_WEIGHTS or producer.out_channels % 2 != 0:
         return False
     return family != "channel_reduce" or producer.out_channels <= DIRECT_MAX_CHANNEL_REDUCE
+
+
+def _gemm_fits(spec: ProblemSpec, pool: Pool | None) -> bool:
+    """Whether the tensor-core kernels take this producer (fusetune/tiles.py): the statistics pass
+    tiles single outputs, the main kernel whole pooling windows."""
+    dims = spec.producer.spatial_dims
+    windows = [((1, 1, 1), (1, 1, 1))]
+    if pool is not None:
+        pad = (1,) * (3 - dims)
+        windows.append((pad + tuple(pool.kernel_size), pad + tuple(pool.stride)))
+    return gemm_fits(spec.producer.geometry(), windows)
 
 
 def _family(spec: ProblemSpec, norm: Norm | None, mid: list[Op], pool: Pool | None,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Mapping
 
 from fusetune.ops.base import OpContext, Shape, reject_unknown, take_bool, take_int, take_window
@@ -72,6 +73,16 @@ class Producer:
             else:
                 spatial.append((size + 2 * p - k) // s + 1)
         return (shape[0], self.out_channels, *spatial)
+
+    def geometry(self) -> dict[str, Any]:
+        """The convolution as the kernels that compute it take it: every window 3-D (a 2-D one
+        padded with a leading 1), and its weight count."""
+        pad = 3 - self.spatial_dims
+        return {"cin": self.in_channels, "cout": self.out_channels, "transposed": self.transposed,
+                "kernel": (1,) * pad + tuple(self.kernel_size), "stride": (1,) * pad + tuple(self.stride),
+                "padding": (0,) * pad + tuple(self.padding),
+                "output_padding": (0,) * pad + tuple(self.output_padding),
+                "weights": self.in_channels * self.out_channels * math.prod(self.kernel_size)}
 
     def module_code(self) -> str:
         name = KINDS[self.kind][1]

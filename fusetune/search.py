@@ -230,8 +230,8 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
         queue = [c for c in feasible if candidate_key(c) not in tried]  # small space: try all of it
     else:
         # A known-good start for every template: the declared defaults of each world the plan offers
-        # (cuDNN and, where offered, the direct kernels), where feasible here.
-        starts = [space.default()] + [space.canonical({**space.default(), "producer.impl": "direct"})] * plan.direct
+        # (cuDNN and, where offered, the convolution inside the kernels), where feasible here.
+        starts = [space.canonical({**space.default(), "producer.impl": impl}) for impl in plan.impl_stages]
         queue = [c for c in (_nearest(start, feasible) for start in starts)
                  if c is not None and candidate_key(c) not in tried]
     for candidate in queue:

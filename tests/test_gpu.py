@@ -100,11 +100,13 @@ def test_seed_end_to_end(config, cache, worker, tmp_path):
     other.prepare()
     space = plan_space(plan)
     candidates = [first.candidate, default, {**default, "producer.layout": "channels_last"}]
-    if plan.direct:  # the direct kernels' default, or the feasible candidate nearest to it (ct == C for a channel reduction)
-        from fusetune.search import _nearest, shape_facts
-        facts = shape_facts(spec, plan, spec.shapes[-1])
-        feasible = [c for c in space.all() if not space.violations(c, facts)]
-        candidates.append(_nearest(space.canonical({**default, "producer.impl": "direct"}), feasible))
+    from fusetune.search import _nearest, shape_facts
+    facts = shape_facts(spec, plan, spec.shapes[-1])
+    feasible = [c for c in space.all() if not space.violations(c, facts)]
+    for impl in set(plan.impl_stages) - {"cudnn"}:
+        # The default with the convolution inside, or the feasible candidate nearest to it (ct == C
+        # for a direct channel reduction).
+        candidates.append(_nearest(space.canonical({**default, "producer.impl": impl}), feasible))
     for candidate in candidates:
         outcome = other.verify(candidate)
         assert outcome["status"] == "ok", (candidate, outcome)
@@ -186,6 +188,26 @@ EXTRA["conv3d_direct_padded_groupnorm_avgpool"] = {
     "shapes": [[2, 3, 7, 9, 11]]}
 
 
+# Tensor-core kernels: channel counts whose weight rows are not a power of two, strides and padding,
+# overlapping and 3-D pooling windows, every main family.
+EXTRA["conv3d_gemm_stride_pad_maxpool3d_gap"] = {
+    "producer": {"op": "conv3d", "in_channels": 5, "out_channels": 24, "kernel_size": [3, 2, 3],
+                 "stride": [1, 2, 1], "padding": [1, 0, 2]},
+    "epilogue": [{"op": "mul", "by": "s"}, {"op": "max_pool", "kernel_size": 2, "stride": [2, 2, 1]},
+                 {"op": "adaptive_avg_pool"}],
+    "parameters": {"s": {"init": "randn"}},
+    "shapes": [[2, 5, 6, 13, 21]]}
+EXTRA["conv2d_gemm_instancenorm_min_channels"] = {
+    "producer": {"op": "conv2d", "in_channels": 7, "out_channels": 40, "kernel_size": 5, "padding": 2},
+    "epilogue": [{"op": "instance_norm"}, {"op": "relu"}, {"op": "min", "dim": 1}],
+    "shapes": [[3, 7, 19, 37]]}
+EXTRA["conv2d_gemm_groupnorm_overlap_avgpool"] = {
+    "producer": {"op": "conv2d", "in_channels": 3, "out_channels": 32, "kernel_size": 3, "stride": 2},
+    "epilogue": [{"op": "group_norm", "groups": 8}, {"op": "avg_pool", "kernel_size": 3, "stride": 2},
+                 {"op": "clamp", "min": -0.5, "max": 0.5}],
+    "shapes": [[2, 3, 45, 67]]}
+
+
 def _covering(space, facts) -> list:
     """Feasible candidates that between them run every compiled variant and every run-time choice
     of every stage that can run here, in each world the plan offers (greedy: the sum of the stages'
@@ -206,7 +228,7 @@ def _covering(space, facts) -> list:
 
 def test_families_beyond_the_seeds(cache, worker):
     """Every compiled variant of every stage verifies on chains and shapes the seeds do not cover,
-    in both worlds (cuDNN and the direct kernels)."""
+    in every world (cuDNN, the direct kernels, the tensor-core kernels)."""
     machine = Machine.detect()
     specs = {name: parse_config({"name": name, **raw}, f"<{name}>") for name, raw in EXTRA.items()}
     plans = {name: make_plan(spec) for name, spec in specs.items()}
@@ -227,29 +249,31 @@ def test_families_beyond_the_seeds(cache, worker):
             if outcome["status"] != "ok":
                 failures.append((name, candidate_key(candidate), outcome))
         assert facts_ok > 0, name
-        if plan.direct:
-            assert any(c["producer.impl"] == "direct" for c in _covering(space, facts)), name
+        for impl in plan.impl_stages:
+            assert any(c["producer.impl"] == impl for c in _covering(space, facts)), (name, impl)
         print(name, plan.describe(), facts_ok, "variants verified")
     assert not failures, failures[:5]
 
 
+@pytest.mark.parametrize("impl", ["direct", "gemm"])
 @pytest.mark.parametrize("config", SEEDS, ids=lambda p: p.stem)
-def test_direct_kernels_at_seed_shapes(config, cache, worker):
-    """Every direct variant verifies at the seed's own (large) shape; prints its time beside cuDNN's."""
+def test_inside_kernels_at_seed_shapes(config, impl, cache, worker):
+    """Every variant with the convolution inside the kernels (on CUDA cores: direct; on tensor cores:
+    gemm) verifies at the seed's own (large) shape; prints its time beside cuDNN's."""
     spec = load_config(config)
     plan = make_plan(spec)
-    if not plan.direct:
-        pytest.skip(f"{spec.name}: the plan offers no direct kernels")
+    if impl not in plan.impl_stages:
+        pytest.skip(f"{spec.name}: the plan offers no {impl} kernels")
     machine = Machine.detect()
     from fusetune.search import shape_facts
     shape = spec.shapes[0]
     space = plan_space(plan)
     bench = GpuBenchmarker(plan, shape, cache, machine, worker, echo=print)
     bench.prepare()
-    direct = [c for c in _covering(space, shape_facts(spec, plan, shape)) if c["producer.impl"] == "direct"]
-    assert direct
+    inside = [c for c in _covering(space, shape_facts(spec, plan, shape)) if c["producer.impl"] == impl]
+    assert inside
     failures, times = [], {}
-    for candidate in direct:
+    for candidate in inside:
         outcome = bench.evaluate(candidate)
         if outcome["status"] != "ok":
             failures.append((candidate_key(candidate), outcome))
@@ -257,7 +281,7 @@ def test_direct_kernels_at_seed_shapes(config, cache, worker):
             times[candidate_key(candidate)] = outcome["time_ms"]
     cudnn = bench.evaluate(space.default())
     best = min(times.items(), key=lambda kv: kv[1]) if times else None
-    print(f"{spec.name} {shape}: {len(direct)} direct variants, best {best}; cuDNN default {cudnn.get('time_ms')}")
+    print(f"{spec.name} {shape}: {len(inside)} {impl} variants, best {best}; cuDNN default {cudnn.get('time_ms')}")
     assert not failures, failures[:3]
 
 
@@ -268,7 +292,7 @@ def test_fault_injection(cache, monkeypatch):
                          "producer": {"op": "conv3d", "in_channels": 3, "out_channels": 5, "kernel_size": 3},
                          "epilogue": [{"op": "mul", "by": 0.5}, {"op": "relu"}],
                          "shapes": [[2, 3, 9, 11, 13]]}, "<fault>")
-    plan = dataclasses.replace(make_plan(spec), family="fault_map", direct=False)
+    plan = dataclasses.replace(make_plan(spec), family="fault_map", direct=False, gemm=False)
     machine = Machine.detect()
     with Worker() as worker:
         result = tune_shape(spec, spec.shapes[0], cache, machine,

@@ -9,16 +9,19 @@ import yaml
 from fusetune.config import load_config, parse_config
 from fusetune.errors import PlanError
 from fusetune.plan import make_plan
+from fusetune.tiles import gemm_fits
 
 from conftest import SEEDS
 
 EXPECTED = {
-    # seed: (stages after cuDNN, family, drop_bias, stages with the convolution inside)
-    "groupnorm": (("stats", "finalize", "window_map"), "window_map", False, ("direct_stats", "finalize", "direct_main")),
+    # seed: (stages after cuDNN, family, drop_bias, stages with the convolution inside: CUDA cores, tensor cores)
+    "groupnorm": (("stats", "finalize", "window_map"), "window_map", False, ("direct_stats", "finalize", "direct_main"),
+                  ("gemm_stats", "finalize", "gemm_main")),
     "instancenorm": (("stats", "finalize", "channel_reduce"), "channel_reduce", True,
-                     ("direct_stats", "finalize", "direct_main")),
-    "batchnorm": (("stats", "finalize"), None, False, ()),  # 64 x 128 x 5^3 weights: too many for constant memory
-    "maxpool_gap": (("plane_reduce",), "plane_reduce", False, ("direct_main",)),
+                     ("direct_stats", "finalize", "direct_main"), ("gemm_stats", "finalize", "gemm_main")),
+    # 64 x 128 x 5^3 weights: too many for constant memory; a transposed convolution: no tensor-core kernels yet
+    "batchnorm": (("stats", "finalize"), None, False, (), ()),
+    "maxpool_gap": (("plane_reduce",), "plane_reduce", False, ("direct_main",), ()),
 }
 
 
@@ -36,10 +39,11 @@ def _plan(key: str, epilogue: list, **producer):
 @pytest.mark.parametrize("key", sorted(EXPECTED))
 def test_seed_plans(key):
     plan = make_plan(load_config(SEEDS[key]))
-    stages, family, drop_bias, direct = EXPECTED[key]
-    assert plan.cudnn_stages == stages and plan.direct_stages == direct
-    assert plan.direct is bool(direct)
-    assert plan.stages == stages + tuple(s for s in direct if s not in stages)  # finalize serves both
+    stages, family, drop_bias, direct, gemm = EXPECTED[key]
+    assert plan.cudnn_stages == stages and plan.direct_stages == direct and plan.gemm_stages == gemm
+    assert plan.direct is bool(direct) and plan.gemm is bool(gemm)
+    assert plan.stages == tuple(dict.fromkeys(stages + direct + gemm))  # finalize serves every world
+    assert list(plan.impl_stages) == ["cudnn"] + ["direct"] * bool(direct) + ["gemm"] * bool(gemm)
     assert plan.family == family
     assert plan.drop_bias is drop_bias
     assert plan.needs_stats is ("stats" in stages)
@@ -54,6 +58,29 @@ def test_direct_kernels_only_where_they_fit():
     assert not _plan("groupnorm", [{"op": "relu"}], out_channels=31).direct
     assert not _plan("groupnorm", [{"op": "max", "dim": 1}], out_channels=64).direct
     assert _plan("groupnorm", [{"op": "max", "dim": 1}], out_channels=32).direct
+
+
+def test_tensor_core_kernels_only_where_they_fit():
+    assert _plan("groupnorm", [{"op": "relu"}]).gemm
+    # channels in whole MMA tiles of 8, at most 64 of them, and not transposed
+    assert not _plan("groupnorm", [{"op": "relu"}], out_channels=60).gemm
+    assert not _plan("groupnorm", [{"op": "relu"}], out_channels=72).gemm
+    assert _plan("groupnorm", [{"op": "relu"}], out_channels=40).gemm
+    assert not _plan("maxpool_gap", [{"op": "relu"}]).gemm
+    # weights staged in shared memory: K (in channels x taps, padded to 8) x the channel stride <= 16384 floats
+    conv = {"cin": 24, "cout": 64, "kernel": (1, 3, 3), "stride": (1, 1, 1), "transposed": False}
+    assert gemm_fits(conv, [((1, 1, 1), (1, 1, 1))])  # 216 x 72
+    assert not gemm_fits({**conv, "cin": 240}, [((1, 1, 1), (1, 1, 1))])  # 2160 x 72
+    # a large pooling window makes the box, and so its staged input and output, too large
+    assert not _plan("groupnorm", [{"op": "max_pool", "kernel_size": 30}]).gemm
+
+
+def test_affine_pre_chains_scale_statistics():
+    scale = _plan("instancenorm", [{"op": "mul", "by": 2.0}, {"op": "add", "by": 1.0}, {"op": "div", "by": 4.0},
+                                   {"op": "instance_norm"}]).pre_scale
+    assert [op.kind for op in scale] == ["mul", "div"]
+    assert _plan("instancenorm", [{"op": "instance_norm"}]).pre_scale == ()
+    assert _plan("instancenorm", [{"op": "relu"}, {"op": "instance_norm"}]).pre_scale is None
 
 
 def test_seed_slots():
@@ -127,9 +154,10 @@ def test_norm_then_mean_needs_no_main_pass_only_without_mid_ops_or_pool():
 
 
 def test_chains_without_norm():
-    assert _plan("groupnorm", [{"op": "relu"}]).stages == ("window_map", "direct_main")
+    assert _plan("groupnorm", [{"op": "relu"}]).stages == ("window_map", "direct_main", "gemm_main")
     plan = _plan("instancenorm", [{"op": "relu"}, {"op": "min", "dim": 1}, {"op": "mul", "by": 2.0}])
     assert plan.cudnn_stages == ("channel_reduce",) and plan.direct_stages == ("direct_main",)
+    assert plan.gemm_stages == ("gemm_main",)
     assert [op.kind for op in plan.final] == ["mul"]
     assert plan.drop_bias is False
 

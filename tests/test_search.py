@@ -369,8 +369,10 @@ def test_shape_facts(seed, shape):
     assert shape in spec.shapes
     plan = make_plan(spec)
     facts = shape_facts(spec, plan, shape)
-    assert facts == {**FACTS[(seed, shape)], "direct": int(plan.direct), "family": plan.family or "none"}
+    assert facts == {**FACTS[(seed, shape)], "direct": int(plan.direct), "gemm": int(plan.gemm),
+                     "family": plan.family or "none"}
     assert facts["direct"] == (seed != "batchnorm")  # its 64 -> 128 k=5 weights do not fit constant memory
+    assert facts["gemm"] == (seed in ("groupnorm", "instancenorm"))  # not (yet) for transposed convolutions
 
 
 def test_renamed_config_shares_module_and_key(tmp_path):

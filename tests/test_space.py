@@ -121,7 +121,7 @@ def test_variant_index_rejects_unknown_values():
 def test_plan_space_of_seeds():
     space = plan_space(make_plan(load_config(SEEDS["groupnorm"])))
     assert [f.family for f in space.families] == ["producer", "stats", "finalize", "window_map", "direct_stats",
-                                                  "direct_main"]
+                                                  "direct_main", "gemm_stats", "gemm_main"]
     assert space.names()[:8] == ["producer.impl", "producer.layout", "stats.block", "stats.vec", "stats.reduce",
                                  "stats.split", "window_map.block", "window_map.ilp"]
     assert space.default() in list(space.all())
@@ -129,12 +129,16 @@ def test_plan_space_of_seeds():
         "stats": {"block": 256, "vec": 4, "reduce": "warp", "split": 4}, "finalize": {},
         "window_map": {"block": 256, "ilp": 2},
         "direct_stats": {"block": 128, "ct": 4, "reduce": "warp", "split": 16},
-        "direct_main": {"block": 128, "ct": 4, "reduce": "warp", "split": 16}}
+        "direct_main": {"block": 128, "ct": 4, "reduce": "warp", "split": 16},
+        "gemm_stats": {"block": 128, "mt": 2, "tw": 32, "th": 4, "split": 16},
+        "gemm_main": {"block": 128, "mt": 2, "tw": 32, "th": 4, "split": 16}}
     # Distinct candidates: cuDNN's (2 layouts x stats x window_map) plus the direct kernels' (no layout;
-    # direct_main's reduction strategy matters only for a plane reduction, not this window map).
+    # direct_main's reduction strategy matters only for a plane reduction, not this window map), plus
+    # the tensor-core kernels' (no layout either).
     cudnn = 2 * (3 * 2 * 2 * 6) * (3 * 3)
     direct = (2 * 4 * 2 * 4) * (2 * 5 * 4)
-    assert sum(1 for _ in space.all()) == cudnn + direct
+    gemm = (2 * 2 * 2 * 2 * 4) ** 2
+    assert sum(1 for _ in space.all()) == cudnn + direct + gemm
 
 
 def test_candidates_are_canonical_where_a_choice_does_not_matter():

@@ -139,8 +139,9 @@ class Plan:
 MAX_PARAMS = 8
 #: Largest convolution weight (floats) the direct kernels take: they keep it in constant memory (64 KB).
 DIRECT_MAX_WEIGHTS = 12288
-#: Most output channels one thread of a direct channel reduction holds (registers).
-DIRECT_MAX_CHANNEL_REDUCE = 32
+#: Channel counts a direct channel reduction takes: a thread holds every channel (ct == C), so C must
+#: be one of direct_main.yaml's ct choices (and 32 at most: registers).
+DIRECT_CHANNEL_REDUCE_TILES = (2, 4, 8, 16, 32)
 _SLOTS = ("pre", "norm", "mid", "pool", "post", "reduce", "final")
 _ROLE_SLOT = {"norm": 1, "pool": 3, "reduce": 5}
 
@@ -185,7 +186,7 @@ def _direct_fits(spec: ProblemSpec, family: str | None) -> bool:
     weights = producer.in_channels * producer.out_channels * math.prod(producer.kernel_size)
     if weights > DIRECT_MAX_WEIGHTS or producer.out_channels % 2 != 0:
         return False
-    return family != "channel_reduce" or producer.out_channels <= DIRECT_MAX_CHANNEL_REDUCE
+    return family != "channel_reduce" or producer.out_channels in DIRECT_CHANNEL_REDUCE_TILES
 
 
 def _gemm_fits(spec: ProblemSpec, pool: Pool | None) -> bool:

@@ -44,7 +44,7 @@ class GemmTile:
     k: int                        # input channels x taps
     k_pad: int
     w_stride: int                 # row stride of the staged weights
-    smem_bytes: int               # weights + input box + outputs + per-channel scratch
+    smem_bytes: int               # weights + input box (two: double-buffered) + outputs + scratch
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -67,7 +67,7 @@ def gemm_tile(conv: dict, window: Sequence[int], stride: Sequence[int], tw: int,
     k = conv["cin"] * math.prod(conv["kernel"])
     k_pad = k_padded(conv["cin"], conv["kernel"])
     w_stride = weight_stride(conv["cout"])
-    floats = k_pad * w_stride + conv["cin"] * math.prod(inputs) + conv["cout"] * out_stride + 4 * 256
+    floats = k_pad * w_stride + 2 * conv["cin"] * math.prod(inputs) + conv["cout"] * out_stride + 4 * 256
     return GemmTile(cells=cells, region=region, input=inputs, m=m, m_tiles=m_tiles, out_stride=out_stride,
                     k=k, k_pad=k_pad, w_stride=w_stride, smem_bytes=4 * floats)
 

@@ -130,14 +130,14 @@ def test_plan_space_of_seeds():
         "window_map": {"block": 256, "ilp": 2},
         "direct_stats": {"block": 128, "ct": 4, "reduce": "warp", "split": 16},
         "direct_main": {"block": 128, "ct": 4, "reduce": "warp", "split": 16},
-        "gemm_stats": {"block": 256, "ng": 1, "tw": 32, "th": 8, "split": 4},
-        "gemm_main": {"block": 256, "ng": 1, "tw": 32, "th": 8, "split": 4}}
+        "gemm_stats": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 4},
+        "gemm_main": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 4}}
     # Distinct candidates: cuDNN's (2 layouts x stats x window_map) plus the direct kernels' (no layout;
     # direct_main's reduction strategy matters only for a plane reduction, not this window map), plus
     # the tensor-core kernels' (no layout either).
     cudnn = 2 * (3 * 2 * 2 * 6) * (3 * 3)
     direct = (2 * 4 * 2 * 4) * (2 * 5 * 4)
-    gemm = (2 * 3 * 2 * 2 * 4) ** 2
+    gemm = (2 * 2 * 2 * 2 * 4) ** 2
     assert sum(1 for _ in space.all()) == cudnn + direct + gemm
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -18,7 +19,7 @@ from fusetune.ops import Elementwise
 from fusetune.plan import Plan
 from fusetune.space import PlanSpace, load_family
 from fusetune.templates import environment
-from fusetune.tiles import gemm_tile
+from fusetune.tiles import gemm_tile, k_padded, weight_stride
 
 #: Flags for nvcc; part of every cache key. No fast-math: it changes rounding of rsqrt and division.
 CUDA_FLAGS = ("-O3", "-lineinfo", "-std=c++17")
@@ -65,12 +66,8 @@ def _chain(ops: Sequence[Elementwise], v: str, slots: dict[str, int]) -> str:
 
 
 def _pool_window(plan: Plan) -> dict[str, Any]:
-    dims = plan.spec.producer.spatial_dims
-    if plan.pool is None:
-        return {"mode": "max", "kernel": (1, 1, 1), "stride": (1, 1, 1)}
-    pad = (1,) * (3 - dims)
-    return {"mode": plan.pool.mode, "kernel": pad + tuple(plan.pool.kernel_size),
-            "stride": pad + tuple(plan.pool.stride)}
+    kernel, stride = plan.pool_window
+    return {"mode": plan.pool.mode if plan.pool else "max", "kernel": kernel, "stride": stride}
 
 
 def _reference_code(plan: Plan) -> tuple[list[tuple[str, str]], list[str], str]:
@@ -129,19 +126,18 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         variants[stage] = [v for v in variants[stage] if v in wanted]
     norm = plan.norm
     conv = plan.spec.producer.geometry()
-    pool = _pool_window(plan)
-    window = (pool["kernel"], pool["stride"])  # the main kernels' cells
-    gemm_shape = gemm_tile(conv, (1, 1, 1), (1, 1, 1), 1, 1)  # K and strides: the same for every box
     context: dict[str, Any] = {
         "plan": plan, "spec": plan.spec, "version": __version__, "py": repr,
         "chain": lambda ops, v: _chain(ops, v, slots),
-        "pool": pool, "strategy_id": STRATEGIES.__getitem__,
+        "pool": _pool_window(plan), "strategy_id": STRATEGIES.__getitem__,
         "norm": norm,
         "channels_per_group": norm.groups_of(plan.spec.producer.out_channels) if norm else 1,
         "cuda_flags": list(CUDA_FLAGS),
         "conv": conv,
-        "gemm": {"k": gemm_shape.k, "k_pad": gemm_shape.k_pad, "w_stride": gemm_shape.w_stride},
-        "gemm_tile": lambda variant, pooled: gemm_tile(conv, *(window if pooled else ((1, 1, 1), (1, 1, 1))),
+        "gemm": {"k": conv["cin"] * math.prod(conv["kernel"]), "k_pad": k_padded(conv["cin"], conv["kernel"]),
+                 "w_stride": weight_stride(conv["cout"])},
+        # The box of a gemm variant: whole pooling windows for the main kernel, single outputs for statistics.
+        "gemm_tile": lambda variant, pooled: gemm_tile(conv, *(plan.pool_window if pooled else ((1, 1, 1),) * 2),
                                                        variant["tw"], variant["th"]),
     }
     sources = _units(env, plan, variants, context)

@@ -109,9 +109,17 @@ class Plan:
         """The multiplicative ops of the pre chain where that chain is affine per channel (mul, div and
         add only), else None. Then pre(y) - pre(p) = scale * (y - p): statistics kernels may sum raw
         convolution values around a raw pivot and scale the sums once at the end."""
-        if all(isinstance(op, (Mul, Div, Add)) for op in self.pre):
+        if _affine(self.pre):
             return tuple(op for op in self.pre if not isinstance(op, Add))
         return None
+
+    @property
+    def pool_window(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        """The pooling window and stride, 3-D (a 2-D one padded with a leading 1); ones without a pool."""
+        if self.pool is None:
+            return (1, 1, 1), (1, 1, 1)
+        pad = (1,) * (3 - self.spec.producer.spatial_dims)
+        return pad + tuple(self.pool.kernel_size), pad + tuple(self.pool.stride)
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -172,11 +180,18 @@ def make_plan(spec: ProblemSpec) -> Plan:
         raise PlanError(f"{spec.path}: the chain reads {len(plan_params)} learnable parameters; the kernels take "
                         f"at most {MAX_PARAMS}")
     drop_bias = (spec.producer.bias and norm is not None and norm.scope == "instance"
-                 and all(isinstance(op, (Mul, Div, Add)) for op in pre))
-    return Plan(spec=spec, pre=pre, norm=norm, mid=tuple(groups["mid"]), pool=pool,
+                 and _affine(pre))
+    plan = Plan(spec=spec, pre=pre, norm=norm, mid=tuple(groups["mid"]), pool=pool,
                 post=tuple(groups["post"]), reduce=reduce, final=tuple(groups["final"]),
-                family=family, drop_bias=drop_bias, direct=_direct_fits(spec, family),
-                gemm=_gemm_fits(spec, pool))
+                family=family, drop_bias=drop_bias, direct=_direct_fits(spec, family))
+    # The tensor-core kernels' statistics pass tiles single outputs, their main kernel whole windows.
+    gemm = gemm_fits(spec.producer.geometry(), [((1, 1, 1), (1, 1, 1)), plan.pool_window])
+    return dataclasses.replace(plan, gemm=gemm)
+
+
+def _affine(ops: Sequence[Op]) -> bool:
+    """Whether a chain of elementwise ops is an affine map per channel (mul, div and add only)."""
+    return all(isinstance(op, (Mul, Div, Add)) for op in ops)
 
 
 def _direct_fits(spec: ProblemSpec, family: str | None) -> bool:
@@ -187,17 +202,6 @@ def _direct_fits(spec: ProblemSpec, family: str | None) -> bool:
     if weights > DIRECT_MAX_WEIGHTS or producer.out_channels % 2 != 0:
         return False
     return family != "channel_reduce" or producer.out_channels in DIRECT_CHANNEL_REDUCE_TILES
-
-
-def _gemm_fits(spec: ProblemSpec, pool: Pool | None) -> bool:
-    """Whether the tensor-core kernels take this producer (fusetune/tiles.py): the statistics pass
-    tiles single outputs, the main kernel whole pooling windows."""
-    dims = spec.producer.spatial_dims
-    windows = [((1, 1, 1), (1, 1, 1))]
-    if pool is not None:
-        pad = (1,) * (3 - dims)
-        windows.append((pad + tuple(pool.kernel_size), pad + tuple(pool.stride)))
-    return gemm_fits(spec.producer.geometry(), windows)
 
 
 def _family(spec: ProblemSpec, norm: Norm | None, mid: list[Op], pool: Pool | None,

@@ -46,9 +46,6 @@ class GemmTile:
     w_stride: int                 # row stride of the staged weights
     smem_bytes: int               # weights + input box (two: double-buffered) + outputs + scratch
 
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
 
 def gemm_tile(conv: dict, window: Sequence[int], stride: Sequence[int], tw: int, th: int) -> GemmTile:
     """The box of a variant with width ``tw`` and height ``th`` (outputs) over cells of ``window``

@@ -1,0 +1,56 @@
+"""What `fusetune bench` reports without a GPU: the work and bytes it counts, and the table it prints
+from saved results (the committed H100 results of the seeds)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fusetune.bench import PEAK_FLOPS_PER_SM_CLOCK, conv_flops, epilogue_bytes, table
+from fusetune.config import load_config
+from fusetune.plan import make_plan
+
+from conftest import SEEDS
+
+RESULTS = sorted((Path(__file__).resolve().parent.parent / "benchmarks" / "h100").glob("*.json"))
+
+
+@pytest.mark.parametrize("seed, gflop", [
+    ("groupnorm", 18.728091648),  # 128 x 64 x 126^2 outputs x 8 x 3^2 taps x 2
+    ("instancenorm", 4.180377600),  # 128 x 16 x 14 x 30^2 outputs x 3 x 3^3 x 2
+    ("maxpool_gap", 5.435817984),  # transposed: every input (128 x 16 x 32^2) meets 16 x 3^3 taps, x 3 x 2
+])
+def test_conv_flops_count_useful_work_only(seed, gflop):
+    spec = load_config(SEEDS[seed])
+    assert conv_flops(spec, spec.shapes[0]) / 1e9 == pytest.approx(gflop, rel=1e-12)
+
+
+def test_epilogue_bytes_read_the_conv_output_once_per_pass():
+    spec = load_config(SEEDS["groupnorm"])
+    shape = spec.shapes[0]
+    y = 128 * 64 * 126 * 126 * 4
+    out = 128 * 64 * 31 * 31 * 4
+    assert epilogue_bytes(spec, make_plan(spec), shape) == 2 * y + out  # statistics pass + main pass
+
+
+def test_peaks_are_hopper_dense_rates():
+    assert PEAK_FLOPS_PER_SM_CLOCK == {"direct": ("FP32", 256), "gemm": ("TF32", 2048)}
+
+
+@pytest.mark.skipif(not RESULTS, reason="no saved results")
+def test_table_of_saved_results_names_each_winner_and_its_measure():
+    results = [r for path in RESULTS for r in json.loads(path.read_text())]
+    text = table(results)
+    rows = {line.split()[0]: line for line in text.splitlines()[1:-1]}
+    assert set(rows) == {r["config"] for r in results}
+    for r in results:
+        row = rows[r["config"]]
+        assert f"{r['fusetune_ms']:.3f}" in row
+        assert f"{r['speedup_vs_compile_max-autotune-no-cudagraphs']:.2f}x" in row
+        if r["impl"] == "cudnn":
+            assert f"{100 * r['epilogue_floor_fraction']:.0f}%" in row  # its epilogue against the copy floor
+        else:
+            kind = PEAK_FLOPS_PER_SM_CLOCK[r["impl"]][0]
+            assert f"{100 * r['peak_fraction']:.0f}% {kind}" in row  # its convolution against its units' peak
+    assert results[0]["gpu"] in text.splitlines()[-1]

@@ -229,11 +229,12 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
     if len(feasible) <= remaining:
         queue = [c for c in feasible if candidate_key(c) not in tried]  # small space: try all of it
     else:
-        # A known-good start for every template: the declared defaults of each world the plan offers
-        # (cuDNN and, where offered, the convolution inside the kernels), where feasible here.
-        starts = [space.canonical({**space.default(), "producer.impl": impl}) for impl in plan.impl_stages]
-        queue = [c for c in (_nearest(start, feasible) for start in starts)
-                 if c is not None and candidate_key(c) not in tried]
+        # A known-good start for every template and producer choice: the declared defaults of each
+        # world the plan offers (cuDNN in each layout and form, the convolution inside the kernels),
+        # where feasible here. The producer's choices dominate the time and cost no build.
+        starts = space.producer_starts()
+        nearest = {candidate_key(c): c for c in (_nearest(start, feasible) for start in starts) if c is not None}
+        queue = [c for key_, c in nearest.items() if key_ not in tried]
     for candidate in queue:
         study.enqueue_trial(candidate)
     search_start = time.perf_counter()
@@ -255,7 +256,8 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
 def _nearest(start: Candidate, feasible: list[Candidate]) -> Candidate | None:
     """``start`` if feasible, else the feasible candidate of the same producer choice that differs
     from it in the fewest choices (a default's split may be too large for a small shape)."""
-    same = [c for c in feasible if c.get("producer.impl") == start.get("producer.impl")]
+    producer = {k: v for k, v in start.items() if k.startswith("producer.")}
+    same = [c for c in feasible if all(c.get(k) == v for k, v in producer.items())]
     if not same:
         return None
     return min(same, key=lambda c: sum(c[k] != v for k, v in start.items()))

@@ -130,6 +130,19 @@ class PlanSpace:
             size *= f.size()
         return size
 
+    def producer_starts(self) -> list[Candidate]:
+        """The defaults under every distinct choice of the producer (where the convolution runs, and
+        how cuDNN runs it): the choices that move a candidate's time most, and cost no build."""
+        producer = next((f for f in self.families if f.family == "producer"), None)
+        if producer is None:
+            return [self.canonical(self.default())]
+        names = [f"producer.{p.name}" for p in producer.params]
+        starts: dict[str, Candidate] = {}
+        for combo in itertools.product(*(p.choices for p in producer.params)):
+            start = self.canonical({**self.default(), **dict(zip(names, combo))})
+            starts.setdefault(candidate_key(start), start)
+        return list(starts.values())
+
     def all(self) -> Iterator[Candidate]:
         """Every distinct canonical candidate, in a fixed order: for each choice of the producer,
         the product of the choices that matter under it (the rest stay at their defaults)."""

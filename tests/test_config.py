@@ -221,3 +221,31 @@ def test_training_batch_norm_needs_two_values_per_channel():
     assert "more than one value per channel" in str(info.value)
     raw["epilogue"][1]["training"] = False  # eval mode: running statistics, any size works
     assert parse_config(raw, "x.yaml").output_shape((1, 64, 1, 1, 1)) == (1, 128, 1, 1, 1)
+
+
+@pytest.mark.parametrize("raw, offered", [
+    ({"kernel_size": 5}, True),
+    ({"kernel_size": [3, 2, 4], "padding": [2, 0, 3]}, True),  # padding up to k - 1
+    ({"kernel_size": 3, "padding": 3}, False),                 # more: the plain form would need a crop
+    ({"kernel_size": 3, "stride": [1, 2, 1]}, False),          # a stride spreads the input: no plain form
+])
+def test_transposed_convolution_forward_form_computes_the_same(raw, offered):
+    """A stride-1 transposed convolution equals the plain convolution with flipped, swapped weights
+    and padding k - 1 - p; the code the generated model runs for it is checked in float64."""
+    from fusetune.producers import Producer
+
+    producer = Producer.parse({"op": "conv_transpose3d", "in_channels": 3, "out_channels": 5, **raw}, "c.yaml")
+    assert producer.has_forward_form is offered
+    assert not Producer.parse({"op": "conv3d", "in_channels": 3, "out_channels": 5, "kernel_size": 3},
+                              "c.yaml").has_forward_form
+    if not offered:
+        return
+    torch = pytest.importorskip("torch")
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    module = eval(producer.module_code(), {"nn": nn}).double()  # noqa: S307 - our own code
+    x = torch.randn(2, 3, 4, 6, 5, dtype=torch.float64)
+    got = eval(producer.functional_code("x", "module", "module.bias", forward_form=True),  # noqa: S307
+               {"F": F}, {"x": x, "module": module})
+    torch.testing.assert_close(got, module(x), rtol=1e-12, atol=1e-12)

@@ -187,6 +187,14 @@ EXTRA["conv3d_direct_padded_groupnorm_avgpool"] = {
     "epilogue": [{"op": "group_norm", "groups": 3}, {"op": "avg_pool", "kernel_size": 2}, {"op": "relu"}],
     "shapes": [[2, 3, 7, 9, 11]]}
 
+# A stride-1 transposed convolution, which cuDNN may also run as the plain convolution it equals
+# (producer.form): padding below k - 1 on two axes, none on the third; batch norm over 3 samples.
+EXTRA["convt3d_forward_form_bn_gap"] = {
+    "producer": {"op": "conv_transpose3d", "in_channels": 6, "out_channels": 10, "kernel_size": [3, 2, 3],
+                 "padding": [1, 0, 2]},
+    "epilogue": [{"op": "mul", "by": -1.5}, {"op": "batch_norm"}, {"op": "adaptive_avg_pool"}],
+    "shapes": [[3, 6, 4, 5, 7]]}
+
 
 # Tensor-core kernels: channel counts whose weight rows are not a power of two, strides and padding,
 # overlapping and 3-D pooling windows, every main family.

@@ -234,7 +234,8 @@ def test_model_new_shares_batch_norm_buffers(tmp_path):
 def test_model_new_variant_selection(tmp_path):
     _, module = _generate("groupnorm", tmp_path)
     fused = module.ModelNew()
-    assert fused.variant == {"producer": {"impl": "cudnn", "layout": "contiguous"},
+    assert fused.variant == {"producer": {"impl": "cudnn", "layout": "contiguous", "form": "native",
+                                          "algo": "heuristic"},
                              "stats": {"block": 256, "vec": 4, "reduce": "warp", "split": 4},
                              "finalize": {}, "window_map": {"block": 256, "ilp": 2},
                              "direct_stats": {"block": 128, "ct": 4, "reduce": "warp", "split": 16},
@@ -252,6 +253,28 @@ def test_model_new_variant_selection(tmp_path):
     assert stats_variants[index] == {"block": 128, "vec": 1, "reduce": "smem"} and split == 8
     index, _ = fused._resolved["window_map"]
     assert module.VARIANTS["window_map"][index] == {"block": 512, "ilp": 4}
+
+
+@pytest.mark.parametrize("algo", ["benchmark", "heuristic"])
+@pytest.mark.parametrize("caller", [False, True])
+def test_producer_times_cudnn_algorithms_for_its_call_only(algo, caller, tmp_path, monkeypatch):
+    """producer.algo benchmark switches cudnn.benchmark on around the convolution and restores the
+    caller's setting after it; heuristic leaves the caller's setting as it is."""
+    _, module = _generate("groupnorm", tmp_path)
+    fused = module.ModelNew(variant={"producer": {"impl": "cudnn", "layout": "channels_last", "algo": algo}})
+    seen, original = [], F.conv2d
+
+    def conv2d(*args, **kwargs):
+        seen.append(torch.backends.cudnn.benchmark)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module.F, "conv2d", conv2d)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", caller)
+    x = torch.randn(2, 8, 9, 11)
+    y = fused.produce(x)
+    assert seen == [caller or algo == "benchmark"] and torch.backends.cudnn.benchmark is caller
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(y, original(x, fused.producer.weight))
 
 
 def test_model_new_reads_exported_winner(tmp_path):

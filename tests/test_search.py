@@ -244,14 +244,21 @@ def test_large_space_spends_exactly_the_budget(cache):
     feasible, space = _feasible(spec, LARGE[1])
     assert len(feasible) > 10  # so the budget, not the space, is what stopped the search
     assert evaluated[0] == candidate_key(space.default())  # the declared default goes first ...
-    # ... then the direct kernels' default, or (its split of 16 blocks being too many for 961 pooled
-    # outputs) the feasible direct candidate nearest to it.
+    # ... then the defaults under every other producer choice: cuDNN's in each layout and algorithm
+    # picker, then the direct kernels' default, or (its split of 16 blocks being too many for 961
+    # pooled outputs) the feasible direct candidate nearest to it, then the tensor-core kernels'.
+    entry = cache.load(result.key)
+    by_key = {k: o["candidate"] for k, o in entry.outcomes.items()}
+    first = [by_key[k] for k in evaluated[:6]]
+    producer = lambda c: {k: v for k, v in c.items() if k.startswith("producer.")}  # noqa: E731
+    assert [producer(c) for c in first] == [producer(s) for s in space.producer_starts()]
+    assert [(c["producer.impl"], c["producer.layout"], c["producer.algo"]) for c in first[:4]] == [
+        ("cudnn", layout, algo) for layout in ("contiguous", "channels_last") for algo in ("heuristic", "benchmark")]
+    assert all(c == space.canonical({**space.default(), **dict(zip(
+        ("producer.layout", "producer.algo"), (c["producer.layout"], c["producer.algo"])))}) for c in first[:4])
     direct_default = space.canonical({**space.default(), "producer.impl": "direct"})
     assert space.violations(direct_default, shape_facts(spec, make_plan(spec), LARGE[1]))
-    second = next(o["candidate"] for o in cache.load(result.key).outcomes.values()
-                  if candidate_key(o["candidate"]) == evaluated[1])
-    assert {k for k in second if second[k] != direct_default[k]} == {"direct_main.split"}
-    entry = cache.load(result.key)
+    assert {k for k in first[4] if first[4][k] != direct_default[k]} == {"direct_main.split"}
     assert {k for k, o in entry.outcomes.items() if o["status"] != "infeasible"} == set(evaluated)
     assert candidate_key(result.candidate) == _best_ok(entry)
 
@@ -370,7 +377,7 @@ def test_shape_facts(seed, shape):
     plan = make_plan(spec)
     facts = shape_facts(spec, plan, shape)
     assert facts == {**FACTS[(seed, shape)], "direct": int(plan.direct), "gemm": int(plan.gemm),
-                     "family": plan.family or "none"}
+                     "family": plan.family or "none", "forward_form": int(seed == "batchnorm")}  # stride 1: the other convT has 2
     assert facts["direct"] == (seed != "batchnorm")  # its 64 -> 128 k=5 weights do not fit constant memory
     assert facts["gemm"] == (seed in ("groupnorm", "instancenorm"))  # not (yet) for transposed convolutions
 

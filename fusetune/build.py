@@ -86,13 +86,30 @@ def build(rendered: RenderedModule, cache: Cache, timeout: float = 900.0, arch: 
         return BuildResult(rendered.name, ok, seconds, log, module_dir, build_dir)
 
 
+def load_kernels(generated: ModuleType, build_dir: str, arch: str | None) -> None:
+    """Load a built module's kernels under the flags they were built with. torch derives nvcc's
+    -gencode flags from TORCH_CUDA_ARCH_LIST (else from the GPU it sees), and ninja rebuilds every
+    unit whose command changed: a worker loading without the variable rebuilt the whole module
+    (35 s of a cold conv2d search on an H100)."""
+    previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if arch:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = arch
+    try:
+        generated.load_kernels(build_directory=build_dir)
+    finally:
+        if previous is None:
+            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = previous
+
+
 def build_and_load(rendered: RenderedModule, cache: Cache, arch: str | None) -> ModuleType:
     """Build (or reuse) a module and import it with its kernels loaded; FusetuneError if the build fails."""
     built = build(rendered, cache, arch=arch)
     if not built.ok:
         raise FusetuneError(f"module {rendered.name} failed to build:\n{built.log[-2000:]}")
     generated = load_generated(built.module_dir)
-    generated.load_kernels(build_directory=str(built.build_dir))
+    load_kernels(generated, str(built.build_dir), arch)
     return generated
 
 

@@ -80,14 +80,15 @@ def _stat_buffers(model) -> list:
 class Session:
     """One generated module at one input shape: the reference, fresh inputs, the eager error."""
 
-    def __init__(self, module_dir: str, build_dir: str, shape: tuple[int, ...], seed: int) -> None:
+    def __init__(self, module_dir: str, build_dir: str, shape: tuple[int, ...], seed: int,
+                 arch: str | None = None) -> None:
         import torch
 
-        from fusetune.build import load_generated
+        from fusetune.build import load_generated, load_kernels
 
         self.torch = torch
         self.generated = load_generated(Path(module_dir))
-        self.generated.load_kernels(build_directory=build_dir)
+        load_kernels(self.generated, build_dir, arch)
         torch.manual_seed(seed)
         self.reference = self.generated.Model().cuda()
         self.initial_state = copy.deepcopy(self.reference.state_dict())
@@ -164,7 +165,8 @@ def _session(job: dict[str, Any]) -> Session:
     key = (job["module_dir"], tuple(job["shape"]))
     if key not in _sessions:
         _sessions.clear()  # one problem at a time: free the previous one's GPU memory
-        _sessions[key] = Session(job["module_dir"], job["build_dir"], tuple(job["shape"]), job.get("seed", 0))
+        _sessions[key] = Session(job["module_dir"], job["build_dir"], tuple(job["shape"]), job.get("seed", 0),
+                                 job.get("arch"))
     return _sessions[key]
 
 

@@ -84,7 +84,7 @@ class GpuBenchmarker:
 
     def _job(self, kind: str, candidate: Candidate | None, module: BuildResult) -> dict[str, Any]:
         job: dict[str, Any] = {"kind": kind, "module_dir": str(module.module_dir), "build_dir": str(module.build_dir),
-                               "shape": list(self.shape), "reps": self.reps}
+                               "shape": list(self.shape), "reps": self.reps, "arch": self.machine.capability}
         if candidate is not None:
             job["variant"] = self.space.stage_values(candidate)
         return job

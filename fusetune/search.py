@@ -138,7 +138,7 @@ class _Objective:
         self.space, self.facts, self.bench, self.cache = space, facts, bench, cache
         self.key, self.fields, self.force, self.echo, self.total = key, fields, force, echo, total
         self.rerun: set[str] = set()  # candidates already re-run under --force in this search
-        self.timings = {"evaluate_s": 0.0}
+        self.timings = {"evaluate_s": 0.0, "verify_s": 0.0, "time_s": 0.0}  # evaluate: verify, time, the rest
         self.evaluated = 0  # feasible trials run or reused in this process
         self.seen: set[str] = set()  # candidates already counted in this process
 
@@ -180,6 +180,8 @@ class _Objective:
         start = time.perf_counter()
         outcome = self.bench.evaluate(candidate)
         self.timings["evaluate_s"] += time.perf_counter() - start
+        for part in ("verify_s", "time_s"):  # measured in the worker (absent from a fake benchmarker)
+            self.timings[part] += float(outcome.get(part, 0.0))
         return outcome
 
     def _report(self, number: int, candidate: Candidate, outcome: dict[str, Any], source: str) -> None:

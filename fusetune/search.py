@@ -81,9 +81,9 @@ class ShapeResult:
         return None
 
 
-def shape_facts(spec: ProblemSpec, plan: Plan, shape: Shape) -> dict[str, int]:
-    """Names the template constraints may use: producer output and pooled sizes, and what the
-    plan offers."""
+def shape_facts(spec: ProblemSpec, plan: Plan, shape: Shape, capability: str) -> dict[str, int]:
+    """Names the template constraints may use: producer output and pooled sizes, what the plan
+    offers, and the GPU's compute capability as ``sm`` (90 for "9.0")."""
     out = spec.producer.out_shape(shape)
     spatial = (1,) * (5 - len(out)) + tuple(out[2:])
     facts = {"N": out[0], "C": out[1], "D": spatial[0], "H": spatial[1], "W": spatial[2]}
@@ -94,6 +94,8 @@ def shape_facts(spec: ProblemSpec, plan: Plan, shape: Shape) -> dict[str, int]:
         pooled = (1,) * (3 - len(pooled)) + tuple(pooled)
     facts.update(OD=pooled[0], OH=pooled[1], OW=pooled[2])
     facts["P"] = pooled[0] * pooled[1] * pooled[2]
+    major, minor = capability.split(".")
+    facts["sm"] = 10 * int(major) + int(minor)
     return {**facts, **plan_facts(plan)}  # and what the plan offers (direct kernels, main family)
 
 
@@ -219,7 +221,7 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
     bench.prepare()
     timings = {"prepare_s": time.perf_counter() - prepare_start}
     study = _study(cache, key, trials, spec.search.seed)
-    facts = shape_facts(spec, plan, shape)
+    facts = shape_facts(spec, plan, shape, machine.capability)
     evaluated = set() if force else _evaluated(study, space)
     remaining = trials - len(evaluated)
     if force:  # a forced search names its own winner, even a slower one than a stale entry's

@@ -145,7 +145,8 @@ def test_cache_list_show_clear(runner, cache_dir):
     shape = (3, 3, 7, 11, 13)
     plan = make_plan(spec)
     space = plan_space(plan)
-    feasible = sorted((c for c in space.all() if not space.violations(c, shape_facts(spec, plan, shape))), key=fake_time)
+    facts = shape_facts(spec, plan, shape, MACHINE.capability)
+    feasible = sorted((c for c in space.all() if not space.violations(c, facts)), key=fake_time)
     failures = {candidate_key(feasible[0]): "crash", candidate_key(feasible[1]): "timeout"}
     key = _tune(cache_dir, "maxpool_gap", shape, trials=len(feasible), failures=failures)  # all of them
     other = _tune(cache_dir, "groupnorm", (3, 8, 37, 45))

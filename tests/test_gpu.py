@@ -101,7 +101,7 @@ def test_seed_end_to_end(config, cache, worker, tmp_path):
     space = plan_space(plan)
     candidates = [first.candidate, default, {**default, "producer.layout": "channels_last"}]
     from fusetune.search import _nearest, shape_facts
-    facts = shape_facts(spec, plan, spec.shapes[-1])
+    facts = shape_facts(spec, plan, spec.shapes[-1], machine.capability)
     feasible = [c for c in space.all() if not space.violations(c, facts)]
     for impl in set(plan.impl_stages) - {"cudnn"}:
         # The default with the convolution inside, or the feasible candidate nearest to it (ct == C
@@ -258,7 +258,7 @@ def test_families_beyond_the_seeds(cache, worker):
         space = plan_space(plan)
         facts_ok, refused, refusal = 0, 0, ""
         from fusetune.search import shape_facts
-        facts = shape_facts(spec, plan, spec.shapes[0])
+        facts = shape_facts(spec, plan, spec.shapes[0], machine.capability)
         for candidate in _covering(space, facts):
             outcome = bench.verify(candidate)
             facts_ok += 1
@@ -292,7 +292,7 @@ def test_inside_kernels_at_seed_shapes(config, impl, cache, worker):
     space = plan_space(plan)
     bench = GpuBenchmarker(plan, shape, cache, machine, worker, echo=print)
     bench.prepare()
-    inside = [c for c in _covering(space, shape_facts(spec, plan, shape)) if c["producer.impl"] == impl]
+    inside = [c for c in _covering(space, shape_facts(spec, plan, shape, machine.capability)) if c["producer.impl"] == impl]
     assert inside
     failures, times = [], {}
     for candidate in inside:

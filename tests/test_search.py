@@ -32,7 +32,7 @@ def cache(tmp_path) -> Cache:
 def _feasible(spec, shape):
     plan = make_plan(spec)
     space = plan_space(plan)
-    facts = shape_facts(spec, plan, shape)
+    facts = shape_facts(spec, plan, shape, MACHINE.capability)
     return [c for c in space.all() if not space.violations(c, facts)], space
 
 
@@ -257,7 +257,7 @@ def test_large_space_spends_exactly_the_budget(cache):
     assert all(c == space.canonical({**space.default(), **dict(zip(
         ("producer.layout", "producer.algo"), (c["producer.layout"], c["producer.algo"])))}) for c in first[:4])
     direct_default = space.canonical({**space.default(), "producer.impl": "direct"})
-    assert space.violations(direct_default, shape_facts(spec, make_plan(spec), LARGE[1]))
+    assert space.violations(direct_default, shape_facts(spec, make_plan(spec), LARGE[1], MACHINE.capability))
     assert {k for k in first[4] if first[4][k] != direct_default[k]} == {"direct_main.split"}
     assert {k for k, o in entry.outcomes.items() if o["status"] != "infeasible"} == set(evaluated)
     assert candidate_key(result.candidate) == _best_ok(entry)
@@ -299,7 +299,7 @@ def test_resume_spends_exactly_the_budget(cache):
 def test_infeasible_candidates_are_recorded_and_free(cache):
     spec = load_config(SEEDS["groupnorm"])
     shape = (3, 8, 37, 45)
-    facts = shape_facts(spec, make_plan(spec), shape)
+    facts = shape_facts(spec, make_plan(spec), shape, MACHINE.capability)
     assert facts["S"] == 35 * 43 and facts["S"] % 4  # contiguous: 16-byte loads impossible
     feasible, space = _feasible(spec, shape)
     feasible_keys = {candidate_key(c) for c in feasible}
@@ -375,11 +375,29 @@ def test_shape_facts(seed, shape):
     spec = load_config(SEEDS[seed])
     assert shape in spec.shapes
     plan = make_plan(spec)
-    facts = shape_facts(spec, plan, shape)
+    facts = shape_facts(spec, plan, shape, MACHINE.capability)
     assert facts == {**FACTS[(seed, shape)], "direct": int(plan.direct), "gemm": int(plan.gemm),
-                     "family": plan.family or "none", "forward_form": int(seed == "batchnorm")}  # stride 1: the other convT has 2
+                     "family": plan.family or "none", "sm": 90, "forward_form": int(seed == "batchnorm")}  # stride 1: the other convT has 2
     assert facts["direct"] == (seed != "batchnorm")  # its 64 -> 128 k=5 weights do not fit constant memory
     assert facts["gemm"] == (seed in ("groupnorm", "instancenorm"))  # not (yet) for transposed convolutions
+
+
+def test_tensor_core_kernels_are_not_offered_before_sm80(cache):
+    """mma.sync in TF32 and cp.async need compute capability 8.0: on an older GPU no gemm candidate
+    is built or run (its feasibility says why), and the other worlds are searched as usual."""
+    spec = load_config(SEEDS["groupnorm"])
+    shape = spec.shapes[0]
+    plan = make_plan(spec)
+    space = plan_space(plan)
+    gemm = space.canonical({**space.default(), "producer.impl": "gemm"})
+    assert not space.violations(gemm, shape_facts(spec, plan, shape, "8.0"))
+    assert any("8.0 or newer" in v for v in space.violations(gemm, shape_facts(spec, plan, shape, "7.5")))
+    bench = FakeBench()
+    result = tune_shape(spec, shape, cache, Machine("OldGPU", "7.5", "12.4", "2.13"), bench.factory, trials=12,
+                        echo=quiet)
+    outcomes = cache.load(result.key).outcomes.values()
+    ran = {o["candidate"]["producer.impl"] for o in outcomes if o["status"] != "infeasible"}
+    assert ran == {"cudnn", "direct"} and len(bench.search_evaluations()) == 12
 
 
 def test_renamed_config_shares_module_and_key(tmp_path):

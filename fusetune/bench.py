@@ -2,7 +2,8 @@
 
 Same inputs, same weights, same timing method for all (CUDA events, L2 flushed, median).
 With cuDNN as the producer, the fused epilogue is also timed alone against the bytes it must
-move, at the copy bandwidth measured here, so its distance from the memory floor is explicit.
+move, at the copy bandwidth measured here, so its distance from the memory floor is explicit,
+and each of its kernels is profiled the same way (torch.profiler).
 With the convolution inside the kernels (direct on CUDA cores, gemm on tensor cores), there is
 no epilogue to time alone: the convolution's useful FLOP rate is reported against the peak of
 the units that compute it (FP32 FMA, or dense TF32 MMA) instead.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from typing import Any, Callable
 
 from fusetune.build import build_and_load
@@ -42,6 +44,63 @@ def epilogue_bytes(spec: ProblemSpec, plan: Plan, shape: Shape) -> int:
     out = math.prod(spec.output_shape(shape)) * 4
     passes = int(plan.needs_stats) + int(plan.family is not None)
     return passes * y + out
+
+
+#: Kernels that read the producer output once (their pass's floor is those bytes), by base name;
+#: the main families also write the model output.
+PASS_KERNELS = {"ft_stats_kernel": False, "ft_stats_cl_kernel": False}
+MAIN_KERNELS = {f"ft_{family}{layout}_kernel": True for family in ("window_map", "plane_reduce", "channel_reduce")
+                for layout in ("", "_cl")}
+
+
+def kernel_bytes(name: str, spec: ProblemSpec, shape: Shape) -> int | None:
+    """The fewest bytes one of the epilogue's kernels must move: a pass over the producer output
+    reads it once (and the main pass writes the output); None for the kernels that move only
+    per-(sample, channel) values (finalize, the combine of a split plane reduction)."""
+    kind = {**PASS_KERNELS, **MAIN_KERNELS}.get(name)
+    if kind is None:
+        return None
+    y = math.prod(spec.producer.out_shape(shape)) * 4
+    return y + (math.prod(spec.output_shape(shape)) * 4 if kind else 0)
+
+
+def kernel_base_name(profiled: str) -> str:
+    """``void ft_stats_kernel<512, 4, 0>(FtArgs)`` -> ``ft_stats_kernel``, as the profiler names it."""
+    match = re.search(r"\b(ft_\w+?)\s*[<(]", profiled)
+    return match.group(1) if match else profiled
+
+
+def kernel_rows(times_ms: dict[str, float], spec: ProblemSpec, shape: Shape, bandwidth_gbs: float) -> list[dict[str, Any]]:
+    """Per fused kernel: its time per forward, the bytes it must move and the fraction of the copy
+    floor it reaches (None where it moves only per-channel values)."""
+    rows = []
+    for name, ms in sorted(times_ms.items(), key=lambda item: -item[1]):
+        nbytes = kernel_bytes(name, spec, shape)
+        floor = nbytes / (bandwidth_gbs * 1e9) * 1e3 if nbytes is not None else None
+        rows.append({"kernel": name, "ms": ms, "bytes": nbytes, "floor_ms": floor,
+                     "floor_fraction": floor / ms if floor is not None and ms > 0 else None})
+    return rows
+
+
+def profile_kernels_ms(fn: Callable[[], Any], reps: int = 10) -> dict[str, float]:
+    """Device time per call of ``fn`` of each of fusetune's kernels (``ft_*``) it launches, from
+    torch.profiler (warmed up first; no L2 flush between calls, unlike ``median_ms``)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                fn()
+            torch.cuda.synchronize()
+    times: dict[str, float] = {}
+    for event in prof.key_averages():
+        name = kernel_base_name(event.key)
+        if name.startswith("ft_") and event.self_device_time_total > 0:
+            times[name] = times.get(name, 0.0) + event.self_device_time_total / 1e3 / reps  # us -> ms per call
+    return times
 
 
 def conv_flops(spec: ProblemSpec, shape: Shape) -> int:
@@ -136,6 +195,7 @@ def run_bench(spec: ProblemSpec, shape: Shape, cache: Cache, *, reps: int = 50, 
         nbytes = epilogue_bytes(spec, plan, shape)
         result.update(epilogue_bytes=nbytes, epilogue_floor_ms=nbytes / (bandwidth * 1e9) * 1e3)
         result["epilogue_floor_fraction"] = result["epilogue_floor_ms"] / result["epilogue_ms"]
+        result["kernels"] = kernel_rows(profile_kernels_ms(lambda: fused.epilogue(y)), spec, shape, bandwidth)
     result["speedup_vs_eager"] = result["eager_ms"] / result["fusetune_ms"]
     for mode in compile_modes:
         result[f"speedup_vs_compile_{mode}"] = result[f"compile_{mode}_ms"] / result["fusetune_ms"]
@@ -174,8 +234,21 @@ def table(results: list[dict[str, Any]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
     gpu = results[0]["gpu"] if results else "?"
-    return "\n".join(lines) + (f"\n(ms, median; {gpu}; copy bandwidth {results[0]['copy_gbs']:.0f} GB/s; "
-                                "eager+bm: eager with cudnn.benchmark on)") if results else ""
+    if not results:
+        return ""
+    text = "\n".join(lines) + (f"\n(ms, median; {gpu}; copy bandwidth {results[0]['copy_gbs']:.0f} GB/s; "
+                               "eager+bm: eager with cudnn.benchmark on)")
+    return text + "".join(_kernel_lines(r) for r in results if r.get("kernels"))
+
+
+def _kernel_lines(result: dict[str, Any]) -> str:
+    """The epilogue's kernels one by one (torch.profiler, per forward): time, bytes, floor."""
+    lines = [f"\n{result['config']} {'x'.join(map(str, result['shape']))}: epilogue kernels (torch.profiler)"]
+    for k in result["kernels"]:
+        moved = "per-channel values only" if k["bytes"] is None else (
+            f"{k['bytes'] / 1e6:.0f} MB, floor {k['floor_ms']:.4f} ms, {100 * k['floor_fraction']:.0f}% of it")
+        lines.append(f"  {k['kernel']:<28} {k['ms']:.4f} ms  {moved}")
+    return "\n".join(lines)
 
 
 def _main(paths: list[str]) -> None:

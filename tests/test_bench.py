@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fusetune.bench import PEAK_FLOPS_PER_SM_CLOCK, conv_flops, epilogue_bytes, table
+from fusetune.bench import (PEAK_FLOPS_PER_SM_CLOCK, conv_flops, epilogue_bytes, kernel_base_name, kernel_bytes,
+                            kernel_rows, table)
 from fusetune.config import load_config
 from fusetune.plan import make_plan
 
@@ -42,7 +43,9 @@ def test_peaks_are_hopper_dense_rates():
 def test_table_of_saved_results_names_each_winner_and_its_measure():
     results = [r for path in RESULTS for r in json.loads(path.read_text())]
     text = table(results)
-    rows = {line.split()[0]: line for line in text.splitlines()[1:-1]}
+    lines = text.splitlines()
+    footer = next(i for i, line in enumerate(lines) if line.startswith("(ms, median"))
+    rows = {line.split()[0]: line for line in lines[1:footer]}
     assert set(rows) == {r["config"] for r in results}
     for r in results:
         row = rows[r["config"]]
@@ -53,4 +56,30 @@ def test_table_of_saved_results_names_each_winner_and_its_measure():
         else:
             kind = PEAK_FLOPS_PER_SM_CLOCK[r["impl"]][0]
             assert f"{100 * r['peak_fraction']:.0f}% {kind}" in row  # its convolution against its units' peak
-    assert results[0]["gpu"] in text.splitlines()[-1]
+    assert results[0]["gpu"] in lines[footer]
+    for r in results:  # the epilogue's kernels one by one, where the bench profiled them
+        for k in r.get("kernels", []):
+            assert any(line.strip().startswith(k["kernel"]) and f"{k['ms']:.4f} ms" in line for line in lines)
+
+
+def test_profiled_kernel_names_and_the_bytes_each_must_move():
+    assert kernel_base_name("void ft_stats_kernel<512, 4, 0>(FtArgs)") == "ft_stats_kernel"
+    assert kernel_base_name("ft_finalize_kernel(FtArgs)") == "ft_finalize_kernel"
+    assert kernel_base_name("void ft_window_map_cl_kernel<256, 2>(FtArgs, FtClGeom)") == "ft_window_map_cl_kernel"
+    spec = load_config(SEEDS["groupnorm"])
+    shape = spec.shapes[0]
+    y, out = 128 * 64 * 126 * 126 * 4, 128 * 64 * 31 * 31 * 4
+    assert kernel_bytes("ft_stats_cl_kernel", spec, shape) == y  # reads the producer output once
+    assert kernel_bytes("ft_window_map_kernel", spec, shape) == y + out  # and writes the output
+    assert kernel_bytes("ft_finalize_kernel", spec, shape) is None  # per-(sample, channel) values only
+    rows = kernel_rows({"ft_finalize_kernel": 0.005, "ft_stats_kernel": 0.2}, spec, shape, bandwidth_gbs=3000.0)
+    assert [r["kernel"] for r in rows] == ["ft_stats_kernel", "ft_finalize_kernel"]  # slowest first
+    assert rows[0]["floor_ms"] == pytest.approx(y / 3e12 * 1e3)
+    assert rows[0]["floor_fraction"] == pytest.approx(rows[0]["floor_ms"] / 0.2)
+    assert rows[1]["floor_fraction"] is None and rows[1]["bytes"] is None
+    result = {"config": spec.name, "shape": list(shape), "gpu": "G", "copy_gbs": 3000.0, "eager_ms": 2.0,
+              "fusetune_ms": 1.0, "speedup_vs_eager": 2.0, "impl": "cudnn", "epilogue_ms": 0.21,
+              "epilogue_floor_ms": 0.17, "epilogue_floor_fraction": 0.81, "kernels": rows}
+    text = table([result])
+    assert "ft_stats_kernel" in text and f"{100 * rows[0]['floor_fraction']:.0f}% of it" in text
+    assert "per-channel values only" in text

@@ -330,3 +330,23 @@ def test_fault_injection(cache, monkeypatch):
                         "wrong_value": "wrong_result", "launch_error": "launch_error"}, logs
     assert result.status == "tuned" and result.candidate["fault_map.fault"] == "none"
     assert restarts >= 2  # the crash and the hang each cost one worker
+
+
+def test_bench_profiles_each_epilogue_kernel(cache):
+    """`fusetune bench` reports the epilogue's kernels one by one: the profiler sees the statistics
+    and finalize kernels of a batch-norm chain under their names, each with its time per forward."""
+    from fusetune.bench import kernel_rows, profile_kernels_ms
+    from fusetune.build import build_and_load
+
+    spec = load_config(ROOT / "configs" / "convt3d_scale_batchnorm_gap.yaml")
+    shape = tuple(spec.shapes[-1])
+    generated = build_and_load(render(make_plan(spec)), cache, Machine.detect().capability)
+    fused = generated.ModelNew().cuda()
+    x = torch.rand(shape, device="cuda")
+    with torch.no_grad():
+        y = fused.produce(x)
+    times = profile_kernels_ms(lambda: fused.epilogue(y), reps=5)
+    assert set(times) == {"ft_stats_kernel", "ft_finalize_kernel"}, times
+    assert all(0 < ms < 10 for ms in times.values())
+    rows = kernel_rows(times, spec, shape, bandwidth_gbs=1000.0)
+    assert {r["kernel"]: r["bytes"] is None for r in rows} == {"ft_stats_kernel": False, "ft_finalize_kernel": True}

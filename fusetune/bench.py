@@ -157,14 +157,6 @@ def run_bench(spec: ProblemSpec, shape: Shape, cache: Cache, *, reps: int = 50, 
         "driver": _driver(), "winner": entry.winner["candidate"], "error_rel": err_fused, "eager_error_rel": err_eager}
     echo(f"{spec.name} {list(shape)} on {machine.gpu}: timing eager")
     result["eager_ms"] = median_ms(lambda: reference(x), reps=reps)
-    # Beside PyTorch's default, eager with cuDNN's own algorithm search on (a global switch any user
-    # can flip; fusetune's cuDNN producer may switch it on for its call): the fair bar for that choice.
-    before = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = True
-    try:
-        result["eager_cudnn_benchmark_ms"] = median_ms(lambda: reference(x), reps=reps)
-    finally:
-        torch.backends.cudnn.benchmark = before
     for mode in compile_modes:
         echo(f"  torch.compile mode={mode} (compiling...)")
         compiled = torch.compile(copy.deepcopy(reference), mode=mode)
@@ -215,13 +207,12 @@ def _driver() -> str:
 def table(results: list[dict[str, Any]]) -> str:
     """One row per result. A cuDNN winner shows its epilogue against the memory floor; a winner with
     the convolution inside the kernels its convolution throughput against the peak of its units."""
-    header = ("config", "shape", "eager", "eager+bm", "compile", "max-autotune", "fusetune", "vs eager", "vs m-a", "impl",
+    header = ("config", "shape", "eager", "compile", "max-autotune", "fusetune", "vs eager", "vs m-a", "impl",
               "epilogue", "floor", "of floor", "conv TFLOP/s", "of peak")
     rows = [header]
     for r in results:
         direct = r.get("impl", "cudnn") != "cudnn"
         rows.append((r["config"], "x".join(map(str, r["shape"])), f"{r['eager_ms']:.3f}",
-                     f"{r.get('eager_cudnn_benchmark_ms', float('nan')):.3f}",
                      f"{r.get('compile_default_ms', float('nan')):.3f}",
                      f"{r.get('compile_max-autotune-no-cudagraphs_ms', float('nan')):.3f}",
                      f"{r['fusetune_ms']:.3f}", f"{r['speedup_vs_eager']:.2f}x",
@@ -236,8 +227,7 @@ def table(results: list[dict[str, Any]]) -> str:
     gpu = results[0]["gpu"] if results else "?"
     if not results:
         return ""
-    text = "\n".join(lines) + (f"\n(ms, median; {gpu}; copy bandwidth {results[0]['copy_gbs']:.0f} GB/s; "
-                               "eager+bm: eager with cudnn.benchmark on)")
+    text = "\n".join(lines) + f"\n(ms, median; {gpu}; copy bandwidth {results[0]['copy_gbs']:.0f} GB/s)"
     return text + "".join(_kernel_lines(r) for r in results if r.get("kernels"))
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from fusetune.codegen import render
-from fusetune.config import load_config
+from fusetune.config import load_config, parse_config
 from fusetune.plan import make_plan
 
 from conftest import SEEDS, import_file
@@ -234,8 +234,7 @@ def test_model_new_shares_batch_norm_buffers(tmp_path):
 def test_model_new_variant_selection(tmp_path):
     _, module = _generate("groupnorm", tmp_path)
     fused = module.ModelNew()
-    assert fused.variant == {"producer": {"impl": "cudnn", "layout": "contiguous", "form": "native",
-                                          "algo": "heuristic"},
+    assert fused.variant == {"producer": {"impl": "cudnn", "layout": "contiguous", "form": "native"},
                              "stats": {"block": 256, "vec": 4, "reduce": "warp", "split": 4},
                              "finalize": {}, "window_map": {"block": 256, "ilp": 2},
                              "direct_stats": {"block": 128, "ct": 4, "reduce": "warp", "split": 16},
@@ -255,26 +254,26 @@ def test_model_new_variant_selection(tmp_path):
     assert module.VARIANTS["window_map"][index] == {"block": 512, "ilp": 4}
 
 
-@pytest.mark.parametrize("algo", ["benchmark", "heuristic"])
-@pytest.mark.parametrize("caller", [False, True])
-def test_producer_times_cudnn_algorithms_for_its_call_only(algo, caller, tmp_path, monkeypatch):
-    """producer.algo benchmark switches cudnn.benchmark on around the convolution and restores the
-    caller's setting after it; heuristic leaves the caller's setting as it is."""
-    _, module = _generate("groupnorm", tmp_path)
-    fused = module.ModelNew(variant={"producer": {"impl": "cudnn", "layout": "channels_last", "algo": algo}})
-    seen, original = [], F.conv2d
-
-    def conv2d(*args, **kwargs):
-        seen.append(torch.backends.cudnn.benchmark)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(module.F, "conv2d", conv2d)
-    monkeypatch.setattr(torch.backends.cudnn, "benchmark", caller)
-    x = torch.randn(2, 8, 9, 11)
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("form", ["native", "forward"])
+def test_generated_producer_forms_compute_the_transposed_convolution(form, layout, tmp_path):
+    """The generated model's cuDNN producer, in either form and layout, is the transposed
+    convolution (float64, on CPU): the forward form flips and swaps the weights and pads k - 1 - p."""
+    spec = parse_config({"name": "convt_forms", "dtype": "float32",
+                         "producer": {"op": "conv_transpose3d", "in_channels": 3, "out_channels": 5,
+                                      "kernel_size": [3, 2, 4], "padding": [1, 0, 3]},
+                         "epilogue": [{"op": "batch_norm"}, {"op": "adaptive_avg_pool"}],
+                         "shapes": [[2, 3, 4, 5, 6]]}, "<convt_forms>")
+    assert spec.producer.has_forward_form
+    render(make_plan(spec)).write(tmp_path / "m")
+    module = import_file(tmp_path / "m" / "model.py")
+    fused = module.ModelNew(variant={"producer": {"impl": "cudnn", "layout": layout, "form": form}}).double()
+    x = torch.randn(2, 3, 4, 5, 6, dtype=torch.float64)
     y = fused.produce(x)
-    assert seen == [caller or algo == "benchmark"] and torch.backends.cudnn.benchmark is caller
-    assert y.is_contiguous(memory_format=torch.channels_last)
-    torch.testing.assert_close(y, original(x, fused.producer.weight))
+    want = F.conv_transpose3d(x, fused.producer.weight, padding=(1, 0, 3))
+    torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
+    assert y.is_contiguous(memory_format=torch.channels_last_3d if layout == "channels_last" else
+                           torch.contiguous_format)
 
 
 def test_model_new_reads_exported_winner(tmp_path):

@@ -244,21 +244,19 @@ def test_large_space_spends_exactly_the_budget(cache):
     feasible, space = _feasible(spec, LARGE[1])
     assert len(feasible) > 10  # so the budget, not the space, is what stopped the search
     assert evaluated[0] == candidate_key(space.default())  # the declared default goes first ...
-    # ... then the defaults under every other producer choice: cuDNN's in each layout and algorithm
-    # picker, then the direct kernels' default, or (its split of 16 blocks being too many for 961
-    # pooled outputs) the feasible direct candidate nearest to it, then the tensor-core kernels'.
+    # ... then one start per other world: the direct kernels' default, or (its split of 16 blocks
+    # being too many for 961 pooled outputs) the feasible direct candidate nearest to it, and the
+    # tensor-core kernels' default; then cuDNN's other layout. A budget of 3 reaches every world.
     entry = cache.load(result.key)
     by_key = {k: o["candidate"] for k, o in entry.outcomes.items()}
-    first = [by_key[k] for k in evaluated[:6]]
-    producer = lambda c: {k: v for k, v in c.items() if k.startswith("producer.")}  # noqa: E731
-    assert [producer(c) for c in first] == [producer(s) for s in space.producer_starts()]
-    assert [(c["producer.impl"], c["producer.layout"], c["producer.algo"]) for c in first[:4]] == [
-        ("cudnn", layout, algo) for layout in ("contiguous", "channels_last") for algo in ("heuristic", "benchmark")]
-    assert all(c == space.canonical({**space.default(), **dict(zip(
-        ("producer.layout", "producer.algo"), (c["producer.layout"], c["producer.algo"])))}) for c in first[:4])
+    first = [by_key[k] for k in evaluated[:4]]
+    assert [(c["producer.impl"], c["producer.layout"]) for c in first] == [
+        ("cudnn", "contiguous"), ("direct", "contiguous"), ("gemm", "contiguous"), ("cudnn", "channels_last")]
+    assert first[2] == space.canonical({**space.default(), "producer.impl": "gemm"})
+    assert first[3] == space.canonical({**space.default(), "producer.layout": "channels_last"})
     direct_default = space.canonical({**space.default(), "producer.impl": "direct"})
     assert space.violations(direct_default, shape_facts(spec, make_plan(spec), LARGE[1], MACHINE.capability))
-    assert {k for k in first[4] if first[4][k] != direct_default[k]} == {"direct_main.split"}
+    assert {k for k in first[1] if first[1][k] != direct_default[k]} == {"direct_main.split"}
     assert {k for k, o in entry.outcomes.items() if o["status"] != "infeasible"} == set(evaluated)
     assert candidate_key(result.candidate) == _best_ok(entry)
 
@@ -380,6 +378,18 @@ def test_shape_facts(seed, shape):
                      "family": plan.family or "none", "sm": 90, "forward_form": int(seed == "batchnorm")}  # stride 1: the other convT has 2
     assert facts["direct"] == (seed != "batchnorm")  # its 64 -> 128 k=5 weights do not fit constant memory
     assert facts["gemm"] == (seed in ("groupnorm", "instancenorm"))  # not (yet) for transposed convolutions
+
+
+def test_producer_starts_cover_every_cudnn_choice_once():
+    """The transposed batch-norm seed: no kernels with the convolution inside, so its starts are
+    cuDNN's defaults in each layout and form, each once, the declared default first."""
+    space = plan_space(make_plan(load_config(SEEDS["batchnorm"])))
+    starts = space.producer_starts()
+    assert starts[0] == space.canonical(space.default())
+    assert sorted((s["producer.layout"], s["producer.form"]) for s in starts) == sorted(
+        (layout, form) for layout in ("contiguous", "channels_last") for form in ("native", "forward"))
+    assert all(s == space.canonical({**space.default(), "producer.layout": s["producer.layout"],
+                                     "producer.form": s["producer.form"]}) for s in starts)
 
 
 def test_tensor_core_kernels_are_not_offered_before_sm80(cache):

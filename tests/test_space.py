@@ -122,22 +122,22 @@ def test_plan_space_of_seeds():
     space = plan_space(make_plan(load_config(SEEDS["groupnorm"])))
     assert [f.family for f in space.families] == ["producer", "stats", "finalize", "window_map", "direct_stats",
                                                   "direct_main", "gemm_stats", "gemm_main"]
-    assert space.names()[:9] == ["producer.impl", "producer.layout", "producer.form", "producer.algo",
-                                 "stats.block", "stats.vec", "stats.reduce", "stats.split", "window_map.block"]
+    assert space.names()[:8] == ["producer.impl", "producer.layout", "producer.form", "stats.block", "stats.vec",
+                                 "stats.reduce", "stats.split", "window_map.block"]
     assert space.default() in list(space.all())
     assert space.stage_values(space.default()) == {
-        "producer": {"impl": "cudnn", "layout": "contiguous", "form": "native", "algo": "heuristic"},
+        "producer": {"impl": "cudnn", "layout": "contiguous", "form": "native"},
         "stats": {"block": 256, "vec": 4, "reduce": "warp", "split": 4}, "finalize": {},
         "window_map": {"block": 256, "ilp": 2},
         "direct_stats": {"block": 128, "ct": 4, "reduce": "warp", "split": 16},
         "direct_main": {"block": 128, "ct": 4, "reduce": "warp", "split": 16},
         "gemm_stats": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 4},
         "gemm_main": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 4}}
-    # Distinct candidates: cuDNN's (2 layouts x 2 algorithm pickers x stats x window_map; a plain
-    # convolution has no second form) plus the direct kernels' (no layout;
+    # Distinct candidates: cuDNN's (2 layouts x stats x window_map; a plain convolution has no
+    # second form) plus the direct kernels' (no layout;
     # direct_main's reduction strategy matters only for a plane reduction, not this window map), plus
     # the tensor-core kernels' (no layout either).
-    cudnn = 2 * 2 * (3 * 2 * 2 * 6) * (3 * 3)
+    cudnn = 2 * (3 * 2 * 2 * 6) * (3 * 3)
     direct = (2 * 4 * 2 * 4) * (2 * 5 * 4)
     gemm = (2 * 2 * 2 * 2 * 4) ** 2
     assert sum(1 for _ in space.all()) == cudnn + direct + gemm
@@ -146,12 +146,11 @@ def test_plan_space_of_seeds():
 def test_candidates_are_canonical_where_a_choice_does_not_matter():
     space = plan_space(make_plan(load_config(SEEDS["groupnorm"])))
     default = space.default()
-    direct = {**default, "producer.impl": "direct", "producer.layout": "channels_last", "producer.algo": "benchmark",
-              "stats.block": 512,
+    direct = {**default, "producer.impl": "direct", "producer.layout": "channels_last", "stats.block": 512,
               "window_map.ilp": 4, "direct_main.reduce": "smem", "direct_main.ct": 8}
     canonical = space.canonical(direct)
     # Under the direct kernels, cuDNN's layout and the cuDNN-path stages are at their defaults ...
-    assert canonical["producer.layout"] == "contiguous" and canonical["producer.algo"] == "heuristic"
+    assert canonical["producer.layout"] == "contiguous"
     assert canonical["stats.block"] == default["stats.block"] and canonical["window_map.ilp"] == default["window_map.ilp"]
     # ... the window map needs no in-block reduction, and what the direct kernels choose is kept.
     assert canonical["direct_main.reduce"] == "warp" and canonical["direct_main.ct"] == 8

@@ -48,7 +48,8 @@ class RenderedModule:
 
 
 def plan_space(plan: Plan) -> PlanSpace:
-    """The producer's own choices (layout), then each kernel stage's declared space."""
+    """The producer's own choices (where the convolution runs; cuDNN's layout and form), then each
+    kernel stage's declared space."""
     return PlanSpace(families=(load_family("producer"),) + tuple(load_family(stage) for stage in plan.stages),
                      plan_facts=plan_facts(plan))
 

@@ -6,7 +6,8 @@ at run time by index); run-time parameters are passed as kernel arguments.
 A candidate is a flat dict ``{"<family>.<param>": value}`` over every stage of a plan.
 
 A family (or one parameter) may declare ``when``: an expression over the producer's choices
-(``impl``, ``layout``) and the plan's facts (``family``, ``direct``) under which it matters at all. Where it does not, the candidate is
+(``impl``, ``layout``) and the plan's facts (``family``, ``direct``, ``gemm``, ``forward_form``) under
+which it matters at all. Where it does not, the candidate is
 canonical with the declared default there, so the search never times the same kernels twice
 under two names (cuDNN's layout means nothing to a kernel that computes the convolution itself).
 """
@@ -112,7 +113,8 @@ class PlanSpace:
     """The product of the spaces of a plan's stages, with flat ``family.param`` names."""
 
     families: tuple[FamilySpace, ...]
-    #: What the plan offers, for ``when`` and constraints: ``family`` (the main kernel's), ``direct``.
+    #: What the plan offers, for ``when`` and constraints: ``family`` (the main kernel's), ``direct``,
+    #: ``gemm`` and ``forward_form`` (codegen.plan_facts).
     plan_facts: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def names(self) -> list[str]:
@@ -132,7 +134,8 @@ class PlanSpace:
 
     def producer_starts(self) -> list[Candidate]:
         """The defaults under every distinct choice of the producer (where the convolution runs, and
-        how cuDNN runs it): the choices that move a candidate's time most, and cost no build."""
+        how cuDNN runs it): the choices that move a candidate's time most, and cost no build. One
+        per world first (a small budget still reaches every world), then cuDNN's other choices."""
         producer = next((f for f in self.families if f.family == "producer"), None)
         if producer is None:
             return [self.canonical(self.default())]
@@ -141,7 +144,10 @@ class PlanSpace:
         for combo in itertools.product(*(p.choices for p in producer.params)):
             start = self.canonical({**self.default(), **dict(zip(names, combo))})
             starts.setdefault(candidate_key(start), start)
-        return list(starts.values())
+        firsts: dict[Any, Candidate] = {}
+        for start in starts.values():
+            firsts.setdefault(start.get("producer.impl"), start)
+        return list(firsts.values()) + [s for s in starts.values() if s not in firsts.values()]
 
     def all(self) -> Iterator[Candidate]:
         """Every distinct canonical candidate, in a fixed order: for each choice of the producer,

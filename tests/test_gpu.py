@@ -195,6 +195,17 @@ EXTRA["convt3d_forward_form_bn_gap"] = {
     "epilogue": [{"op": "mul", "by": -1.5}, {"op": "batch_norm"}, {"op": "adaptive_avg_pool"}],
     "shapes": [[3, 6, 4, 5, 7]]}
 
+# Batch norm over more samples than the finalize kernel's block (128 threads stride over the batch),
+# without a main pass and with one.
+EXTRA["conv3d_bn_large_batch_gap"] = {
+    "producer": {"op": "conv3d", "in_channels": 3, "out_channels": 6, "kernel_size": 2},
+    "epilogue": [{"op": "batch_norm"}, {"op": "adaptive_avg_pool"}],
+    "shapes": [[130, 3, 3, 4, 4]]}
+EXTRA["conv2d_bn_large_batch_maxpool"] = {
+    "producer": {"op": "conv2d", "in_channels": 3, "out_channels": 4, "kernel_size": 3},
+    "epilogue": [{"op": "mul", "by": 0.5}, {"op": "batch_norm"}, {"op": "max_pool", "kernel_size": 2}],
+    "shapes": [[131, 3, 7, 8]]}
+
 
 # Tensor-core kernels: channel counts whose weight rows are not a power of two, strides and padding,
 # overlapping and 3-D pooling windows, every main family.

@@ -136,13 +136,9 @@ class PlanSpace:
         """The defaults under every distinct choice of the producer (where the convolution runs, and
         how cuDNN runs it): the choices that move a candidate's time most, and cost no build. One
         per world first (a small budget still reaches every world), then cuDNN's other choices."""
-        producer = next((f for f in self.families if f.family == "producer"), None)
-        if producer is None:
-            return [self.canonical(self.default())]
-        names = [f"producer.{p.name}" for p in producer.params]
         starts: dict[str, Candidate] = {}
-        for combo in itertools.product(*(p.choices for p in producer.params)):
-            start = self.canonical({**self.default(), **dict(zip(names, combo))})
+        for choice in self._producer_combos():
+            start = self.canonical({**self.default(), **choice})
             starts.setdefault(candidate_key(start), start)
         firsts: dict[Any, Candidate] = {}
         for start in starts.values():
@@ -152,13 +148,10 @@ class PlanSpace:
     def all(self) -> Iterator[Candidate]:
         """Every distinct canonical candidate, in a fixed order: for each choice of the producer,
         the product of the choices that matter under it (the rest stay at their defaults)."""
-        producer = next((f for f in self.families if f.family == "producer"), None)
-        producer_names = [f"producer.{p.name}" for p in producer.params] if producer else []
-        producer_combos = itertools.product(*(p.choices for p in producer.params)) if producer else [()]
         seen: set[str] = set()
-        for combo in producer_combos:
-            base = self.canonical({**self.default(), **dict(zip(producer_names, combo))})
-            varying = [name for name in self.names() if name not in producer_names
+        for choice in self._producer_combos():
+            base = self.canonical({**self.default(), **choice})
+            varying = [name for name in self.names() if name not in choice
                        and self.canonical({**base, name: "\0"})[name] == "\0"]  # the choices that matter here
             for values in itertools.product(*(self.choices()[name] for name in varying)):
                 candidate = {**base, **dict(zip(varying, values))}
@@ -166,6 +159,15 @@ class PlanSpace:
                 if key not in seen:
                     seen.add(key)
                     yield candidate
+
+    def _producer_combos(self) -> list[dict[str, Any]]:
+        """Every combination of the producer's choices, ``{"producer.<param>": value}`` (one empty
+        one for a space without a producer family)."""
+        producer = next((f for f in self.families if f.family == "producer"), None)
+        if producer is None:
+            return [{}]
+        names = [f"producer.{p.name}" for p in producer.params]
+        return [dict(zip(names, combo)) for combo in itertools.product(*(p.choices for p in producer.params))]
 
     def _producer_choices(self, candidate: Mapping[str, Any]) -> dict[str, Any]:
         """The names a ``when`` may use: the producer's choices and the plan's facts."""

@@ -16,21 +16,40 @@ from typing import Sequence
 
 #: Shared memory the kernels may use per block (bytes): Hopper's opt-in limit is 227 KB.
 SMEM_LIMIT = 200 * 1024
-#: Largest weight tile (floats, K padded times the padded channel stride) the kernels stage.
+#: Largest staged weight tile (words, tiles.weight_words) the kernels take.
 MAX_WEIGHT_FLOATS = 16384
 #: Most output channels: each block holds a box's whole output (channels x rows) on chip.
 MAX_CHANNELS = 64
 
 
-def weight_stride(cout: int) -> int:
-    """Row stride of the staged weights (K x channels): 8 mod 32 words, so the B-fragment reads
-    of a warp (lane = 4 * column + k) fall in 32 different banks."""
-    return cout + (8 - cout % 32) % 32
+def cin_padded(cin: int) -> int:
+    """Input channels rounded up to 4. K runs tap-major (k = tap * channels + channel), so with whole
+    groups of 4 channels the A column a lane reads is its own channel (lane % 4) plus a constant per
+    k step: every A load sits at a compile-time offset from one pointer."""
+    return -(-cin // 4) * 4
 
 
 def k_padded(cin: int, kernel: Sequence[int]) -> int:
-    """K (input channels x taps) rounded up to the MMA's k of 8; the extra rows have zero weights."""
-    return -(-cin * math.prod(kernel) // 8) * 8
+    """K (taps x padded input channels) rounded up to the MMA's k of 8; the extra rows have zero weights."""
+    return -(-cin_padded(cin) * math.prod(kernel) // 8) * 8
+
+
+def weight_words(cout: int, k_pad: int) -> int:
+    """Words of the staged weights: per k step of 8 and pair of n-tiles, four words for each of 32
+    lanes (the B fragments of both tiles, loaded as one 16-byte vector; an odd last tile is padded)."""
+    return k_pad // 8 * -(-cout // 16) * 128
+
+
+def channel_stride(volume: int, row_step: int) -> int:
+    """Words between the staged input's channels: a multiple of 4 (16-byte copies) of at least
+    ``volume`` (one channel's box). Lane 4g + t reads A row g at its channel t: word g * row_step +
+    t * stride (plus a constant). The stride is the smallest whose 32 words land in the most
+    distinct banks (all 32 where possible), so the A loads of a warp take one pass through shared
+    memory, not two."""
+    def distinct_banks(stride: int) -> int:
+        return len({(g * row_step + t * stride) % 32 for g in range(8) for t in range(4)})
+    first = -(-volume // 4) * 4
+    return max(range(first, first + 32, 4), key=lambda stride: (distinct_banks(stride), -stride))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,12 +57,15 @@ class GemmTile:
     cells: tuple[int, int, int]   # cells per box (d, h, w)
     region: tuple[int, int, int]  # convolution outputs the box computes (d, h, w)
     input: tuple[int, int, int]   # the input box they read (d, h, w), per input channel
+    input_row: int                # words a staged input row takes: its width rounded up to 4
     m: int                        # GEMM rows: region outputs
     m_tiles: int                  # rows in tiles of 16
     out_stride: int               # row stride of the staged outputs (channels x rows): 4 mod 32 words
-    k: int                        # input channels x taps
+    k: int                        # taps x input channels (padded to 4)
     k_pad: int
-    w_stride: int                 # row stride of the staged weights
+    cin_pad: int                  # input channels staged (padded to 4)
+    channel_stride: int           # words between staged input channels (bank-conflict free A loads)
+    weight_words: int             # staged weights (B fragments in lane order)
     smem_bytes: int               # weights + input box (two: double-buffered) + outputs + scratch
 
 
@@ -61,12 +83,15 @@ def gemm_tile(conv: dict, window: Sequence[int], stride: Sequence[int], tw: int,
     m = math.prod(region)
     m_tiles = -(-m // 16)
     out_stride = m_tiles * 16 + (4 - m_tiles * 16 % 32) % 32
-    k = conv["cin"] * math.prod(conv["kernel"])
+    cin_pad = cin_padded(conv["cin"])
+    k = cin_pad * math.prod(conv["kernel"])
     k_pad = k_padded(conv["cin"], conv["kernel"])
-    w_stride = weight_stride(conv["cout"])
-    floats = k_pad * w_stride + 2 * conv["cin"] * math.prod(inputs) + conv["cout"] * out_stride + 4 * 256
-    return GemmTile(cells=cells, region=region, input=inputs, m=m, m_tiles=m_tiles, out_stride=out_stride,
-                    k=k, k_pad=k_pad, w_stride=w_stride, smem_bytes=4 * floats)
+    words = weight_words(conv["cout"], k_pad)
+    input_row = -(-inputs[2] // 4) * 4
+    stride = channel_stride(inputs[0] * inputs[1] * input_row, conv["stride"][2])
+    floats = words + 2 * cin_pad * stride + conv["cout"] * out_stride + 4 * 256
+    return GemmTile(cells=cells, region=region, input=inputs, input_row=input_row, m=m, m_tiles=m_tiles, out_stride=out_stride,
+                    k=k, k_pad=k_pad, cin_pad=cin_pad, channel_stride=stride, weight_words=words, smem_bytes=4 * floats)
 
 
 #: The largest box a variant may ask for (gemm_*.yaml's tw and th): it bounds the shared memory.
@@ -79,6 +104,6 @@ def gemm_fits(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[int]]]
     and the largest box over each (window, stride) of cells within the shared memory."""
     if conv["transposed"] or conv["cout"] % 8 != 0 or conv["cout"] > MAX_CHANNELS:
         return False
-    if k_padded(conv["cin"], conv["kernel"]) * weight_stride(conv["cout"]) > MAX_WEIGHT_FLOATS:
+    if weight_words(conv["cout"], k_padded(conv["cin"], conv["kernel"])) > MAX_WEIGHT_FLOATS:
         return False
     return all(gemm_tile(conv, window, stride, *LARGEST_BOX).smem_bytes <= SMEM_LIMIT for window, stride in windows)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fusetune.config import load_config
-from fusetune.tiles import SMEM_LIMIT, gemm_fits, gemm_tile, k_padded, weight_stride
+from fusetune.tiles import SMEM_LIMIT, cin_padded, gemm_fits, gemm_tile, k_padded, weight_words
 
 from conftest import SEEDS
 
@@ -43,19 +43,28 @@ def test_a_window_larger_than_the_box_still_makes_one_cell():
 
 
 def test_k_and_m_are_padded_to_whole_mma_tiles():
-    assert k_padded(3, (3, 3, 3)) == 88  # 81 taps x channels, 7 zero-weight columns
+    assert cin_padded(3) == 4 and cin_padded(8) == 8 and cin_padded(5) == 8
+    assert k_padded(3, (3, 3, 3)) == 112  # 27 taps x 4 channels (one of them zero), then 4 zero-weight columns
+    assert k_padded(8, (1, 3, 3)) == 72 and k_padded(4, (1, 1, 3)) == 16
     tile = gemm_tile(_conv(cin=3, cout=16, kernel=(3, 3, 3)), ONE, ONE, 30, 3)
     assert tile.m == 90 and tile.m_tiles == 6
     assert tile.out_stride >= tile.m_tiles * 16
 
 
 @pytest.mark.parametrize("cout", range(8, 65, 8))
-def test_weight_reads_of_a_warp_hit_32_banks(cout):
-    """Lane 4g + t reads B at row t (and t + 4), column g: word t * stride + g."""
-    stride = weight_stride(cout)
-    assert stride >= cout
-    banks = {(t * stride + g) % 32 for g in range(8) for t in range(4)}
-    assert len(banks) == 32
+def test_staged_weights_hold_every_b_fragment_once(cout):
+    """The staging order of gemm.cuh.j2 (ft_gemm_stage_weights): word ((ks * pairs + jp) * 32 + lane)
+    * 4 + e holds column (2 jp + e // 2) * 8 + lane // 4 at row ks * 8 + lane % 4 + 4 (e % 2). Every
+    (k, n) of the tile is there exactly once, and what is left over is an odd last n-tile's padding."""
+    k_pad, pairs = 72, -(-cout // 16)
+    seen = []
+    for i in range(weight_words(cout, k_pad)):
+        e, lane, rest = i % 4, i // 4 % 32, i // 128
+        jp, ks = rest % pairs, rest // pairs
+        seen.append(((2 * jp + e // 2) * 8 + lane // 4, ks * 8 + lane % 4 + 4 * (e % 2)))
+    real = [(n, k) for n, k in seen if n < cout]
+    assert sorted(real) == [(n, k) for n in range(cout) for k in range(k_pad)]
+    assert all(cout <= n < 16 * pairs for n, _ in seen if n >= cout)
 
 
 @pytest.mark.parametrize("tw, th", [(16, 4), (16, 8), (32, 4), (32, 8), (30, 3)])
@@ -74,3 +83,14 @@ def test_fits_takes_the_largest_box_of_every_window():
     assert big.smem_bytes > SMEM_LIMIT
     assert not gemm_fits(conv, [(ONE, ONE), ((1, 16, 16), (1, 16, 16))])
     assert not gemm_fits({**conv, "transposed": True}, [(ONE, ONE)])
+
+
+@pytest.mark.parametrize("name", ["groupnorm", "instancenorm"])
+@pytest.mark.parametrize("tw, th", [(16, 4), (32, 8)])
+def test_a_loads_of_a_warp_hit_32_banks_at_the_seeds(name, tw, th):
+    """Lane 4g + t reads A row g (consecutive outputs) at its channel t: word g + t * channel_stride.
+    Rows and channels start on 16 bytes, for the 16-byte copies that stage them."""
+    tile = gemm_tile(load_config(SEEDS[name]).producer.geometry(), ONE, ONE, tw, th)
+    assert tile.input_row % 4 == 0 and tile.input[2] <= tile.input_row < tile.input[2] + 4
+    assert tile.channel_stride % 4 == 0 and tile.channel_stride >= tile.input[0] * tile.input[1] * tile.input_row
+    assert len({(g + t * tile.channel_stride) % 32 for g in range(8) for t in range(4)}) == 32

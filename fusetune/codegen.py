@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,7 +18,7 @@ from fusetune.ops import Elementwise
 from fusetune.plan import Plan
 from fusetune.space import PlanSpace, load_family
 from fusetune.templates import environment
-from fusetune.tiles import cin_padded, gemm_tile, k_padded
+from fusetune.tiles import gemm_k, gemm_tile
 
 #: Flags for nvcc; part of every cache key. No fast-math: it changes rounding of rsqrt and division.
 CUDA_FLAGS = ("-O3", "-lineinfo", "-std=c++17")
@@ -136,8 +135,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         "channels_per_group": norm.groups_of(plan.spec.producer.out_channels) if norm else 1,
         "cuda_flags": list(CUDA_FLAGS),
         "conv": conv,
-        "gemm": {"k": cin_padded(conv["cin"]) * math.prod(conv["kernel"]), "cin_pad": cin_padded(conv["cin"]),
-                 "k_pad": k_padded(conv["cin"], conv["kernel"])},
+        "gemm": gemm_k(conv),
         # The box of a gemm variant: whole pooling windows for the main kernel, single outputs for statistics.
         "gemm_tile": lambda variant, pooled: gemm_tile(conv, *(plan.pool_window if pooled else ((1, 1, 1),) * 2),
                                                        variant["tw"], variant["th"]),

@@ -22,16 +22,27 @@ MAX_WEIGHT_FLOATS = 16384
 MAX_CHANNELS = 64
 
 
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
 def cin_padded(cin: int) -> int:
     """Input channels rounded up to 4. K runs tap-major (k = tap * channels + channel), so with whole
     groups of 4 channels the A column a lane reads is its own channel (lane % 4) plus a constant per
     k step: every A load sits at a compile-time offset from one pointer."""
-    return -(-cin // 4) * 4
+    return _round_up(cin, 4)
 
 
 def k_padded(cin: int, kernel: Sequence[int]) -> int:
     """K (taps x padded input channels) rounded up to the MMA's k of 8; the extra rows have zero weights."""
-    return -(-cin_padded(cin) * math.prod(kernel) // 8) * 8
+    return _round_up(cin_padded(cin) * math.prod(kernel), 8)
+
+
+def gemm_k(conv: dict) -> dict[str, int]:
+    """K of a convolution's implicit GEMM, as the templates take it (codegen's ``gemm``): ``k`` (taps
+    x padded channels), ``cin_pad`` and ``k_pad``."""
+    cin_pad = cin_padded(conv["cin"])
+    return {"k": cin_pad * math.prod(conv["kernel"]), "cin_pad": cin_pad, "k_pad": k_padded(conv["cin"], conv["kernel"])}
 
 
 def weight_words(cout: int, k_pad: int) -> int:
@@ -48,7 +59,7 @@ def channel_stride(volume: int, row_step: int) -> int:
     memory, not two."""
     def distinct_banks(stride: int) -> int:
         return len({(g * row_step + t * stride) % 32 for g in range(8) for t in range(4)})
-    first = -(-volume // 4) * 4
+    first = _round_up(volume, 4)
     return max(range(first, first + 32, 4), key=lambda stride: (distinct_banks(stride), -stride))
 
 
@@ -83,15 +94,13 @@ def gemm_tile(conv: dict, window: Sequence[int], stride: Sequence[int], tw: int,
     m = math.prod(region)
     m_tiles = -(-m // 16)
     out_stride = m_tiles * 16 + (4 - m_tiles * 16 % 32) % 32
-    cin_pad = cin_padded(conv["cin"])
-    k = cin_pad * math.prod(conv["kernel"])
-    k_pad = k_padded(conv["cin"], conv["kernel"])
-    words = weight_words(conv["cout"], k_pad)
-    input_row = -(-inputs[2] // 4) * 4
+    k = gemm_k(conv)
+    words = weight_words(conv["cout"], k["k_pad"])
+    input_row = _round_up(inputs[2], 4)
     stride = channel_stride(inputs[0] * inputs[1] * input_row, conv["stride"][2])
-    floats = words + 2 * cin_pad * stride + conv["cout"] * out_stride + 4 * 256
-    return GemmTile(cells=cells, region=region, input=inputs, input_row=input_row, m=m, m_tiles=m_tiles, out_stride=out_stride,
-                    k=k, k_pad=k_pad, cin_pad=cin_pad, channel_stride=stride, weight_words=words, smem_bytes=4 * floats)
+    floats = words + 2 * k["cin_pad"] * stride + conv["cout"] * out_stride + 4 * 256
+    return GemmTile(cells=cells, region=region, input=inputs, input_row=input_row, m=m, m_tiles=m_tiles,
+                    out_stride=out_stride, **k, channel_stride=stride, weight_words=words, smem_bytes=4 * floats)
 
 
 #: The largest box a variant may ask for (gemm_*.yaml's tw and th): it bounds the shared memory.

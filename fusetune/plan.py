@@ -36,7 +36,7 @@ from typing import Sequence
 from fusetune.config import ProblemSpec
 from fusetune.errors import PlanError
 from fusetune.ops import Add, Div, Elementwise, Mul, Norm, Op, Pool, Reduce
-from fusetune.tiles import gemm_fits
+from fusetune.tiles import gemm_fits, gemm_max_height
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +53,7 @@ class Plan:
     drop_bias: bool  # the producer's bias is cancelled exactly by the norm: never applied
     direct: bool = False  # the convolution can also run inside the kernels on CUDA cores (direct_* stages)
     gemm: bool = False  # ... and as implicit GEMMs on the tensor cores (gemm_* stages)
+    gemm_th: int = 0  # the tallest box of the gemm kernels within the shared memory (tiles.gemm_max_height)
 
     @property
     def bias_in_epilogue(self) -> bool:
@@ -185,8 +186,10 @@ def make_plan(spec: ProblemSpec) -> Plan:
                 post=tuple(groups["post"]), reduce=reduce, final=tuple(groups["final"]),
                 family=family, drop_bias=drop_bias, direct=_direct_fits(spec, family))
     # The tensor-core kernels' statistics pass tiles single outputs, their main kernel whole windows.
-    gemm = gemm_fits(spec.producer.geometry(), [((1, 1, 1), (1, 1, 1)), plan.pool_window])
-    return dataclasses.replace(plan, gemm=gemm)
+    windows = [((1, 1, 1), (1, 1, 1)), plan.pool_window]
+    gemm = gemm_fits(spec.producer.geometry(), windows)
+    gemm_th = gemm_max_height(spec.producer.geometry(), windows) if gemm else 0
+    return dataclasses.replace(plan, gemm=gemm, gemm_th=gemm_th)
 
 
 def _affine(ops: Sequence[Op]) -> bool:

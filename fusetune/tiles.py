@@ -103,16 +103,26 @@ def gemm_tile(conv: dict, window: Sequence[int], stride: Sequence[int], tw: int,
                     out_stride=out_stride, **k, channel_stride=stride, weight_words=words, smem_bytes=4 * floats)
 
 
-#: The largest box a variant may ask for (gemm_*.yaml's tw and th): it bounds the shared memory.
-LARGEST_BOX = (32, 8)
+#: The box heights the variants take (gemm_*.yaml's th) and the widest box (their largest tw).
+BOX_HEIGHTS = (4, 8, 16)
+WIDEST_BOX = 32
+
+
+def gemm_max_height(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[int]]]) -> int:
+    """The tallest box (at the widest) within the shared memory over each (window, stride) of cells,
+    0 if none: the variants' constraint ``th <= gemm_th``, so that a convolution whose tallest
+    boxes do not fit still takes the others."""
+    def fits(th: int) -> bool:
+        return all(gemm_tile(conv, w, s, WIDEST_BOX, th).smem_bytes <= SMEM_LIMIT for w, s in windows)
+    return max((th for th in BOX_HEIGHTS if fits(th)), default=0)
 
 
 def gemm_fits(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[int]]]) -> bool:
     """Whether the tensor-core kernels take a convolution: not transposed (yet), channels in whole
     MMA columns of 8 and few enough to keep a box's output on chip, weights small enough to stage,
-    and the largest box over each (window, stride) of cells within the shared memory."""
+    and some box over each (window, stride) of cells within the shared memory."""
     if conv["transposed"] or conv["cout"] % 8 != 0 or conv["cout"] > MAX_CHANNELS:
         return False
     if weight_words(conv["cout"], k_padded(conv["cin"], conv["kernel"])) > MAX_WEIGHT_FLOATS:
         return False
-    return all(gemm_tile(conv, window, stride, *LARGEST_BOX).smem_bytes <= SMEM_LIMIT for window, stride in windows)
+    return gemm_max_height(conv, windows) > 0

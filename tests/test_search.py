@@ -374,7 +374,7 @@ def test_shape_facts(seed, shape):
     assert shape in spec.shapes
     plan = make_plan(spec)
     facts = shape_facts(spec, plan, shape, MACHINE.capability)
-    assert facts == {**FACTS[(seed, shape)], "direct": int(plan.direct), "gemm": int(plan.gemm),
+    assert facts == {**FACTS[(seed, shape)], "direct": int(plan.direct), "gemm": int(plan.gemm), "gemm_th": plan.gemm_th,
                      "family": plan.family or "none", "sm": 90, "forward_form": int(seed == "batchnorm")}  # stride 1: the other convT has 2
     assert facts["direct"] == (seed != "batchnorm")  # its 64 -> 128 k=5 weights do not fit constant memory
     assert facts["gemm"] == (seed in ("groupnorm", "instancenorm"))  # not (yet) for transposed convolutions

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fusetune.config import load_config
-from fusetune.tiles import SMEM_LIMIT, cin_padded, gemm_fits, gemm_tile, k_padded, weight_words
+from fusetune.tiles import SMEM_LIMIT, cin_padded, gemm_fits, gemm_max_height, gemm_tile, k_padded, weight_words
 
 from conftest import SEEDS
 
@@ -75,11 +75,17 @@ def test_output_stores_of_a_warp_hit_32_banks(tw, th):
     assert len(banks) == 32
 
 
-def test_fits_takes_the_largest_box_of_every_window():
+def test_fits_takes_the_boxes_that_fit_every_window():
     conv = _conv(cin=16)
-    assert gemm_fits(conv, [(ONE, ONE), ((1, 4, 4), (1, 4, 4))])
-    # A 16 x 16 pooling window makes a 16 x 32 box: its outputs (64 channels) no longer fit beside the rest.
-    big = gemm_tile(conv, (1, 16, 16), (1, 16, 16), 32, 8)
+    windows = [(ONE, ONE), ((1, 4, 4), (1, 4, 4))]
+    assert gemm_fits(conv, windows)
+    # 16 rows of 64 channels' outputs no longer fit beside the staged input and weights; 8 do.
+    assert gemm_tile(conv, (1, 4, 4), (1, 4, 4), 32, 16).smem_bytes > SMEM_LIMIT
+    assert gemm_tile(conv, (1, 4, 4), (1, 4, 4), 32, 8).smem_bytes <= SMEM_LIMIT
+    assert gemm_max_height(conv, windows) == 8
+    assert gemm_max_height(_conv(cin=3, cout=16), windows) == 16
+    # A 16 x 16 pooling window makes a 16 x 32 box at any height: no box fits.
+    big = gemm_tile(conv, (1, 16, 16), (1, 16, 16), 32, 4)
     assert big.smem_bytes > SMEM_LIMIT
     assert not gemm_fits(conv, [(ONE, ONE), ((1, 16, 16), (1, 16, 16))])
     assert not gemm_fits({**conv, "transposed": True}, [(ONE, ONE)])

@@ -70,6 +70,15 @@ def _errors(out, ref) -> tuple[float, float]:
     return rel, mx
 
 
+def _round_tf32(t):
+    """float32 rounded to TF32 (10 mantissa bits), to nearest with ties away from zero, as
+    cvt.rna.tf32.f32 does: add half a unit of the last kept bit to the magnitude, drop the rest."""
+    import torch
+
+    bits = t.detach().contiguous().view(torch.int32)
+    return ((bits + 0x1000) & -0x2000).view(torch.float32).view_as(t)
+
+
 def _stat_buffers(model) -> list:
     import torch
 
@@ -117,7 +126,17 @@ class Session:
                 out32 = eager(self.x.contiguous(memory_format=fmt))
                 errors.append(self._compare(out32, _stat_buffers(eager)))
             self.eager_errors = (max(e[0] for e in errors), max(e[1] for e in errors))
+            self.tf32_errors = self._tf32_errors()
         del ref64
+
+    def _tf32_errors(self) -> tuple[float, float]:
+        """What eager's error would be with its convolution in TF32: the reference in float32 on input
+        and weights rounded to TF32 as the tensor cores round them. Reported beside every verdict, so
+        that where cuDNN picked a convolution without TF32 (and TF32 kernels are refused) one can
+        still tell a kernel with TF32's error from a wrong one."""
+        model = self._fresh_reference()
+        model.producer.weight.copy_(_round_tf32(model.producer.weight))
+        return self._compare(model(_round_tf32(self.x)), _stat_buffers(model))
 
     def _compare(self, out, stats) -> tuple[float, float]:
         rel, mx = _errors(out, self.out64)
@@ -144,7 +163,8 @@ class Session:
         eager_rel, eager_mx = self.eager_errors
         tol_rel = max(ERROR_RATIO * eager_rel, ERROR_FLOOR)
         tol_mx = max(ERROR_RATIO * eager_mx, ERROR_FLOOR)
-        info = {"error_rel": rel, "error_max": mx, "eager_error_rel": eager_rel, "eager_error_max": eager_mx}
+        info = {"error_rel": rel, "error_max": mx, "eager_error_rel": eager_rel, "eager_error_max": eager_mx,
+                "tf32_error_rel": self.tf32_errors[0], "tf32_error_max": self.tf32_errors[1]}
         if not (rel <= tol_rel and mx <= tol_mx):
             nan = int(torch.isnan(out).sum().item())
             return {"status": "wrong_result", **info,

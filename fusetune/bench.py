@@ -112,7 +112,7 @@ def conv_flops(spec: ProblemSpec, shape: Shape) -> int:
 
 
 #: Dense flops per multiprocessor per clock on Hopper, by the units an impl computes on.
-PEAK_FLOPS_PER_SM_CLOCK = {"direct": ("FP32", 128 * 2), "gemm": ("TF32", 1024 * 2)}
+PEAK_FLOPS_PER_SM_CLOCK = {"direct": ("FP32", 128 * 2), "gemm": ("TF32", 1024 * 2), "gemm_extrema": ("TF32", 1024 * 2)}
 
 
 def peak_tflops(flops_per_sm_clock: int) -> float | None:
@@ -171,7 +171,7 @@ def run_bench(spec: ProblemSpec, shape: Shape, cache: Cache, *, reps: int = 50, 
     if impl in PEAK_FLOPS_PER_SM_CLOCK:
         # The convolution runs inside the kernels: no producer output, so no epilogue to time alone.
         # What bounds it is arithmetic: the convolution's FMAs, once per pass that computes it.
-        passes = int(plan.needs_stats) + int(plan.family is not None)
+        passes = plan.conv_passes(impl)
         kind, per_clock = PEAK_FLOPS_PER_SM_CLOCK[impl]
         peak = peak_tflops(per_clock)
         result.update(impl=impl, conv_passes=passes, conv_gflop=conv_flops(spec, shape) / 1e9)

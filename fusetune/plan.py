@@ -19,7 +19,9 @@ norm's statistics from the convolution as it computes it, and ``direct_main`` re
 tile by tile, applies the chain and pools or reduces on chip, so the convolution output is
 never written. Where the channels come in whole tensor-core tiles, the plan also offers the
 same two passes as implicit GEMMs on the tensor cores in TF32 (``gemm_stats``, ``gemm_main``:
-see fusetune/tiles.py). The search picks among the worlds (``producer.impl``).
+see fusetune/tiles.py), and where a norm's chain ends in a max pool of a per-channel monotone chain,
+the convolution once (``gemm_extrema``: the statistics pass also writes each window's extremes,
+``extrema_map`` finishes from them). The search picks among the worlds (``producer.impl``).
 
 Exact algebra the planner uses:
   * a spatial mean (or sum) right after a norm is the norm's affine map applied to the
@@ -37,6 +39,10 @@ from fusetune.config import ProblemSpec
 from fusetune.errors import PlanError
 from fusetune.ops import Add, Div, Elementwise, Mul, Norm, Op, Pool, Reduce
 from fusetune.tiles import gemm_fits, gemm_max_height
+
+
+#: The stages that compute the convolution inside themselves.
+CONV_STAGES = ("direct_stats", "direct_main", "gemm_stats", "gemm_main")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,10 +98,36 @@ class Plan:
         return self._stages("gemm_stats", "gemm_main") if self.gemm else ()
 
     @property
+    def extrema(self) -> bool:
+        """Whether the tensor-core world can compute the convolution once instead of twice: its
+        statistics pass also writes each pooling window's largest and smallest raw value, and a small
+        kernel (extrema_map) applies the chain to those. Exact where the chain up to a max pool is
+        monotone per channel (a norm's affine map, bias, mul, add, clamp, relu: the chain's max over
+        a window is at the window's largest or smallest input, whatever the signs) and the windows
+        lie whole in the statistics pass's boxes: one output deep, not overlapping."""
+        if not (self.gemm and self.needs_stats and self.family == "window_map" and self.pool is not None):
+            return False
+        (kd, kh, kw), (sd, sh, sw) = self.pool_window
+        # The boxes (gemm_stats.yaml: tw up to 32, th up to 16) must hold whole windows.
+        return (self.pool.mode == "max" and all(op.monotone() for op in (*self.pre, *self.mid))
+                and kd == sd == 1 and kh <= sh and kw <= sw and 16 % sh == 0 and 32 % sw == 0)
+
+    @property
+    def gemm_extrema_stages(self) -> tuple[str, ...]:
+        """Stages of the convolution once on the tensor cores (see extrema); empty if not offered."""
+        return self._stages("gemm_stats", "extrema_map") if self.extrema else ()
+
+    @property
     def impl_stages(self) -> dict[str, tuple[str, ...]]:
         """producer.impl -> its stages in launch order, for every impl the plan offers."""
-        offered = {"cudnn": self.cudnn_stages, "direct": self.direct_stages, "gemm": self.gemm_stages}
+        offered = {"cudnn": self.cudnn_stages, "direct": self.direct_stages, "gemm": self.gemm_stages,
+                   "gemm_extrema": self.gemm_extrema_stages}
         return {impl: stages for impl, stages in offered.items() if impl == "cudnn" or stages}
+
+    def conv_passes(self, impl: str) -> int:
+        """How many of an impl's stages compute the convolution (0 for cuDNN: it computes it once,
+        outside the kernels)."""
+        return sum(stage in CONV_STAGES for stage in self.impl_stages.get(impl, ()))
 
     @property
     def stages(self) -> tuple[str, ...]:

@@ -42,8 +42,13 @@ def test_seed_plans(key):
     stages, family, drop_bias, direct, gemm = EXPECTED[key]
     assert plan.cudnn_stages == stages and plan.direct_stages == direct and plan.gemm_stages == gemm
     assert plan.direct is bool(direct) and plan.gemm is bool(gemm)
-    assert plan.stages == tuple(dict.fromkeys(stages + direct + gemm))  # finalize serves every world
-    assert list(plan.impl_stages) == ["cudnn"] + ["direct"] * bool(direct) + ["gemm"] * bool(gemm)
+    # The convolution once (gemm_extrema) where a norm's monotone chain ends in a max pool: conv2d.
+    assert plan.extrema is (key == "groupnorm")
+    extrema = ("gemm_stats", "finalize", "extrema_map") if plan.extrema else ()
+    assert plan.gemm_extrema_stages == extrema
+    assert plan.stages == tuple(dict.fromkeys(stages + direct + gemm + extrema))  # finalize serves every world
+    assert list(plan.impl_stages) == (["cudnn"] + ["direct"] * bool(direct) + ["gemm"] * bool(gemm)
+                                      + ["gemm_extrema"] * bool(extrema))
     assert plan.family == family
     assert plan.drop_bias is drop_bias
     assert plan.needs_stats is ("stats" in stages)
@@ -199,3 +204,18 @@ def test_too_many_parameters_is_a_plan_error():
     raw["parameters"].pop(f"p{count - 1}")
     raw["epilogue"].pop(count - 1)
     make_plan(parse_config(raw, "many.yaml"))
+
+
+def test_extrema_only_where_the_window_max_is_at_its_ends():
+    """gemm_extrema takes a max pool at each window's largest or smallest raw value: offered only for
+    a chain monotone per channel up to a max pool whose windows lie whole in the boxes."""
+    norm, scale = {"op": "group_norm", "groups": 16}, {"op": "mul", "by": "scale"}
+    pool = {"op": "max_pool", "kernel_size": 4}
+    assert _plan("groupnorm", [norm, scale, pool]).extrema
+    assert _plan("groupnorm", [{"op": "add", "by": 3.0}, norm, {"op": "relu"}, scale, pool,
+                               {"op": "clamp", "min": 0}]).extrema
+    assert not _plan("groupnorm", [norm, scale, {"op": "avg_pool", "kernel_size": 4}]).extrema
+    assert not _plan("groupnorm", [norm, {"op": "div", "by": "scale"}, pool]).extrema  # the parameter may be 0
+    assert not _plan("groupnorm", [norm, scale, {"op": "max_pool", "kernel_size": 3, "stride": 2}]).extrema  # overlap
+    assert not _plan("groupnorm", [norm, scale, {"op": "max_pool", "kernel_size": 3}]).extrema  # 3 divides no box
+    assert not _plan("groupnorm", [scale, pool]).extrema  # no norm: the gemm world already computes it once

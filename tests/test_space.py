@@ -121,7 +121,7 @@ def test_variant_index_rejects_unknown_values():
 def test_plan_space_of_seeds():
     space = plan_space(make_plan(load_config(SEEDS["groupnorm"])))
     assert [f.family for f in space.families] == ["producer", "stats", "finalize", "window_map", "direct_stats",
-                                                  "direct_main", "gemm_stats", "gemm_main"]
+                                                  "direct_main", "gemm_stats", "gemm_main", "extrema_map"]
     assert space.names()[:8] == ["producer.impl", "producer.layout", "producer.form", "stats.block", "stats.vec",
                                  "stats.reduce", "stats.split", "window_map.block"]
     assert space.default() in list(space.all())
@@ -132,15 +132,19 @@ def test_plan_space_of_seeds():
         "direct_stats": {"block": 128, "ct": 4, "reduce": "warp", "split": 16},
         "direct_main": {"block": 128, "ct": 4, "reduce": "warp", "split": 16},
         "gemm_stats": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 4},
-        "gemm_main": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 4}}
+        "gemm_main": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 4},
+        "extrema_map": {"block": 256, "ilp": 2}}
     # Distinct candidates: cuDNN's (2 layouts x stats x window_map; a plain convolution has no
     # second form) plus the direct kernels' (no layout;
     # direct_main's reduction strategy matters only for a plane reduction, not this window map), plus
-    # the tensor-core kernels' (no layout either).
+    # the tensor-core kernels' (no layout either), with the convolution twice (gemm) or once
+    # (gemm_extrema: the statistics pass, then extrema_map).
     cudnn = 2 * (3 * 2 * 2 * 6) * (3 * 3)
     direct = (2 * 4 * 2 * 4) * (2 * 5 * 4)
-    gemm = (2 * 2 * 2 * 2 * 4) ** 2
-    assert sum(1 for _ in space.all()) == cudnn + direct + gemm
+    gemm_stats = 2 * 2 * 2 * 3 * 4
+    gemm = gemm_stats ** 2
+    gemm_extrema = gemm_stats * (3 * 3)
+    assert sum(1 for _ in space.all()) == cudnn + direct + gemm + gemm_extrema
 
 
 def test_candidates_are_canonical_where_a_choice_does_not_matter():

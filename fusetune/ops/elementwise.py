@@ -24,6 +24,12 @@ class Elementwise(Op):
         """Names of learnable parameters the op reads."""
         return ()
 
+    def monotone(self) -> bool:
+        """Whether the op is monotone in its value for every channel (either direction, NaN kept
+        NaN): a max pool after a chain of such ops is then that chain at a window's largest or
+        smallest input (plan.extrema). False unless an op says otherwise."""
+        return False
+
     def cuda(self, v: str, load: ParamLoader) -> str:
         raise NotImplementedError
 
@@ -54,6 +60,11 @@ class _Binary(Elementwise):
 
     def params(self) -> tuple[str, ...]:
         return (self.param,) if self.param else ()
+
+    def monotone(self) -> bool:
+        # By a per-channel constant: monotone, in either direction. Not a division by a learnable
+        # parameter, which may be 0 (0 / 0 is NaN inside a window whose ends are +-inf).
+        return not (self.symbol == "/" and self.param)
 
     def _operand_py(self) -> str:
         return f"self.{self.param}" if self.param else repr(self.scalar)
@@ -101,6 +112,9 @@ class Clamp(Elementwise):
             raise ctx.error("min", f"expected min <= max, got min={lo}, max={hi}")
         return cls(min=None if lo is None else float(lo), max=None if hi is None else float(hi))
 
+    def monotone(self) -> bool:
+        return True
+
     def forward_code(self, x: str, attr: str | None) -> str:
         return f"torch.clamp({x}, min={self.min!r}, max={self.max!r})"
 
@@ -122,6 +136,9 @@ class Relu(Elementwise):
     def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
         reject_unknown(raw, [], ctx)
         return cls()
+
+    def monotone(self) -> bool:
+        return True
 
     def forward_code(self, x: str, attr: str | None) -> str:
         return f"torch.relu({x})"

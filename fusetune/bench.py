@@ -112,7 +112,8 @@ def conv_flops(spec: ProblemSpec, shape: Shape) -> int:
 
 
 #: Dense flops per multiprocessor per clock on Hopper, by the units an impl computes on.
-PEAK_FLOPS_PER_SM_CLOCK = {"direct": ("FP32", 128 * 2), "gemm": ("TF32", 1024 * 2), "gemm_extrema": ("TF32", 1024 * 2)}
+PEAK_FLOPS_PER_SM_CLOCK = {"direct": ("FP32", 128 * 2), "gemm": ("TF32", 1024 * 2), "gemm_extrema": ("TF32", 1024 * 2),
+                           "gemm_store": ("TF32", 1024 * 2)}
 
 
 def peak_tflops(flops_per_sm_clock: int) -> float | None:

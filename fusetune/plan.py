@@ -118,10 +118,20 @@ class Plan:
         return self._stages("gemm_stats", "extrema_map") if self.extrema else ()
 
     @property
+    def gemm_store_stages(self) -> tuple[str, ...]:
+        """The convolution once on the tensor cores, written out: the statistics pass also stores its
+        output (no bias, as cuDNN's) and the cuDNN world's main kernel reads it. It trades computing
+        the convolution again for writing and reading its output: worth it where that output is
+        small against the work. Offered wherever the gemm world needs both passes; empty otherwise."""
+        if not (self.gemm and self.needs_stats and self.family is not None):
+            return ()
+        return self._stages("gemm_stats", self.family)
+
+    @property
     def impl_stages(self) -> dict[str, tuple[str, ...]]:
         """producer.impl -> its stages in launch order, for every impl the plan offers."""
         offered = {"cudnn": self.cudnn_stages, "direct": self.direct_stages, "gemm": self.gemm_stages,
-                   "gemm_extrema": self.gemm_extrema_stages}
+                   "gemm_extrema": self.gemm_extrema_stages, "gemm_store": self.gemm_store_stages}
         return {impl: stages for impl, stages in offered.items() if impl == "cudnn" or stages}
 
     def conv_passes(self, impl: str) -> int:

@@ -246,9 +246,12 @@ def _covering(space, facts) -> list:
     for candidate in space.all():
         if space.violations(candidate, facts):
             continue
-        parts = {(f.family, p.name, candidate[f"{f.family}.{p.name}"]) for f in space.active(candidate)
+        # Keyed by world: a stage shared by two worlds may run other code in each (gemm_stats also
+        # writes extremes for gemm_extrema, the convolution output for gemm_store).
+        impl = candidate.get("producer.impl", "cudnn")
+        parts = {(impl, f.family, p.name, candidate[f"{f.family}.{p.name}"]) for f in space.active(candidate)
                  for p in f.params if not p.compile_time}
-        parts |= {(f.family, repr(sorted((p.name, candidate[f"{f.family}.{p.name}"]) for p in f.compile_params)))
+        parts |= {(impl, f.family, repr(sorted((p.name, candidate[f"{f.family}.{p.name}"]) for p in f.compile_params)))
                   for f in space.active(candidate)}
         if not parts <= covered:
             covered |= parts
@@ -267,7 +270,7 @@ def _tf32_refused_where_eager_is_exact(candidate, outcome) -> bool:
             and outcome["error_max"] <= ERROR_RATIO * outcome["tf32_error_max"])
 
 
-@pytest.mark.parametrize("impl", ["cudnn", "direct", "gemm", "gemm_extrema"])
+@pytest.mark.parametrize("impl", ["cudnn", "direct", "gemm", "gemm_extrema", "gemm_store"])
 def test_families_beyond_the_seeds(impl, cache, worker):
     """Every compiled variant of every stage verifies on chains and shapes the seeds do not cover,
     in each world (cuDNN, the direct kernels, the tensor-core kernels: one test each, sharing the
@@ -308,7 +311,7 @@ def test_families_beyond_the_seeds(impl, cache, worker):
     assert not failures, failures[:5]
 
 
-@pytest.mark.parametrize("impl", ["direct", "gemm", "gemm_extrema"])
+@pytest.mark.parametrize("impl", ["direct", "gemm", "gemm_extrema", "gemm_store"])
 @pytest.mark.parametrize("config", SEEDS, ids=lambda p: p.stem)
 def test_inside_kernels_at_seed_shapes(config, impl, cache, worker):
     """Every variant with the convolution inside the kernels (on CUDA cores: direct; on tensor cores:

@@ -47,8 +47,11 @@ def test_seed_plans(key):
     extrema = ("gemm_stats", "finalize", "extrema_map") if plan.extrema else ()
     assert plan.gemm_extrema_stages == extrema
     assert plan.stages == tuple(dict.fromkeys(stages + direct + gemm + extrema))  # finalize serves every world
+    # The convolution once, written out (gemm_store), wherever the gemm world has two passes.
+    store = ("gemm_stats", "finalize", family) if len(gemm) == 3 else ()
+    assert plan.gemm_store_stages == store
     assert list(plan.impl_stages) == (["cudnn"] + ["direct"] * bool(direct) + ["gemm"] * bool(gemm)
-                                      + ["gemm_extrema"] * bool(extrema))
+                                      + ["gemm_extrema"] * bool(extrema) + ["gemm_store"] * bool(store))
     assert plan.family == family
     assert plan.drop_bias is drop_bias
     assert plan.needs_stats is ("stats" in stages)

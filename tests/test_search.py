@@ -246,17 +246,17 @@ def test_large_space_spends_exactly_the_budget(cache):
     assert evaluated[0] == candidate_key(space.default())  # the declared default goes first ...
     # ... then one start per other world: the direct kernels' default, or (its split of 16 blocks
     # being too many for 961 pooled outputs) the feasible direct candidate nearest to it, and the
-    # tensor-core kernels' default in both of their worlds; then cuDNN's other layout. A budget of 4
+    # tensor-core kernels' default in each of their worlds; then cuDNN's other layout. A budget of 5
     # reaches every world.
     entry = cache.load(result.key)
     by_key = {k: o["candidate"] for k, o in entry.outcomes.items()}
-    first = [by_key[k] for k in evaluated[:5]]
+    first = [by_key[k] for k in evaluated[:6]]
     assert [(c["producer.impl"], c["producer.layout"]) for c in first] == [
         ("cudnn", "contiguous"), ("direct", "contiguous"), ("gemm", "contiguous"), ("gemm_extrema", "contiguous"),
-        ("cudnn", "channels_last")]
-    assert first[2] == space.canonical({**space.default(), "producer.impl": "gemm"})
-    assert first[3] == space.canonical({**space.default(), "producer.impl": "gemm_extrema"})
-    assert first[4] == space.canonical({**space.default(), "producer.layout": "channels_last"})
+        ("gemm_store", "contiguous"), ("cudnn", "channels_last")]
+    for i, impl in ((2, "gemm"), (3, "gemm_extrema"), (4, "gemm_store")):
+        assert first[i] == space.canonical({**space.default(), "producer.impl": impl})
+    assert first[5] == space.canonical({**space.default(), "producer.layout": "channels_last"})
     direct_default = space.canonical({**space.default(), "producer.impl": "direct"})
     assert space.violations(direct_default, shape_facts(spec, make_plan(spec), LARGE[1], MACHINE.capability))
     assert {k for k in first[1] if first[1][k] != direct_default[k]} == {"direct_main.split"}
@@ -378,7 +378,7 @@ def test_shape_facts(seed, shape):
     plan = make_plan(spec)
     facts = shape_facts(spec, plan, shape, MACHINE.capability)
     assert facts == {**FACTS[(seed, shape)], "direct": int(plan.direct), "gemm": int(plan.gemm), "gemm_th": plan.gemm_th,
-                     "extrema": int(plan.extrema), "pool_sh": plan.pool_window[1][1], "pool_sw": plan.pool_window[1][2],
+                     "extrema": int(plan.extrema), "store": int(bool(plan.gemm_store_stages)), "pool_sh": plan.pool_window[1][1], "pool_sw": plan.pool_window[1][2],
                      "family": plan.family or "none", "sm": 90, "forward_form": int(seed == "batchnorm")}  # stride 1: the other convT has 2
     assert facts["direct"] == (seed != "batchnorm")  # its 64 -> 128 k=5 weights do not fit constant memory
     assert facts["gemm"] == (seed in ("groupnorm", "instancenorm"))  # not (yet) for transposed convolutions

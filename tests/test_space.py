@@ -138,13 +138,15 @@ def test_plan_space_of_seeds():
     # second form) plus the direct kernels' (no layout;
     # direct_main's reduction strategy matters only for a plane reduction, not this window map), plus
     # the tensor-core kernels' (no layout either), with the convolution twice (gemm) or once
-    # (gemm_extrema: the statistics pass, then extrema_map).
+    # (gemm_extrema: the statistics pass, then extrema_map; gemm_store: the statistics pass, then cuDNN's
+    # main kernel).
     cudnn = 2 * (3 * 2 * 2 * 6) * (3 * 3)
     direct = (2 * 4 * 2 * 4) * (2 * 5 * 4)
     gemm_stats = 2 * 2 * 2 * 3 * 4
     gemm = gemm_stats ** 2
     gemm_extrema = gemm_stats * (3 * 3)
-    assert sum(1 for _ in space.all()) == cudnn + direct + gemm + gemm_extrema
+    gemm_store = gemm_stats * (3 * 3)  # then cuDNN's window_map (its block and ilp), reading the stored output
+    assert sum(1 for _ in space.all()) == cudnn + direct + gemm + gemm_extrema + gemm_store
 
 
 def test_candidates_are_canonical_where_a_choice_does_not_matter():

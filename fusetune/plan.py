@@ -19,9 +19,11 @@ norm's statistics from the convolution as it computes it, and ``direct_main`` re
 tile by tile, applies the chain and pools or reduces on chip, so the convolution output is
 never written. Where the channels come in whole tensor-core tiles, the plan also offers the
 same two passes as implicit GEMMs on the tensor cores in TF32 (``gemm_stats``, ``gemm_main``:
-see fusetune/tiles.py), and where a norm's chain ends in a max pool of a per-channel monotone chain,
-the convolution once (``gemm_extrema``: the statistics pass also writes each window's extremes,
-``extrema_map`` finishes from them). The search picks among the worlds (``producer.impl``).
+see fusetune/tiles.py). Where a norm needs those two passes, the tensor cores can also compute the
+convolution once: ``gemm_extrema`` (a max pool of a per-channel monotone chain: the statistics
+pass also writes each window's extremes, ``extrema_map`` finishes from them) and ``gemm_store``
+(the statistics pass writes the convolution output, the cuDNN world's main kernel reads it). The
+search picks among the worlds (``producer.impl``).
 
 Exact algebra the planner uses:
   * a spatial mean (or sum) right after a norm is the norm's affine map applied to the

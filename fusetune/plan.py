@@ -40,7 +40,7 @@ from typing import Sequence
 from fusetune.config import ProblemSpec
 from fusetune.errors import PlanError
 from fusetune.ops import Add, Div, Elementwise, Mul, Norm, Op, Pool, Reduce
-from fusetune.tiles import gemm_fits, gemm_max_height
+from fusetune.tiles import BOX_HEIGHTS, WIDEST_BOX, gemm_fits, gemm_max_height
 
 
 #: The stages that compute the convolution inside themselves.
@@ -110,9 +110,9 @@ class Plan:
         if not (self.gemm and self.needs_stats and self.family == "window_map" and self.pool is not None):
             return False
         (kd, kh, kw), (sd, sh, sw) = self.pool_window
-        # The boxes (gemm_stats.yaml: tw up to 32, th up to 16) must hold whole windows.
+        # The largest boxes (gemm_stats.yaml's tw and th) must hold whole windows.
         return (self.pool.mode == "max" and all(op.monotone() for op in (*self.pre, *self.mid))
-                and kd == sd == 1 and kh <= sh and kw <= sw and 16 % sh == 0 and 32 % sw == 0)
+                and kd == sd == 1 and kh <= sh and kw <= sw and max(BOX_HEIGHTS) % sh == 0 and WIDEST_BOX % sw == 0)
 
     @property
     def gemm_extrema_stages(self) -> tuple[str, ...]:

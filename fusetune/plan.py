@@ -40,7 +40,7 @@ from typing import Sequence
 from fusetune.config import ProblemSpec
 from fusetune.errors import PlanError
 from fusetune.ops import Add, Div, Elementwise, Mul, Norm, Op, Pool, Reduce
-from fusetune.tiles import BOX_HEIGHTS, WIDEST_BOX, gemm_fits, gemm_max_height
+from fusetune.tiles import BOX_HEIGHTS, WIDEST_BOX, direct_row_cells, gemm_fits, gemm_max_height
 
 
 #: The stages that compute the convolution inside themselves.
@@ -62,6 +62,7 @@ class Plan:
     direct: bool = False  # the convolution can also run inside the kernels on CUDA cores (direct_* stages)
     gemm: bool = False  # ... and as implicit GEMMs on the tensor cores (gemm_* stages)
     gemm_th: int = 0  # the tallest box of the gemm kernels within the shared memory (tiles.gemm_max_height)
+    direct_cells: int = 1  # the most pooling windows in a row a direct_main thread takes (tiles.direct_row_cells)
 
     @property
     def bias_in_epilogue(self) -> bool:
@@ -100,6 +101,24 @@ class Plan:
         return self._stages("gemm_stats", "gemm_main") if self.gemm else ()
 
     @property
+    def pool_at_extremes(self) -> bool:
+        """Whether a max pool's value is the chain at its window's largest or smallest raw value:
+        the chain up to the pool is monotone per channel (a norm's affine map, bias, mul, add, clamp,
+        relu), in whichever direction each channel's runs. A kernel may then pool the raw values and
+        apply the chain to two values a window instead of every output."""
+        return (self.pool is not None and self.pool.mode == "max"
+                and all(op.monotone() for op in (*self.pre, *self.mid)))
+
+    @property
+    def pool_increasing(self) -> bool:
+        """Whether, beyond pool_at_extremes, the chain up to the max pool is non-decreasing in every
+        channel whatever its parameters (no norm with a learnable scale, no multiplication by a
+        parameter or a negative number): the pool's value is then the chain at the window's largest
+        raw value alone."""
+        return (self.pool_at_extremes and all(op.increasing() for op in (*self.pre, *self.mid))
+                and (self.norm is None or not self.norm.affine))
+
+    @property
     def extrema(self) -> bool:
         """Whether the tensor-core world can compute the convolution once instead of twice: its
         statistics pass also writes each pooling window's largest and smallest raw value, and a small
@@ -107,12 +126,11 @@ class Plan:
         monotone per channel (a norm's affine map, bias, mul, add, clamp, relu: the chain's max over
         a window is at the window's largest or smallest input, whatever the signs) and the windows
         lie whole in the statistics pass's boxes: one output deep, not overlapping."""
-        if not (self.gemm and self.needs_stats and self.family == "window_map" and self.pool is not None):
+        if not (self.gemm and self.needs_stats and self.family == "window_map" and self.pool_at_extremes):
             return False
         (kd, kh, kw), (sd, sh, sw) = self.pool_window
         # The largest boxes (gemm_stats.yaml's tw and th) must hold whole windows.
-        return (self.pool.mode == "max" and all(op.monotone() for op in (*self.pre, *self.mid))
-                and kd == sd == 1 and kh <= sh and kw <= sw and max(BOX_HEIGHTS) % sh == 0 and WIDEST_BOX % sw == 0)
+        return (kd == sd == 1 and kh <= sh and kw <= sw and max(BOX_HEIGHTS) % sh == 0 and WIDEST_BOX % sw == 0)
 
     @property
     def gemm_extrema_stages(self) -> tuple[str, ...]:
@@ -233,7 +251,8 @@ def make_plan(spec: ProblemSpec) -> Plan:
     windows = [((1, 1, 1), (1, 1, 1)), plan.pool_window]
     gemm = gemm_fits(spec.producer.geometry(), windows)
     gemm_th = gemm_max_height(spec.producer.geometry(), windows) if gemm else 0
-    return dataclasses.replace(plan, gemm=gemm, gemm_th=gemm_th)
+    direct_cells = direct_row_cells(spec.producer.geometry(), *plan.pool_window) if plan.direct else 1
+    return dataclasses.replace(plan, gemm=gemm, gemm_th=gemm_th, direct_cells=direct_cells)
 
 
 def _affine(ops: Sequence[Op]) -> bool:

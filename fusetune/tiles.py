@@ -1,4 +1,10 @@
-"""The tile geometry of the tensor-core (implicit GEMM) kernels, worked out once in Python.
+"""The tile geometry of the kernels that compute the convolution, worked out once in Python.
+
+The direct kernels (CUDA cores) hold a thread's inputs in registers where they fit:
+``direct_footprint`` below mirrors direct.cuh.j2's FtFootprint, and the plan offers several
+cells a thread only where it does.
+
+The tensor-core (implicit GEMM) kernels:
 
 A block of the ``gemm_*`` kernels computes the convolution over a *box*: a run of cells
 (pooling windows, or single outputs) one cell deep, ``tw`` outputs wide and ``th`` high at
@@ -126,3 +132,47 @@ def gemm_fits(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[int]]]
     if weight_words(conv["cout"], k_padded(conv["cin"], conv["kernel"])) > MAX_WEIGHT_FLOATS:
         return False
     return gemm_max_height(conv, windows) > 0
+
+
+#: Input values a direct thread may hold in registers (direct.cuh.j2's FT_FOOTPRINT_MAX).
+FOOTPRINT_MAX = 64
+#: Cells (pooling windows) a direct_main thread may take in a row: direct_main.yaml's cells.
+ROW_CELLS = (1, 2, 4)
+
+
+def _span(outputs: int, cell_stride: int, stride: int, padding: int, taps: int, transposed: bool) -> int | None:
+    """Along one dimension: how many input coordinates ``outputs`` outputs o = c * cell_stride + w
+    (w < outputs) read, or None where which taps reach each output is not fixed by w alone (a
+    transposed convolution whose stride does not divide the cell stride)."""
+    if transposed and cell_stride % stride:
+        return None
+    offsets = [(w + padding - t) // stride if transposed else w * stride - padding + t
+               for w in range(outputs) for t in range(taps) if not transposed or (w + padding - t) % stride == 0]
+    return max(offsets) - min(offsets) + 1 if offsets else 0
+
+
+def direct_footprint(conv: dict, window: Sequence[int], stride: Sequence[int], cells: int) -> int:
+    """Input values (channels x positions) that ``cells`` cells in a row (along w) read, each cell a
+    window of outputs with the given cell stride; 0 where they do not go to registers (not fixed at
+    compile time, or more than FOOTPRINT_MAX)."""
+    spans = []
+    for dim in range(3):
+        outputs, cell_stride = window[dim], stride[dim]
+        if dim == 2:
+            if _span(outputs, cell_stride, conv["stride"][2], conv["padding"][2], conv["kernel"][2],
+                     conv["transposed"]) is None:
+                return 0
+            outputs, cell_stride = (cells - 1) * cell_stride + outputs, cells * cell_stride
+        span = _span(outputs, cell_stride, conv["stride"][dim], conv["padding"][dim], conv["kernel"][dim],
+                     conv["transposed"])
+        if not span:
+            return 0
+        spans.append(span)
+    values = conv["cin"] * math.prod(spans)
+    return values if values <= FOOTPRINT_MAX else 0
+
+
+def direct_row_cells(conv: dict, window: Sequence[int], stride: Sequence[int]) -> int:
+    """The most cells in a row a direct_main thread may take: several only where their inputs fit
+    in registers (each weight then feeds one FMA per cell)."""
+    return max(r for r in ROW_CELLS if r == 1 or direct_footprint(conv, window, stride, r))

@@ -179,6 +179,20 @@ EXTRA["convt3d_direct_stride3_maxpool_gap"] = {
                  {"op": "adaptive_avg_pool"}, {"op": "add", "by": 0.25}],
     "parameters": {"s": {"init": "randn"}},
     "shapes": [[3, 4, 5, 9, 4]]}
+# Several pooling windows a thread (direct_main.cells), with a row's last group running past its end:
+# the window's ends both ways (a scale of either sign) and the largest alone (a rising chain).
+EXTRA["convt3d_direct_rows_negscale_maxpool"] = {
+    "producer": {"op": "conv_transpose3d", "in_channels": 4, "out_channels": 6, "kernel_size": 3, "stride": 2,
+                 "padding": 1},
+    "epilogue": [{"op": "mul", "by": "s"}, {"op": "max_pool", "kernel_size": 2}, {"op": "clamp", "min": -0.5, "max": 0.5}],
+    "parameters": {"s": {"init": "randn"}},
+    "shapes": [[2, 4, 5, 7, 10]]}
+EXTRA["convt3d_direct_rows_rising_maxpool_gap"] = {
+    "producer": {"op": "conv_transpose3d", "in_channels": 3, "out_channels": 8, "kernel_size": 3, "stride": 2,
+                 "padding": 1},
+    "epilogue": [{"op": "add", "by": 0.3}, {"op": "mul", "by": 0.5}, {"op": "max_pool", "kernel_size": 2},
+                 {"op": "adaptive_avg_pool"}],
+    "shapes": [[2, 3, 5, 6, 11]]}
 EXTRA["conv2d_direct_stride_bn_mean"] = {
     "producer": {"op": "conv2d", "in_channels": 3, "out_channels": 8, "kernel_size": 3, "stride": 2, "padding": 1},
     "epilogue": [{"op": "mul", "by": 0.7}, {"op": "batch_norm"}, {"op": "adaptive_avg_pool"}],

@@ -209,6 +209,25 @@ def test_too_many_parameters_is_a_plan_error():
     make_plan(parse_config(raw, "many.yaml"))
 
 
+def test_pool_at_extremes_and_rising_chains():
+    """A max pool after a monotone chain is the chain at a window's largest or smallest raw value
+    (pool_at_extremes); at the largest alone where the chain never falls, whatever its parameters
+    (pool_increasing): adding anything, scaling by a positive number, clamp, relu, a norm without a
+    learnable scale. The direct kernels then pool raw values (direct_main.cu.j2)."""
+    pool = {"op": "max_pool", "kernel_size": 4}
+    rising = [{"op": "add", "by": "scale"}, {"op": "mul", "by": 0.5}, {"op": "div", "by": 3.0}, {"op": "relu"},
+              {"op": "clamp", "min": -1.0}]
+    assert _plan("groupnorm", [*rising, pool]).pool_increasing
+    assert _plan("groupnorm", [{"op": "instance_norm"}, *rising, pool]).pool_increasing
+    for falls in ({"op": "mul", "by": -0.5}, {"op": "mul", "by": "scale"}, {"op": "group_norm", "groups": 16}):
+        plan = _plan("groupnorm", [*rising, falls, pool])
+        assert plan.pool_at_extremes and not plan.pool_increasing, falls
+    assert not _plan("groupnorm", [{"op": "div", "by": "scale"}, pool]).pool_at_extremes
+    assert not _plan("groupnorm", [*rising, {"op": "avg_pool", "kernel_size": 4}]).pool_at_extremes
+    seed = make_plan(load_config(SEEDS["maxpool_gap"]))
+    assert seed.pool_increasing and seed.direct_cells == 4
+
+
 def test_extrema_only_where_the_window_max_is_at_its_ends():
     """gemm_extrema takes a max pool at each window's largest or smallest raw value: offered only for
     a chain monotone per channel up to a max pool whose windows lie whole in the boxes."""

@@ -238,7 +238,7 @@ def test_model_new_variant_selection(tmp_path):
                              "stats": {"block": 256, "vec": 4, "reduce": "warp", "split": 4},
                              "finalize": {}, "window_map": {"block": 256, "ilp": 2},
                              "direct_stats": {"block": 128, "ct": 4, "reduce": "warp", "split": 16},
-                             "direct_main": {"block": 128, "ct": 4, "reduce": "warp", "split": 16},
+                             "direct_main": {"block": 256, "ct": 8, "reduce": "warp", "cells": 2, "split": 4},
                              "gemm_stats": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 4},
                              "gemm_main": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 4},
                              "extrema_map": {"block": 256, "ilp": 2}}

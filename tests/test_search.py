@@ -378,6 +378,7 @@ def test_shape_facts(seed, shape):
     plan = make_plan(spec)
     facts = shape_facts(spec, plan, shape, MACHINE.capability)
     assert facts == {**FACTS[(seed, shape)], "direct": int(plan.direct), "gemm": int(plan.gemm), "gemm_th": plan.gemm_th,
+                     "direct_cells": plan.direct_cells,
                      "extrema": int(plan.extrema), "store": int(bool(plan.gemm_store_stages)), "pool_sh": plan.pool_window[1][1], "pool_sw": plan.pool_window[1][2],
                      "family": plan.family or "none", "sm": 90, "forward_form": int(seed == "batchnorm")}  # stride 1: the other convT has 2
     assert facts["direct"] == (seed != "batchnorm")  # its 64 -> 128 k=5 weights do not fit constant memory

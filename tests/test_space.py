@@ -130,7 +130,7 @@ def test_plan_space_of_seeds():
         "stats": {"block": 256, "vec": 4, "reduce": "warp", "split": 4}, "finalize": {},
         "window_map": {"block": 256, "ilp": 2},
         "direct_stats": {"block": 128, "ct": 4, "reduce": "warp", "split": 16},
-        "direct_main": {"block": 128, "ct": 4, "reduce": "warp", "split": 16},
+        "direct_main": {"block": 256, "ct": 8, "reduce": "warp", "cells": 2, "split": 4},
         "gemm_stats": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 4},
         "gemm_main": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 4},
         "extrema_map": {"block": 256, "ilp": 2}}
@@ -141,7 +141,7 @@ def test_plan_space_of_seeds():
     # (gemm_extrema: the statistics pass, then extrema_map; gemm_store: the statistics pass, then cuDNN's
     # main kernel).
     cudnn = 2 * (3 * 2 * 2 * 6) * (3 * 3)
-    direct = (2 * 4 * 2 * 4) * (2 * 5 * 4)
+    direct = (2 * 4 * 2 * 4) * (2 * 5 * 3 * 4)  # direct_main: block, ct, cells (infeasible ones too), split
     gemm_stats = 2 * 2 * 2 * 3 * 4
     gemm = gemm_stats ** 2
     gemm_extrema = gemm_stats * (3 * 3)

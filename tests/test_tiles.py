@@ -1,11 +1,13 @@
-"""The tensor-core kernels' tile geometry (fusetune/tiles.py): boxes of whole cells, the input they
-read, padding of K and M, and strides chosen so that a warp's shared-memory accesses do not conflict."""
+"""The kernels' tile geometry (fusetune/tiles.py). Tensor cores: boxes of whole cells, the input they
+read, padding of K and M, and strides chosen so that a warp's shared-memory accesses do not conflict.
+Direct kernels: the inputs a thread's cells read, which it holds in registers where they fit."""
 from __future__ import annotations
 
 import pytest
 
 from fusetune.config import load_config
-from fusetune.tiles import SMEM_LIMIT, cin_padded, gemm_fits, gemm_max_height, gemm_tile, k_padded, weight_words
+from fusetune.tiles import (FOOTPRINT_MAX, SMEM_LIMIT, cin_padded, direct_footprint, direct_row_cells, gemm_fits,
+                            gemm_max_height, gemm_tile, k_padded, weight_words)
 
 from conftest import SEEDS
 
@@ -100,3 +102,29 @@ def test_a_loads_of_a_warp_hit_32_banks_at_the_seeds(name, tw, th):
     assert tile.input_row % 4 == 0 and tile.input[2] <= tile.input_row < tile.input[2] + 4
     assert tile.channel_stride % 4 == 0 and tile.channel_stride >= tile.input[0] * tile.input[1] * tile.input_row
     assert len({(g + t * tile.channel_stride) % 32 for g in range(8) for t in range(4)}) == 32
+
+
+def test_direct_footprint_of_the_transposed_seed():
+    """ConvTranspose3d(3 -> 16, k=3, stride 2, padding 1) under a 2 x 2 x 2 max pool: a window's
+    outputs read 2 input positions a dimension (each output parity its own taps), and each further
+    window in the row one more along w: 3 x 2 x 2 x (1 + cells) values."""
+    conv = load_config(SEEDS["maxpool_gap"]).producer.geometry()
+    window = ((2, 2, 2), (2, 2, 2))
+    assert [direct_footprint(conv, *window, cells) for cells in (1, 2, 4)] == [24, 36, 60]
+    assert direct_row_cells(conv, *window) == 4
+    # A cell stride the convolution's stride does not divide: the taps of a window's outputs are not
+    # known at compile time, so nothing goes to registers.
+    assert direct_footprint(conv, (3, 3, 3), (3, 3, 3), 1) == 0
+
+
+def test_direct_footprint_of_plain_convolutions():
+    """A plain convolution's single output reads its whole kernel: 3 x 3 x 3 x 3 = 81 for the conv3d
+    seed, more than FOOTPRINT_MAX, so its threads keep reading taps from memory (one cell a thread)."""
+    conv3d = load_config(SEEDS["instancenorm"]).producer.geometry()
+    assert direct_footprint(conv3d, ONE, ONE, 1) == 0 and direct_row_cells(conv3d, ONE, ONE) == 1
+    small = {"cin": 4, "cout": 8, "kernel": (2, 2, 2), "stride": (1, 1, 1), "padding": (0, 0, 0), "transposed": False}
+    # Outputs in a row share inputs: 4 channels x 2 x 2 x (1 + cells).
+    assert [direct_footprint(small, ONE, ONE, cells) for cells in (1, 2, 4)] == [32, 48, 0]
+    assert direct_row_cells(small, ONE, ONE) == 2
+    strided = {**small, "stride": (1, 1, 2), "padding": (0, 0, 1)}
+    assert direct_footprint(strided, ONE, ONE, 2) == 4 * 2 * 2 * 4 <= FOOTPRINT_MAX

@@ -30,6 +30,12 @@ class Elementwise(Op):
         smallest input (plan.extrema). False unless an op says otherwise."""
         return False
 
+    def increasing(self) -> bool:
+        """Whether the op is non-decreasing in its value for every channel, whatever its parameters
+        hold: a max pool after a chain of such ops is then that chain at a window's largest input
+        alone (plan.pool_increasing). False unless an op says otherwise."""
+        return False
+
     def cuda(self, v: str, load: ParamLoader) -> str:
         raise NotImplementedError
 
@@ -65,6 +71,10 @@ class _Binary(Elementwise):
         # By a per-channel constant: monotone, in either direction. Not a division by a learnable
         # parameter, which may be 0 (0 / 0 is NaN inside a window whose ends are +-inf).
         return not (self.symbol == "/" and self.param)
+
+    def increasing(self) -> bool:
+        # Adding anything; multiplying or dividing by a positive constant (a parameter may be negative).
+        return self.symbol == "+" or (self.param is None and self.scalar is not None and self.scalar > 0)
 
     def _operand_py(self) -> str:
         return f"self.{self.param}" if self.param else repr(self.scalar)
@@ -115,6 +125,9 @@ class Clamp(Elementwise):
     def monotone(self) -> bool:
         return True
 
+    def increasing(self) -> bool:
+        return True
+
     def forward_code(self, x: str, attr: str | None) -> str:
         return f"torch.clamp({x}, min={self.min!r}, max={self.max!r})"
 
@@ -138,6 +151,9 @@ class Relu(Elementwise):
         return cls()
 
     def monotone(self) -> bool:
+        return True
+
+    def increasing(self) -> bool:
         return True
 
     def forward_code(self, x: str, attr: str | None) -> str:

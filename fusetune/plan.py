@@ -177,6 +177,14 @@ class Plan:
         return None
 
     @property
+    def half_store(self) -> bool:
+        """Whether gemm_store may write its output in half precision, less each plane's pivot
+        (producer.store): the pre chain is affine, so the statistics pass's MMAs start from -pivot and
+        hold y - pivot, a value of the plane's spread rather than its offset; and the main kernel is
+        channel_reduce, the one family that reads it so."""
+        return bool(self.gemm_store_stages) and self.pre_scale is not None and self.family == "channel_reduce"
+
+    @property
     def pool_window(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         """The pooling window and stride, 3-D (a 2-D one padded with a leading 1); ones without a pool."""
         if self.pool is None:

@@ -234,7 +234,7 @@ def test_model_new_shares_batch_norm_buffers(tmp_path):
 def test_model_new_variant_selection(tmp_path):
     _, module = _generate("groupnorm", tmp_path)
     fused = module.ModelNew()
-    assert fused.variant == {"producer": {"impl": "cudnn", "layout": "contiguous", "form": "native"},
+    assert fused.variant == {"producer": {"impl": "cudnn", "layout": "contiguous", "store": "float", "form": "native"},
                              "stats": {"block": 256, "vec": 4, "reduce": "warp", "split": 4},
                              "finalize": {}, "window_map": {"block": 256, "ilp": 2},
                              "direct_stats": {"block": 128, "ct": 4, "reduce": "warp", "split": 16},

@@ -244,8 +244,9 @@ def test_large_space_spends_exactly_the_budget(cache):
     feasible, space = _feasible(spec, LARGE[1])
     assert len(feasible) > 10  # so the budget, not the space, is what stopped the search
     assert evaluated[0] == candidate_key(space.default())  # the declared default goes first ...
-    # ... then one start per other world: the direct kernels' default, or (its split of 16 blocks
-    # being too many for 961 pooled outputs) the feasible direct candidate nearest to it, and the
+    # ... then one start per other world: the direct kernels' default, or (its two windows a thread
+    # being more inputs than this convolution's fit in registers) the feasible direct candidate
+    # nearest to it, and the
     # tensor-core kernels' default in each of their worlds; then cuDNN's other layout. A budget of 5
     # reaches every world.
     entry = cache.load(result.key)
@@ -259,7 +260,7 @@ def test_large_space_spends_exactly_the_budget(cache):
     assert first[5] == space.canonical({**space.default(), "producer.layout": "channels_last"})
     direct_default = space.canonical({**space.default(), "producer.impl": "direct"})
     assert space.violations(direct_default, shape_facts(spec, make_plan(spec), LARGE[1], MACHINE.capability))
-    assert {k for k in first[1] if first[1][k] != direct_default[k]} == {"direct_main.split"}
+    assert {k for k in first[1] if first[1][k] != direct_default[k]} == {"direct_main.cells"}
     assert {k for k, o in entry.outcomes.items() if o["status"] != "infeasible"} == set(evaluated)
     assert candidate_key(result.candidate) == _best_ok(entry)
 
@@ -378,7 +379,7 @@ def test_shape_facts(seed, shape):
     plan = make_plan(spec)
     facts = shape_facts(spec, plan, shape, MACHINE.capability)
     assert facts == {**FACTS[(seed, shape)], "direct": int(plan.direct), "gemm": int(plan.gemm), "gemm_th": plan.gemm_th,
-                     "direct_cells": plan.direct_cells,
+                     "direct_cells": plan.direct_cells, "half_store": int(plan.half_store),
                      "extrema": int(plan.extrema), "store": int(bool(plan.gemm_store_stages)), "pool_sh": plan.pool_window[1][1], "pool_sw": plan.pool_window[1][2],
                      "family": plan.family or "none", "sm": 90, "forward_form": int(seed == "batchnorm")}  # stride 1: the other convT has 2
     assert facts["direct"] == (seed != "batchnorm")  # its 64 -> 128 k=5 weights do not fit constant memory

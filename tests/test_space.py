@@ -122,11 +122,11 @@ def test_plan_space_of_seeds():
     space = plan_space(make_plan(load_config(SEEDS["groupnorm"])))
     assert [f.family for f in space.families] == ["producer", "stats", "finalize", "window_map", "direct_stats",
                                                   "direct_main", "gemm_stats", "gemm_main", "extrema_map"]
-    assert space.names()[:8] == ["producer.impl", "producer.layout", "producer.form", "stats.block", "stats.vec",
-                                 "stats.reduce", "stats.split", "window_map.block"]
+    assert space.names()[:8] == ["producer.impl", "producer.layout", "producer.store", "producer.form", "stats.block",
+                                 "stats.vec", "stats.reduce", "stats.split"]
     assert space.default() in list(space.all())
     assert space.stage_values(space.default()) == {
-        "producer": {"impl": "cudnn", "layout": "contiguous", "form": "native"},
+        "producer": {"impl": "cudnn", "layout": "contiguous", "store": "float", "form": "native"},
         "stats": {"block": 256, "vec": 4, "reduce": "warp", "split": 4}, "finalize": {},
         "window_map": {"block": 256, "ilp": 2},
         "direct_stats": {"block": 128, "ct": 4, "reduce": "warp", "split": 16},
@@ -145,7 +145,9 @@ def test_plan_space_of_seeds():
     gemm_stats = 2 * 2 * 2 * 3 * 4
     gemm = gemm_stats ** 2
     gemm_extrema = gemm_stats * (3 * 3)
-    gemm_store = gemm_stats * (3 * 3)  # then cuDNN's window_map (its block and ilp), reading the stored output
+    # gemm_store: then cuDNN's window_map (its block and ilp), reading the stored output, in float or half (every
+    # choice is enumerated; half is infeasible for this chain, see test_half_store_only_for_channel_reduce)
+    gemm_store = gemm_stats * (3 * 3) * 2
     assert sum(1 for _ in space.all()) == cudnn + direct + gemm + gemm_extrema + gemm_store
 
 
@@ -175,15 +177,29 @@ def test_constraints_of_inactive_families_are_not_checked():
     plan = make_plan(load_config(SEEDS["groupnorm"]))
     space = plan_space(plan)
     facts = {"N": 3, "C": 64, "D": 1, "H": 35, "W": 43, "S": 1505, "OD": 1, "OH": 8, "OW": 10, "P": 80,
-             "direct": 1, "family": "window_map"}
+             "direct": 1, "direct_cells": 1, "family": "window_map"}
     direct = space.canonical({**space.default(), "producer.impl": "direct", "direct_main.split": 1,
-                              "direct_stats.split": 1})
+                              "direct_main.cells": 1, "direct_stats.split": 1})
     assert direct["stats.vec"] == 4 and facts["S"] % 4  # stats' own constraint would fail, but stats does not run
     assert space.violations(direct, facts) == []
     assert space.violations({**direct, "direct_main.ct": 8}, facts) == []
     assert space.violations({**direct, "direct_main.ct": 32}, facts)  # registers: only a channel reduction takes 32
     broken = space.violations({**direct, "direct_stats.split": 64, "direct_stats.block": 256}, facts)
     assert broken and all(b.startswith("direct_stats:") for b in broken)
+
+
+def test_half_store_only_for_channel_reduce():
+    """gemm_store may keep its output in half precision less each plane's pivot only where the chain
+    before the norm is affine (the statistics pass then holds y - pivot) and channel_reduce reads it."""
+    for seed, offered in (("instancenorm", True), ("groupnorm", False), ("maxpool_gap", False)):
+        plan = make_plan(load_config(SEEDS[seed]))
+        assert plan.half_store is offered, seed
+    space = plan_space(make_plan(load_config(SEEDS["groupnorm"])))
+    half = space.canonical({**space.default(), "producer.impl": "gemm_store", "producer.store": "half"})
+    assert half["producer.store"] == "half"
+    assert any("half" in v for v in space.violations(half, {"half_store": 0, "store": 1, "gemm": 1, "sm": 90, "S": 1, "C": 64}))
+    cudnn = space.canonical({**space.default(), "producer.store": "half"})
+    assert cudnn["producer.store"] == "float"  # only gemm_store stores its output
 
 
 def test_candidate_key_is_order_independent():

@@ -18,7 +18,7 @@ from fusetune.ops import Elementwise
 from fusetune.plan import Plan
 from fusetune.space import PlanSpace, load_family
 from fusetune.templates import environment
-from fusetune.tiles import gemm_k, gemm_tile
+from fusetune.tiles import FOOTPRINT_MAX, gemm_k, gemm_tile
 
 #: Flags for nvcc; part of every cache key. No fast-math: it changes rounding of rsqrt and division.
 CUDA_FLAGS = ("-O3", "-lineinfo", "-std=c++17")
@@ -139,6 +139,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         "cuda_flags": list(CUDA_FLAGS),
         "conv": conv,
         "gemm": gemm_k(conv),
+        "footprint_max": FOOTPRINT_MAX,
         # The box of a gemm variant: whole pooling windows for the main kernel, single outputs for statistics.
         "gemm_tile": lambda variant, pooled: gemm_tile(conv, *(plan.pool_window if pooled else ((1, 1, 1),) * 2),
                                                        variant["tw"], variant["th"]),

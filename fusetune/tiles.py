@@ -134,7 +134,7 @@ def gemm_fits(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[int]]]
     return gemm_max_height(conv, windows) > 0
 
 
-#: Input values a direct thread may hold in registers (direct.cuh.j2's FT_FOOTPRINT_MAX).
+#: Input values a direct thread may hold in registers (rendered as direct.cuh.j2's FT_FOOTPRINT_MAX).
 FOOTPRINT_MAX = 64
 #: Cells (pooling windows) a direct_main thread may take in a row: direct_main.yaml's cells.
 ROW_CELLS = (1, 2, 4)

@@ -55,9 +55,9 @@ def plan_space(plan: Plan) -> PlanSpace:
 
 def plan_facts(plan: Plan) -> dict[str, Any]:
     """What the plan offers, by name, for the spaces' ``when`` and constraints."""
-    return {"family": plan.family or "none", "direct": int(plan.direct), "gemm": int(plan.gemm),
-            "gemm_th": plan.gemm_th, "direct_cells": plan.direct_cells, "extrema": int(plan.extrema), "store": int(bool(plan.gemm_store_stages)),
-            "half_store": int(plan.half_store),
+    return {"family": plan.family or "none", "direct": int(plan.direct), "direct_cells": plan.direct_cells,
+            "gemm": int(plan.gemm), "gemm_th": plan.gemm_th, "extrema": int(plan.extrema),
+            "store": int(bool(plan.gemm_store_stages)), "half_store": int(plan.half_store),
             "pool_sh": plan.pool_window[1][1], "pool_sw": plan.pool_window[1][2],
             "forward_form": int(plan.spec.producer.has_forward_form)}
 

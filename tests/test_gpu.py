@@ -184,7 +184,8 @@ EXTRA["convt3d_direct_stride3_maxpool_gap"] = {
 EXTRA["convt3d_direct_rows_negscale_maxpool"] = {
     "producer": {"op": "conv_transpose3d", "in_channels": 4, "out_channels": 6, "kernel_size": 3, "stride": 2,
                  "padding": 1},
-    "epilogue": [{"op": "mul", "by": "s"}, {"op": "max_pool", "kernel_size": 2}, {"op": "clamp", "min": -0.5, "max": 0.5}],
+    "epilogue": [{"op": "mul", "by": "s"}, {"op": "max_pool", "kernel_size": 2},
+                 {"op": "clamp", "min": -0.5, "max": 0.5}],
     "parameters": {"s": {"init": "randn"}},
     "shapes": [[2, 4, 5, 7, 10]]}
 EXTRA["convt3d_direct_rows_rising_maxpool_gap"] = {

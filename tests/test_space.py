@@ -197,7 +197,8 @@ def test_half_store_only_for_channel_reduce():
     space = plan_space(make_plan(load_config(SEEDS["groupnorm"])))
     half = space.canonical({**space.default(), "producer.impl": "gemm_store", "producer.store": "half"})
     assert half["producer.store"] == "half"
-    assert any("half" in v for v in space.violations(half, {"half_store": 0, "store": 1, "gemm": 1, "sm": 90, "S": 1, "C": 64}))
+    facts = {"half_store": 0, "store": 1, "gemm": 1, "sm": 90, "S": 1, "C": 64}
+    assert any("half" in v for v in space.violations(half, facts))
     cudnn = space.canonical({**space.default(), "producer.store": "half"})
     assert cudnn["producer.store"] == "float"  # only gemm_store stores its output
 

@@ -57,7 +57,8 @@ def plan_facts(plan: Plan) -> dict[str, Any]:
     """What the plan offers, by name, for the spaces' ``when`` and constraints."""
     return {"family": plan.family or "none", "direct": int(plan.direct), "direct_cells": plan.direct_cells,
             "gemm": int(plan.gemm), "gemm_th": plan.gemm_th, "extrema": int(plan.extrema),
-            "store": int(bool(plan.gemm_store_stages)), "half_store": int(plan.half_store),
+            "gemm_store": int(bool(plan.gemm_store_stages)), "half_store": int(plan.half_store),
+            "spectral": int(plan.spectral),
             "pool_sh": plan.pool_window[1][1], "pool_sw": plan.pool_window[1][2],
             "forward_form": int(plan.spec.producer.has_forward_form)}
 
@@ -91,8 +92,9 @@ def _reference_code(plan: Plan) -> tuple[list[tuple[str, str]], list[str], str]:
     return submodules, lines, norm_attr
 
 
-#: Stages compiled one unit per variant: their fully unrolled kernels take ptxas seconds each.
-PER_VARIANT_UNITS = ("direct_stats", "direct_main", "gemm_stats", "gemm_main")
+#: Stages compiled one unit per variant: their fully unrolled kernels take ptxas seconds each, or their
+#: compile_if rules out variants for every plan (spectral_stats: those that would spill).
+PER_VARIANT_UNITS = ("direct_stats", "direct_main", "gemm_stats", "gemm_main", "spectral_stats")
 
 
 def _units(env, plan: Plan, variants: dict[str, list[dict[str, Any]]], context: dict[str, Any]) -> dict[str, str]:

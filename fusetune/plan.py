@@ -148,10 +148,33 @@ class Plan:
         return self._stages("gemm_stats", self.family)
 
     @property
+    def spectral(self) -> bool:
+        """Whether the statistics can come from spectra instead of the convolution (spectral_stats).
+
+        A transposed convolution with stride 1 and no padding is the full linear convolution of
+        its input with its weights, so zero-padded to the output's size, the output's spectrum is
+        the product of theirs per channel pair: U[n, c, f] = sum_ci X[n, ci, f] W[ci, c, f]. By
+        Parseval's theorem a plane's sum of squares is its spectrum's (over the bin count), and its
+        sum is bin 0. Where the chain is an affine pre chain, a norm, and the spatial mean that
+        finalize takes from the statistics (family None), those sums are the whole output: the
+        product per bin costs N * CIN * C complex multiply-adds per bin (about 7 G for the
+        64->128 seed, against its 268 G in space) and the output is never computed."""
+        producer = self.spec.producer
+        full = (producer.transposed and all(s == 1 for s in producer.stride) and not any(producer.padding)
+                and not any(producer.output_padding))
+        return full and self.needs_stats and self.family is None and self.pre_scale is not None
+
+    @property
+    def spectral_stages(self) -> tuple[str, ...]:
+        """Stages of the statistics from spectra (see spectral); empty if not offered."""
+        return self._stages("spectral_stats", None) if self.spectral else ()
+
+    @property
     def impl_stages(self) -> dict[str, tuple[str, ...]]:
         """producer.impl -> its stages in launch order, for every impl the plan offers."""
         offered = {"cudnn": self.cudnn_stages, "direct": self.direct_stages, "gemm": self.gemm_stages,
-                   "gemm_extrema": self.gemm_extrema_stages, "gemm_store": self.gemm_store_stages}
+                   "gemm_extrema": self.gemm_extrema_stages, "gemm_store": self.gemm_store_stages,
+                   "spectral": self.spectral_stages}
         return {impl: stages for impl, stages in offered.items() if impl == "cudnn" or stages}
 
     def conv_passes(self, impl: str) -> int:
@@ -207,6 +230,7 @@ class Plan:
             return ",".join(op.kind for op in ops) or "-"
         direct = f" direct={'+'.join(self.direct_stages)}" if self.direct else ""
         direct += f" gemm={'+'.join(self.gemm_stages)}" if self.gemm else ""
+        direct += f" spectral={'+'.join(self.spectral_stages)}" if self.spectral else ""
         return (f"stages={'+'.join(self.cudnn_stages)}{direct} pre={names(self.pre)} "
                 f"norm={self.norm.kind if self.norm else '-'} mid={names(self.mid)} "
                 f"pool={self.pool.kind if self.pool else '-'} post={names(self.post)} "

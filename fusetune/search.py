@@ -88,6 +88,7 @@ def shape_facts(spec: ProblemSpec, plan: Plan, shape: Shape, capability: str) ->
     spatial = (1,) * (5 - len(out)) + tuple(out[2:])
     facts = {"N": out[0], "C": out[1], "D": spatial[0], "H": spatial[1], "W": spatial[2]}
     facts["S"] = facts["D"] * facts["H"] * facts["W"]
+    facts["F"] = facts["D"] * facts["H"] * (facts["W"] // 2 + 1)  # bins of the output's real spectrum
     pooled = spatial
     if plan.pool is not None:
         pooled = plan.pool.out_shape(out)[2:]

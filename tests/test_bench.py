@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fusetune.bench import (PEAK_FLOPS_PER_SM_CLOCK, conv_flops, epilogue_bytes, kernel_base_name, kernel_bytes,
-                            kernel_rows, table)
+                            kernel_rows, spectral_flops, table)
 from fusetune.config import load_config
 from fusetune.plan import make_plan
 
@@ -37,7 +37,14 @@ def test_epilogue_bytes_read_the_conv_output_once_per_pass():
 
 def test_peaks_are_hopper_dense_rates():
     assert PEAK_FLOPS_PER_SM_CLOCK == {"direct": ("FP32", 256), "gemm": ("TF32", 2048), "gemm_extrema": ("TF32", 2048),
-                                       "gemm_store": ("TF32", 2048)}
+                                       "gemm_store": ("TF32", 2048), "spectral": ("FP32", 256)}
+
+
+def test_spectral_flops_count_the_products_of_spectra():
+    spec = load_config(SEEDS["batchnorm"])
+    # output 20 x 36 x 36: 20 x 36 x 19 bins of its half spectrum, each 16 x 64 x 128 complex multiply-adds
+    assert spectral_flops(spec, spec.shapes[0]) == 8 * 16 * 64 * 128 * (20 * 36 * 19)
+    assert spectral_flops(spec, spec.shapes[0]) < conv_flops(spec, spec.shapes[0]) / 30
 
 
 @pytest.mark.skipif(not RESULTS, reason="no saved results")

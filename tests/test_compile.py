@@ -124,7 +124,7 @@ def test_every_variant_has_a_case_in_its_launcher(rendered, name):
         assert cases == list(range(len(family.variants()))), stage
         assert len(family.variants()) > 1
     for stage in ("stats", "finalize", "window_map", "plane_reduce", "channel_reduce", "direct_stats", "direct_main",
-                  "gemm_stats", "gemm_main"):
+                  "gemm_stats", "gemm_main", "extrema_map", "spectral_stats"):
         assert (f"ft_launch_{stage}(" in source) is (stage in plan.stages), stage
     # A unit per stage; the direct stages' variants have a unit each (compiled in parallel).
     per_stage = {re.sub(r"_\d+\.cu$", ".cu", unit) for unit in module.cuda_sources}

@@ -223,6 +223,22 @@ EXTRA["conv2d_bn_large_batch_maxpool"] = {
     "shapes": [[131, 3, 7, 8]]}
 
 
+# Statistics from spectra (spectral_stats): full transposed convolutions (stride 1, no padding), odd and
+# even output widths (the half spectrum's Nyquist bin), batches and channel counts that are not
+# multiples of a thread's tile, a per-channel scale of either sign and a large offset before the norm,
+# group and batch norm, with and without the producer's bias, an op after the mean.
+EXTRA["convt3d_spectral_offset_groupnorm_gap"] = {
+    "producer": {"op": "conv_transpose3d", "in_channels": 5, "out_channels": 6, "kernel_size": [3, 2, 4]},
+    "epilogue": [{"op": "mul", "by": "s"}, {"op": "add", "by": 40.0}, {"op": "group_norm", "groups": 3},
+                 {"op": "adaptive_avg_pool"}, {"op": "mul", "by": 3.0}],
+    "parameters": {"s": {"init": "randn"}},
+    "shapes": [[3, 5, 4, 7, 6]]}
+EXTRA["convt3d_spectral_bn_gap_clamp"] = {
+    "producer": {"op": "conv_transpose3d", "in_channels": 4, "out_channels": 10, "kernel_size": 3, "bias": False},
+    "epilogue": [{"op": "div", "by": -0.5}, {"op": "batch_norm", "momentum": 0.2}, {"op": "adaptive_avg_pool"},
+                 {"op": "clamp", "min": -0.3, "max": 0.3}],
+    "shapes": [[9, 4, 5, 6, 8]]}
+
 # Tensor-core kernels: channel counts whose weight rows are not a power of two, strides and padding,
 # overlapping and 3-D pooling windows, every main family.
 EXTRA["conv3d_gemm_stride_pad_maxpool3d_gap"] = {
@@ -285,7 +301,7 @@ def _tf32_refused_where_eager_is_exact(candidate, outcome) -> bool:
             and outcome["error_max"] <= ERROR_RATIO * outcome["tf32_error_max"])
 
 
-@pytest.mark.parametrize("impl", ["cudnn", "direct", "gemm", "gemm_extrema", "gemm_store"])
+@pytest.mark.parametrize("impl", ["cudnn", "direct", "gemm", "gemm_extrema", "gemm_store", "spectral"])
 def test_families_beyond_the_seeds(impl, cache, worker):
     """Every compiled variant of every stage verifies on chains and shapes the seeds do not cover,
     in each world (cuDNN, the direct kernels, the tensor-core kernels: one test each, sharing the
@@ -326,7 +342,7 @@ def test_families_beyond_the_seeds(impl, cache, worker):
     assert not failures, failures[:5]
 
 
-@pytest.mark.parametrize("impl", ["direct", "gemm", "gemm_extrema", "gemm_store"])
+@pytest.mark.parametrize("impl", ["direct", "gemm", "gemm_extrema", "gemm_store", "spectral"])
 @pytest.mark.parametrize("config", SEEDS, ids=lambda p: p.stem)
 def test_inside_kernels_at_seed_shapes(config, impl, cache, worker):
     """Every variant with the convolution inside the kernels (on CUDA cores: direct; on tensor cores:

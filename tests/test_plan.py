@@ -46,12 +46,16 @@ def test_seed_plans(key):
     assert plan.extrema is (key == "groupnorm")
     extrema = ("gemm_stats", "finalize", "extrema_map") if plan.extrema else ()
     assert plan.gemm_extrema_stages == extrema
-    assert plan.stages == tuple(dict.fromkeys(stages + direct + gemm + extrema))  # finalize serves every world
+    # The statistics from spectra where the output is a full transposed convolution's norm statistics alone.
+    spectral = ("spectral_stats", "finalize") if key == "batchnorm" else ()
+    assert plan.spectral is bool(spectral) and plan.spectral_stages == spectral
+    assert plan.stages == tuple(dict.fromkeys(stages + direct + gemm + extrema + spectral))  # finalize serves every world
     # The convolution once, written out (gemm_store), wherever the gemm world has two passes.
     store = ("gemm_stats", "finalize", family) if len(gemm) == 3 else ()
     assert plan.gemm_store_stages == store
     assert list(plan.impl_stages) == (["cudnn"] + ["direct"] * bool(direct) + ["gemm"] * bool(gemm)
-                                      + ["gemm_extrema"] * bool(extrema) + ["gemm_store"] * bool(store))
+                                      + ["gemm_extrema"] * bool(extrema) + ["gemm_store"] * bool(store)
+                                      + ["spectral"] * bool(spectral))
     assert plan.family == family
     assert plan.drop_bias is drop_bias
     assert plan.needs_stats is ("stats" in stages)
@@ -152,7 +156,7 @@ def test_eval_mode_batch_norm_has_no_stats_stage():
 
 
 def test_norm_then_mean_needs_no_main_pass_only_without_mid_ops_or_pool():
-    assert _plan("batchnorm", [{"op": "batch_norm"}, {"op": "adaptive_avg_pool"}, {"op": "relu"}]).stages == (
+    assert _plan("batchnorm", [{"op": "batch_norm"}, {"op": "adaptive_avg_pool"}, {"op": "relu"}]).cudnn_stages == (
         "stats", "finalize")
     # a nonlinearity between the norm and the mean: the plane mean is no longer A*mean+B
     assert _plan("batchnorm", [{"op": "batch_norm"}, {"op": "relu"}, {"op": "adaptive_avg_pool"}]).stages == (
@@ -241,3 +245,31 @@ def test_extrema_only_where_the_window_max_is_at_its_ends():
     assert not _plan("groupnorm", [norm, scale, {"op": "max_pool", "kernel_size": 3, "stride": 2}]).extrema  # overlap
     assert not _plan("groupnorm", [norm, scale, {"op": "max_pool", "kernel_size": 3}]).extrema  # 3 divides no box
     assert not _plan("groupnorm", [scale, pool]).extrema  # no norm: the gemm world already computes it once
+
+
+@pytest.mark.parametrize("change, offered", [
+    ({}, True),
+    ({"producer": {"kernel_size": [3, 2, 4], "bias": False}}, True),
+    ({"epilogue": [{"op": "mul", "by": "s"}, {"op": "add", "by": 2.0}, {"op": "group_norm", "groups": 4},
+                   {"op": "adaptive_avg_pool"}, {"op": "relu"}]}, True),  # any affine pre chain, any norm, ops after
+    ({"producer": {"padding": 1}}, False),  # the output is a crop of the full convolution
+    ({"producer": {"stride": 2}}, False),
+    ({"producer": {"op": "conv3d"}}, False),  # a plain convolution's output is a crop too
+    ({"epilogue": [{"op": "relu"}, {"op": "batch_norm"}, {"op": "adaptive_avg_pool"}]}, False),  # not affine
+    ({"epilogue": [{"op": "batch_norm"}, {"op": "relu"}, {"op": "adaptive_avg_pool"}]}, False),  # needs every output
+    ({"epilogue": [{"op": "batch_norm", "training": False}, {"op": "adaptive_avg_pool"}]}, False),  # no statistics
+    ({"epilogue": [{"op": "mul", "by": 2.0}, {"op": "adaptive_avg_pool"}]}, False),  # no norm
+])
+def test_spectral_statistics_only_where_the_output_is_them_alone(change, offered):
+    """spectral_stats computes a plane's sum and sum of squares from spectra, never the output itself:
+    only a full transposed convolution (stride 1, no padding) makes the output's spectrum the product
+    of the input's and the weights', and only a chain that is those sums alone can use it."""
+    raw = _raw("batchnorm")
+    raw["producer"].update(change.get("producer", {}))
+    raw["epilogue"] = change.get("epilogue", raw["epilogue"])
+    if any(op.get("by") == "s" for op in raw["epilogue"]):
+        raw["parameters"] = {"s": {"init": "randn"}}
+    plan = make_plan(parse_config(raw, "x.yaml"))
+    assert plan.spectral is offered
+    assert ("spectral" in plan.impl_stages) is offered
+    assert ("spectral_stats" in plan.stages) is offered

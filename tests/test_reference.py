@@ -3,6 +3,7 @@ and ``ModelNew`` can be built and wired up without CUDA."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -295,3 +296,30 @@ def test_generated_model_does_not_need_fusetune(tmp_path):
     assert sorted(module.CUDA_SOURCES) == sorted(render(make_plan(load_config(SEEDS["groupnorm"]))).cuda_sources)
     assert re.fullmatch(r"ft_[0-9a-f]{12}", module.MODULE_NAME)  # named by content, not by config name
     assert module.MODULE_NAME.isidentifier()
+
+
+def test_spectra_of_the_generated_model_are_rfftn(tmp_path):
+    """The spectral world's spectra (a dim at a time as matrix products, the padding never written) are
+    torch.fft.rfftn's of the zero-padded tensors, at odd and even sizes, 2-D and 3-D; in the layout
+    spectral_stats reads (the last dim halved, bins contiguous), their product per channel pair is the
+    transposed convolution's spectrum, whose weighted squares sum to its planes' spread (Parseval)."""
+    torch.manual_seed(0)
+    _, module = _generate("batchnorm", tmp_path)
+    for shape, size in (((2, 3, 4, 5, 6), (6, 8, 9)), ((3, 2, 5, 5, 5), (9, 7, 10)), ((2, 3, 5, 6), (8, 9))):
+        t = torch.randn(shape)
+        got = module._real_spectrum(t, size)
+        want = torch.fft.rfftn(t.double(), s=size, dim=tuple(range(t.dim() - len(size), t.dim())))
+        assert got.dtype == torch.complex64 and got.is_contiguous() and got.shape == want.shape
+        torch.testing.assert_close(got.cdouble(), want, rtol=0, atol=1e-5 * want.abs().max().item())
+    x, w = torch.randn(2, 3, 4, 5, 7), torch.randn(3, 4, 3, 2, 4)  # output 6 x 6 x 10: a Nyquist bin
+    y = F.conv_transpose3d(x.double(), w.double())
+    size = tuple(y.shape[2:])
+    X, W = (module._real_spectrum(t, size).flatten(2).cdouble() for t in (x, w))
+    U = torch.einsum("nif,icf->ncf", X, W)
+    bins = size[-1] // 2 + 1
+    kw = torch.arange(U.shape[-1]) % bins
+    weight = torch.where((kw == 0) | (2 * kw == size[-1]), 1.0, 2.0).double()
+    weight[0] = 0.0  # bin 0 is the plane's sum, kept apart
+    spread = ((y - y.mean(dim=(2, 3, 4), keepdim=True)) ** 2).sum(dim=(2, 3, 4))
+    torch.testing.assert_close((U.abs() ** 2 * weight).sum(-1) / math.prod(size), spread, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(U[..., 0].real, y.sum(dim=(2, 3, 4)), rtol=1e-5, atol=1e-4)

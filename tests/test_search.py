@@ -378,24 +378,35 @@ def test_shape_facts(seed, shape):
     assert shape in spec.shapes
     plan = make_plan(spec)
     facts = shape_facts(spec, plan, shape, MACHINE.capability)
-    assert facts == {**FACTS[(seed, shape)], "direct": int(plan.direct), "gemm": int(plan.gemm), "gemm_th": plan.gemm_th,
+    expected = FACTS[(seed, shape)]
+    bins = expected["D"] * expected["H"] * (expected["W"] // 2 + 1)  # the output's half spectrum
+    assert facts == {**expected, "F": bins, "direct": int(plan.direct), "gemm": int(plan.gemm), "gemm_th": plan.gemm_th,
                      "direct_cells": plan.direct_cells, "half_store": int(plan.half_store),
-                     "extrema": int(plan.extrema), "store": int(bool(plan.gemm_store_stages)), "pool_sh": plan.pool_window[1][1], "pool_sw": plan.pool_window[1][2],
+                     "extrema": int(plan.extrema), "gemm_store": int(bool(plan.gemm_store_stages)),
+                     "pool_sh": plan.pool_window[1][1], "pool_sw": plan.pool_window[1][2],
+                     "spectral": int(seed == "batchnorm"),  # the one seed whose output is its norm's statistics alone
                      "family": plan.family or "none", "sm": 90, "forward_form": int(seed == "batchnorm")}  # stride 1: the other convT has 2
     assert facts["direct"] == (seed != "batchnorm")  # its 64 -> 128 k=5 weights do not fit constant memory
     assert facts["gemm"] == (seed in ("groupnorm", "instancenorm"))  # not (yet) for transposed convolutions
 
 
 def test_producer_starts_cover_every_cudnn_choice_once():
-    """The transposed batch-norm seed: no kernels with the convolution inside, so its starts are
-    cuDNN's defaults in each layout and form, each once, the declared default first."""
+    """The transposed batch-norm seed: no kernels with the convolution inside, so its starts are cuDNN's
+    defaults in each layout and form, each once, the declared default first, and one default per other
+    world (the statistics from spectra, feasible; the kernels it cannot take, refused by their constraints)."""
     space = plan_space(make_plan(load_config(SEEDS["batchnorm"])))
     starts = space.producer_starts()
     assert starts[0] == space.canonical(space.default())
-    assert sorted((s["producer.layout"], s["producer.form"]) for s in starts) == sorted(
+    cudnn = [s for s in starts if s["producer.impl"] == "cudnn"]
+    assert sorted((s["producer.layout"], s["producer.form"]) for s in cudnn) == sorted(
         (layout, form) for layout in ("contiguous", "channels_last") for form in ("native", "forward"))
     assert all(s == space.canonical({**space.default(), "producer.layout": s["producer.layout"],
-                                     "producer.form": s["producer.form"]}) for s in starts)
+                                     "producer.form": s["producer.form"]}) for s in cudnn)
+    others = {s["producer.impl"]: s for s in starts if s["producer.impl"] != "cudnn"}
+    assert sorted(others) == ["direct", "gemm", "gemm_extrema", "gemm_store", "spectral"]
+    facts = {"sm": 90, "F": 13680, **space.plan_facts}
+    assert [impl for impl, s in others.items() if not space.violations(s, facts)] == ["spectral"]
+    assert len({s["producer.impl"] for s in starts[:6]}) == 6  # one per world before cuDNN's other choices
 
 
 def test_tensor_core_kernels_are_not_offered_before_sm80(cache):

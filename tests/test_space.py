@@ -148,7 +148,9 @@ def test_plan_space_of_seeds():
     # gemm_store: then cuDNN's window_map (its block and ilp), reading the stored output, in float or half (every
     # choice is enumerated; half is infeasible for this chain, see test_half_store_only_for_channel_reduce)
     gemm_store = gemm_stats * (3 * 3) * 2
-    assert sum(1 for _ in space.all()) == cudnn + direct + gemm + gemm_extrema + gemm_store
+    # spectral: not offered for this chain (its constraint refuses it), so nothing varies under it: one candidate.
+    spectral = 1
+    assert sum(1 for _ in space.all()) == cudnn + direct + gemm + gemm_extrema + gemm_store + spectral
 
 
 def test_candidates_are_canonical_where_a_choice_does_not_matter():
@@ -166,11 +168,17 @@ def test_candidates_are_canonical_where_a_choice_does_not_matter():
     cudnn = space.canonical({**default, "producer.layout": "channels_last", "direct_stats.ct": 16})
     assert cudnn["producer.layout"] == "channels_last" and cudnn["direct_stats.ct"] == 4  # the default
     assert space.canonical(canonical) == canonical  # idempotent
-    # A plan without direct kernels never runs them, whatever is asked.
+    # A plan without direct kernels never runs them, whatever is asked: the batch-norm seed offers cuDNN
+    # and the statistics from spectra, and a direct candidate breaks the producer's constraint.
     batchnorm = plan_space(make_plan(load_config(SEEDS["batchnorm"])))
-    asked = {**batchnorm.default(), "producer.impl": "direct", "producer.layout": "channels_last"}
-    assert batchnorm.canonical(asked) == {**asked, "producer.impl": "cudnn"}
-    assert {c["producer.impl"] for c in batchnorm.all()} == {"cudnn"}
+    asked = batchnorm.canonical({**batchnorm.default(), "producer.impl": "direct", "producer.layout": "channels_last"})
+    assert asked["producer.layout"] == "contiguous"
+    assert any("direct kernels do not take" in v for v in batchnorm.violations(asked, {"sm": 90, **batchnorm.plan_facts}))
+    assert {c["producer.impl"] for c in batchnorm.all()} == {"cudnn", "direct", "gemm", "gemm_extrema", "gemm_store",
+                                                             "spectral"}
+    spectral = batchnorm.canonical({**batchnorm.default(), "producer.impl": "spectral", "stats.block": 512})
+    assert spectral["stats.block"] == batchnorm.default()["stats.block"]  # cuDNN's statistics pass does not run
+    assert [f.family for f in batchnorm.active(spectral)] == ["producer", "finalize", "spectral_stats"]
 
 
 def test_constraints_of_inactive_families_are_not_checked():
@@ -197,7 +205,7 @@ def test_half_store_only_for_channel_reduce():
     space = plan_space(make_plan(load_config(SEEDS["groupnorm"])))
     half = space.canonical({**space.default(), "producer.impl": "gemm_store", "producer.store": "half"})
     assert half["producer.store"] == "half"
-    facts = {"half_store": 0, "store": 1, "gemm": 1, "sm": 90, "S": 1, "C": 64}
+    facts = {"half_store": 0, "gemm_store": 1, "gemm": 1, "sm": 90, "S": 1, "C": 64}
     assert any("half" in v for v in space.violations(half, facts))
     cudnn = space.canonical({**space.default(), "producer.store": "half"})
     assert cudnn["producer.store"] == "float"  # only gemm_store stores its output
@@ -232,3 +240,15 @@ def test_reports_show_only_the_choices_that_matter():
     shown = space.relevant(direct)
     assert "producer.layout" not in shown and not any(k.startswith(("stats.", "window_map.")) for k in shown)
     assert "direct_main.ct" in shown and "direct_main.reduce" not in shown  # a window map combines nothing
+
+
+def test_spectral_variants_that_would_spill_are_infeasible():
+    space = plan_space(make_plan(load_config(SEEDS["batchnorm"])))
+    facts = {"sm": 90, "F": 13680, **space.plan_facts}
+    spectral = space.canonical({**space.default(), "producer.impl": "spectral"})
+    assert space.violations(spectral, facts) == []
+    assert space.violations({**spectral, "spectral_stats.nt": 8, "spectral_stats.ct": 8}, facts)
+    assert space.violations({**spectral, "spectral_stats.split": 256}, {**facts, "F": 60})  # more blocks than bins
+    family = load_family("spectral_stats")
+    compiled = [v for v in family.variants() if family.compiles(v, {})]
+    assert compiled and all(v["nt"] * v["ct"] <= 32 for v in compiled) and len(compiled) < len(family.variants())

@@ -298,28 +298,32 @@ def test_generated_model_does_not_need_fusetune(tmp_path):
     assert module.MODULE_NAME.isidentifier()
 
 
-def test_spectra_of_the_generated_model_are_rfftn(tmp_path):
-    """The spectral world's spectra (a dim at a time as matrix products, the padding never written) are
-    torch.fft.rfftn's of the zero-padded tensors, at odd and even sizes, 2-D and 3-D; in the layout
-    spectral_stats reads (the last dim halved, bins contiguous), their product per channel pair is the
-    transposed convolution's spectrum, whose weighted squares sum to its planes' spread (Parseval)."""
+def test_spectral_world_spectra_and_parseval(tmp_path):
+    """What spectral_stats rests on, in the layout it reads: ModelNew._spectra gives the input's half
+    spectrum zero-padded to the output's size (bins contiguous, the last dim halved) and the raw
+    weights; with the weights' spectrum the product per channel pair is the transposed convolution's
+    spectrum, bin 0 its planes' sums, and its squares, weighted as ft_bin_weight weighs them (1 for
+    the last dim's bin 0 and Nyquist bin, 2 for the others), sum to the planes' spread times the bin
+    count. At odd and even output widths."""
     torch.manual_seed(0)
     _, module = _generate("batchnorm", tmp_path)
-    for shape, size in (((2, 3, 4, 5, 6), (6, 8, 9)), ((3, 2, 5, 5, 5), (9, 7, 10)), ((2, 3, 5, 6), (8, 9))):
-        t = torch.randn(shape)
-        got = module._real_spectrum(t, size)
-        want = torch.fft.rfftn(t.double(), s=size, dim=tuple(range(t.dim() - len(size), t.dim())))
-        assert got.dtype == torch.complex64 and got.is_contiguous() and got.shape == want.shape
-        torch.testing.assert_close(got.cdouble(), want, rtol=0, atol=1e-5 * want.abs().max().item())
-    x, w = torch.randn(2, 3, 4, 5, 7), torch.randn(3, 4, 3, 2, 4)  # output 6 x 6 x 10: a Nyquist bin
-    y = F.conv_transpose3d(x.double(), w.double())
-    size = tuple(y.shape[2:])
-    X, W = (module._real_spectrum(t, size).flatten(2).cdouble() for t in (x, w))
-    U = torch.einsum("nif,icf->ncf", X, W)
-    bins = size[-1] // 2 + 1
-    kw = torch.arange(U.shape[-1]) % bins
-    weight = torch.where((kw == 0) | (2 * kw == size[-1]), 1.0, 2.0).double()
-    weight[0] = 0.0  # bin 0 is the plane's sum, kept apart
-    spread = ((y - y.mean(dim=(2, 3, 4), keepdim=True)) ** 2).sum(dim=(2, 3, 4))
-    torch.testing.assert_close((U.abs() ** 2 * weight).sum(-1) / math.prod(size), spread, rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(U[..., 0].real, y.sum(dim=(2, 3, 4)), rtol=1e-5, atol=1e-4)
+    model = module.ModelNew()
+    for x_shape, k in (((2, 64, 4, 5, 7), (5, 5, 5)), ((3, 64, 3, 4, 4), (5, 5, 5))):  # output widths 11 and 8
+        x = torch.randn(x_shape)
+        w = torch.randn(64, 3, *k)
+        y = F.conv_transpose3d(x.double(), w.double())
+        size = tuple(y.shape[2:])
+        dims = module._dims(x.shape[0], 3, size, tuple(x.shape[2:]))
+        model.producer.weight = torch.nn.Parameter(w)
+        spectrum, weights = model._spectra(x, dims)
+        assert spectrum.dtype == torch.float32 and spectrum.shape == (*x.shape[:2], size[0], size[1], size[2] // 2 + 1, 2)
+        assert spectrum.is_contiguous() and weights.data_ptr() == w.data_ptr()
+        X = torch.view_as_complex(spectrum).flatten(2).cdouble()
+        W = torch.fft.rfftn(w.double(), s=size, dim=(2, 3, 4)).flatten(2)
+        U = torch.einsum("nif,icf->ncf", X, W)
+        kw = torch.arange(U.shape[-1]) % (size[-1] // 2 + 1)
+        weight = torch.where((kw == 0) | (2 * kw == size[-1]), 1.0, 2.0).double()
+        weight[0] = 0.0  # bin 0 is the plane's sum, kept apart
+        spread = ((y - y.mean(dim=(2, 3, 4), keepdim=True)) ** 2).sum(dim=(2, 3, 4))
+        torch.testing.assert_close((U.abs() ** 2 * weight).sum(-1) / math.prod(size), spread, rtol=1e-4, atol=1e-3)
+        torch.testing.assert_close(U[..., 0].real, y.sum(dim=(2, 3, 4)), rtol=1e-4, atol=1e-3)

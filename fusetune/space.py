@@ -6,8 +6,8 @@ at run time by index); run-time parameters are passed as kernel arguments.
 A candidate is a flat dict ``{"<family>.<param>": value}`` over every stage of a plan.
 
 A family (or one parameter) may declare ``when``: an expression over the producer's choices
-(``impl``, ``layout``) and the plan's facts (``family``, ``direct``, ``gemm``, ``forward_form``) under
-which it matters at all. Where it does not, the candidate is
+(``impl``, ``layout``) and the plan's facts (``family``, ``direct``, ``gemm``, ``spectral``, ... : all
+of codegen.plan_facts) under which it matters at all. Where it does not, the candidate is
 canonical with the declared default there, so the search never times the same kernels twice
 under two names (cuDNN's layout means nothing to a kernel that computes the convolution itself).
 """
@@ -114,7 +114,7 @@ class PlanSpace:
 
     families: tuple[FamilySpace, ...]
     #: What the plan offers, for ``when`` and constraints: ``family`` (the main kernel's), ``direct``,
-    #: ``gemm`` and ``forward_form`` (codegen.plan_facts).
+    #: ``gemm``, ``spectral``, ``forward_form`` and the rest of codegen.plan_facts.
     plan_facts: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def names(self) -> list[str]:

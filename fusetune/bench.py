@@ -119,9 +119,14 @@ def spectral_flops(spec: ProblemSpec, shape: Shape) -> int:
     return 8 * shape[0] * spec.producer.in_channels * spec.producer.out_channels * bins
 
 
-#: Dense flops per multiprocessor per clock on Hopper, by the units an impl computes on.
-PEAK_FLOPS_PER_SM_CLOCK = {"direct": ("FP32", 128 * 2), "gemm": ("TF32", 1024 * 2), "gemm_extrema": ("TF32", 1024 * 2),
-                           "gemm_store": ("TF32", 1024 * 2), "spectral": ("FP32", 128 * 2)}
+#: Dense flops per multiprocessor per clock on Hopper, by the units that compute them.
+PEAK_FLOPS_PER_SM_CLOCK = {"FP32": 128 * 2, "TF32": 1024 * 2}
+
+
+def compute_units(impl: str) -> str:
+    """The units a world's convolution (or what stands for it) runs on: the gemm_* worlds' implicit
+    GEMMs on the tensor cores in TF32; the direct kernels and spectral's products on CUDA cores."""
+    return "TF32" if impl.startswith("gemm") else "FP32"
 
 
 def peak_tflops(flops_per_sm_clock: int) -> float | None:
@@ -177,13 +182,13 @@ def run_bench(spec: ProblemSpec, shape: Shape, cache: Cache, *, reps: int = 50, 
     bandwidth = copy_bandwidth_gbs()
     result["copy_gbs"] = bandwidth
     impl = entry.winner["candidate"].get("producer.impl", "cudnn")
-    if impl in PEAK_FLOPS_PER_SM_CLOCK:
+    if impl != "cudnn":
         # The convolution runs inside the kernels: no producer output, so no epilogue to time alone.
         # What bounds it is arithmetic: the convolution's FMAs, once per pass that computes it (or,
         # spectral, the products of spectra that stand for it).
         passes = plan.conv_passes(impl)
-        kind, per_clock = PEAK_FLOPS_PER_SM_CLOCK[impl]
-        peak = peak_tflops(per_clock)
+        kind = compute_units(impl)
+        peak = peak_tflops(PEAK_FLOPS_PER_SM_CLOCK[kind])
         result.update(impl=impl, conv_passes=passes, conv_gflop=conv_flops(spec, shape) / 1e9)
         work = spectral_flops(spec, shape) / 1e9 if impl == "spectral" else passes * result["conv_gflop"]
         result["conv_tflops"] = work / result["fusetune_ms"]  # GFLOP per ms = TFLOP/s

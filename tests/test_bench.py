@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from fusetune.bench import (PEAK_FLOPS_PER_SM_CLOCK, conv_flops, epilogue_bytes, kernel_base_name, kernel_bytes,
-                            kernel_rows, spectral_flops, table)
+from fusetune.bench import (PEAK_FLOPS_PER_SM_CLOCK, compute_units, conv_flops, epilogue_bytes, kernel_base_name,
+                            kernel_bytes, kernel_rows, spectral_flops, table)
 from fusetune.config import load_config
 from fusetune.plan import make_plan
+from fusetune.space import load_family
 
 from conftest import SEEDS
 
@@ -35,9 +36,12 @@ def test_epilogue_bytes_read_the_conv_output_once_per_pass():
     assert epilogue_bytes(spec, make_plan(spec), shape) == 2 * y + out  # statistics pass + main pass
 
 
-def test_peaks_are_hopper_dense_rates():
-    assert PEAK_FLOPS_PER_SM_CLOCK == {"direct": ("FP32", 256), "gemm": ("TF32", 2048), "gemm_extrema": ("TF32", 2048),
-                                       "gemm_store": ("TF32", 2048), "spectral": ("FP32", 256)}
+def test_peaks_are_hopper_dense_rates_of_each_worlds_units():
+    assert PEAK_FLOPS_PER_SM_CLOCK == {"FP32": 256, "TF32": 2048}
+    impls = load_family("producer").params[0].choices
+    units = {impl: compute_units(impl) for impl in impls if impl != "cudnn"}
+    assert units == {"direct": "FP32", "gemm": "TF32", "gemm_extrema": "TF32", "gemm_store": "TF32",
+                     "gemm_cluster": "TF32", "spectral": "FP32"}
 
 
 def test_spectral_flops_count_the_products_of_spectra():
@@ -62,7 +66,7 @@ def test_table_of_saved_results_names_each_winner_and_its_measure():
         if r["impl"] == "cudnn":
             assert f"{100 * r['epilogue_floor_fraction']:.0f}%" in row  # its epilogue against the copy floor
         else:
-            kind = PEAK_FLOPS_PER_SM_CLOCK[r["impl"]][0]
+            kind = compute_units(r["impl"])
             assert f"{100 * r['peak_fraction']:.0f}% {kind}" in row  # its convolution against its units' peak
     assert results[0]["gpu"] in lines[footer]
     for r in results:  # the epilogue's kernels one by one, where the bench profiled them

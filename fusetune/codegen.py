@@ -18,7 +18,7 @@ from fusetune.ops import Elementwise
 from fusetune.plan import Plan
 from fusetune.space import PlanSpace, load_family
 from fusetune.templates import environment
-from fusetune.tiles import FOOTPRINT_MAX, gemm_k, gemm_tile
+from fusetune.tiles import FOOTPRINT_MAX, cluster_boxes, gemm_k, gemm_tile
 
 #: Flags for nvcc; part of every cache key. No fast-math: it changes rounding of rsqrt and division.
 CUDA_FLAGS = ("-O3", "-lineinfo", "-std=c++17")
@@ -58,7 +58,8 @@ def plan_facts(plan: Plan) -> dict[str, Any]:
     return {"family": plan.family or "none", "direct": int(plan.direct), "direct_cells": plan.direct_cells,
             "gemm": int(plan.gemm), "gemm_th": plan.gemm_th, "extrema": int(plan.extrema),
             "gemm_store": int(bool(plan.gemm_store_stages)), "half_store": int(plan.half_store),
-            "spectral": int(plan.spectral),
+            "spectral": int(plan.spectral), "cluster": int(plan.cluster),
+            "cluster_boxes": cluster_boxes(plan.spec.producer.geometry()) if plan.cluster else {},
             "pool_sh": plan.pool_window[1][1], "pool_sw": plan.pool_window[1][2],
             "forward_form": int(plan.spec.producer.has_forward_form)}
 
@@ -94,7 +95,7 @@ def _reference_code(plan: Plan) -> tuple[list[tuple[str, str]], list[str], str]:
 
 #: Stages compiled one unit per variant: their fully unrolled kernels take ptxas seconds each, or their
 #: compile_if rules out variants for every plan (spectral_stats: those that would spill).
-PER_VARIANT_UNITS = ("direct_stats", "direct_main", "gemm_stats", "gemm_main", "spectral_stats")
+PER_VARIANT_UNITS = ("direct_stats", "direct_main", "gemm_stats", "gemm_main", "gemm_cluster", "spectral_stats")
 
 
 def _units(env, plan: Plan, variants: dict[str, list[dict[str, Any]]], context: dict[str, Any]) -> dict[str, str]:

@@ -23,6 +23,8 @@ see fusetune/tiles.py). Where a norm needs those two passes, the tensor cores ca
 convolution once: ``gemm_extrema`` (a max pool of a per-channel monotone chain: the statistics
 pass also writes each window's extremes, ``extrema_map`` finishes from them) and ``gemm_store``
 (the statistics pass writes the convolution output, the cuDNN world's main kernel reads it). Where
+the norm's statistics lie within a sample (instance, group), one kernel on a Hopper thread-block
+cluster per sample can do it all, the outputs kept on chip across the cluster (``gemm_cluster``). Where
 the output is a norm's statistics alone and the producer a full transposed convolution, the plan
 also offers them from spectra, the convolution never computed (``spectral``). The search picks
 among the worlds (``producer.impl``).
@@ -46,7 +48,9 @@ from fusetune.tiles import BOX_HEIGHTS, WIDEST_BOX, direct_row_cells, gemm_fits,
 
 
 #: The stages that compute the convolution inside themselves.
-CONV_STAGES = ("direct_stats", "direct_main", "gemm_stats", "gemm_main")
+CONV_STAGES = ("direct_stats", "direct_main", "gemm_stats", "gemm_main", "gemm_cluster")
+#: The norms whose statistics lie within one sample, so that one thread-block cluster can hold them.
+SAMPLE_SCOPES = ("instance", "group")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,11 +132,8 @@ class Plan:
         monotone per channel (a norm's affine map, bias, mul, add, clamp, relu: the chain's max over
         a window is at the window's largest or smallest input, whatever the signs) and the windows
         lie whole in the statistics pass's boxes: one output deep, not overlapping."""
-        if not (self.gemm and self.needs_stats and self.family == "window_map" and self.pool_at_extremes):
-            return False
-        (kd, kh, kw), (sd, sh, sw) = self.pool_window
-        # The largest boxes (gemm_stats.yaml's tw and th) must hold whole windows.
-        return (kd == sd == 1 and kh <= sh and kw <= sw and max(BOX_HEIGHTS) % sh == 0 and WIDEST_BOX % sw == 0)
+        return (self.gemm and self.needs_stats and self.family == "window_map" and self.pool_at_extremes
+                and self.windows_in_boxes)
 
     @property
     def gemm_extrema_stages(self) -> tuple[str, ...]:
@@ -148,6 +149,31 @@ class Plan:
         if not (self.gemm and self.needs_stats and self.family is not None):
             return ()
         return self._stages("gemm_stats", self.family)
+
+    @property
+    def windows_in_boxes(self) -> bool:
+        """Whether the tensor-core kernels' statistics boxes (single outputs, gemm_stats.yaml's th and
+        tw) can hold the pooling windows whole: none, or windows one output deep that do not overlap
+        and whose stride divides the largest boxes (so that some th and tw are multiples of it)."""
+        (kd, kh, kw), (sd, sh, sw) = self.pool_window
+        return kd == sd == 1 and kh <= sh and kw <= sw and max(BOX_HEIGHTS) % sh == 0 and WIDEST_BOX % sw == 0
+
+    @property
+    def cluster(self) -> bool:
+        """Whether one kernel can do it all on a Hopper thread-block cluster (gemm_cluster): the norm's
+        statistics lie within a sample (instance or group norm), so a cluster of blocks per sample
+        computes the convolution once on the tensor cores, keeps every output in its blocks' shared
+        memory, sums the statistics across the cluster through distributed shared memory, and
+        applies the chain from there: no second pass of the convolution and no output in memory.
+        Offered for a channel reduction, or a map whose pooling windows lie whole in the boxes; a
+        shape fits where a sample's output fits the cluster's shared memory (cluster_room)."""
+        return (self.gemm and self.needs_stats and self.norm.scope in SAMPLE_SCOPES
+                and (self.family == "channel_reduce" or (self.family == "window_map" and self.windows_in_boxes)))
+
+    @property
+    def cluster_stages(self) -> tuple[str, ...]:
+        """The one stage of gemm_cluster (see cluster); empty if not offered."""
+        return ("gemm_cluster",) if self.cluster else ()
 
     @property
     def spectral(self) -> bool:
@@ -176,7 +202,7 @@ class Plan:
         """producer.impl -> its stages in launch order, for every impl the plan offers."""
         offered = {"cudnn": self.cudnn_stages, "direct": self.direct_stages, "gemm": self.gemm_stages,
                    "gemm_extrema": self.gemm_extrema_stages, "gemm_store": self.gemm_store_stages,
-                   "spectral": self.spectral_stages}
+                   "gemm_cluster": self.cluster_stages, "spectral": self.spectral_stages}
         return {impl: stages for impl, stages in offered.items() if impl == "cudnn" or stages}
 
     def conv_passes(self, impl: str) -> int:
@@ -232,6 +258,7 @@ class Plan:
             return ",".join(op.kind for op in ops) or "-"
         direct = f" direct={'+'.join(self.direct_stages)}" if self.direct else ""
         direct += f" gemm={'+'.join(self.gemm_stages)}" if self.gemm else ""
+        direct += f" cluster={'+'.join(self.cluster_stages)}" if self.cluster else ""
         direct += f" spectral={'+'.join(self.spectral_stages)}" if self.spectral else ""
         return (f"stages={'+'.join(self.cudnn_stages)}{direct} pre={names(self.pre)} "
                 f"norm={self.norm.kind if self.norm else '-'} mid={names(self.mid)} "

@@ -134,6 +134,26 @@ def gemm_fits(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[int]]]
     return gemm_max_height(conv, windows) > 0
 
 
+#: The box widths of the statistics kernels (gemm_stats.yaml's and gemm_cluster.yaml's tw).
+BOX_WIDTHS = (16, WIDEST_BOX)
+#: The most threads a gemm_cluster block has (gemm_cluster.yaml's block): its per-warp scratch.
+CLUSTER_MAX_BLOCK = 256
+
+
+def cluster_boxes(conv: dict) -> dict[tuple[int, int], int]:
+    """(th, tw) -> how many boxes of single outputs a gemm_cluster block can keep in shared memory
+    beside its staged weights, its two input buffers and its per-channel scratch (0 where none).
+    Mirrors the launcher's arithmetic in gemm_cluster.cu.j2; the variants' constraint compares it
+    with a sample's boxes over the cluster's blocks."""
+    out = {}
+    for th in BOX_HEIGHTS:
+        for tw in BOX_WIDTHS:
+            tile = gemm_tile(conv, (1, 1, 1), (1, 1, 1), tw, th)
+            fixed = tile.weight_words + (2 * CLUSTER_MAX_BLOCK // 32 + 5) * conv["cout"] + 2 * tile.cin_pad * tile.channel_stride
+            out[(th, tw)] = max(0, (SMEM_LIMIT // 4 - fixed) // (conv["cout"] * tile.out_stride))
+    return out
+
+
 #: Input values a direct thread may hold in registers (rendered as direct.cuh.j2's FT_FOOTPRINT_MAX).
 FOOTPRINT_MAX = 64
 #: Cells (pooling windows) a direct_main thread may take in a row: direct_main.yaml's cells.

@@ -179,16 +179,18 @@ def test_kernels_compile_for_sm90_without_spills(rendered, compiled, name):
 @pytest.mark.nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_tensor_core_units_compile_for_gpus_without_them(rendered, tmp_path):
-    """A module holds every world; on a GPU older than sm_80 (no TF32 mma.sync, no cp.async) its
-    gemm units must still compile, or the whole module fails and every variant is built alone.
+    """A module holds every world; on a GPU older than sm_80 (no TF32 mma.sync, no cp.async; no
+    clusters before sm_90) its gemm units must still compile, or the whole module fails and every variant is built alone.
     Their device code traps there and their launchers refuse; the search does not offer them."""
     module = rendered["groupnorm"][1]
-    units = {u: t for u, t in module.cuda_sources.items() if re.fullmatch(r"gemm_(stats|main)_\d+\.cu", u)}
-    assert any(u.startswith("gemm_stats_") for u in units) and any(u.startswith("gemm_main_") for u in units)
-    for unit in sorted(units)[:1] + sorted(u for u in units if u.startswith("gemm_main_"))[:1]:
+    units = {u: t for u, t in module.cuda_sources.items() if re.fullmatch(r"gemm_(stats|main|cluster)_\d+\.cu", u)}
+    assert all(any(u.startswith(f"gemm_{stage}_") for u in units) for stage in ("stats", "main", "cluster"))
+    for unit in [sorted(u for u in units if u.startswith(f"gemm_{stage}_"))[0] for stage in ("stats", "main", "cluster")]:
         source = tmp_path / unit
         source.write_text(units[unit])
         result = subprocess.run([NVCC, "-arch=sm_75", "-O1", "-std=c++17", "-c", str(source), "-o",
                                  str(source.with_suffix(".o"))], capture_output=True, text=True, timeout=900)
         assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
         assert "ft_gemm_arch_check()" in units[unit]  # the launcher refuses before launching
+        if unit.startswith("gemm_cluster_"):  # clusters need sm_90: refused there too
+            assert "ft_cluster_arch_check()" in units[unit]

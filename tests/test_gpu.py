@@ -269,6 +269,23 @@ EXTRA["conv2d_gemm_extrema_negative_scale"] = {
     "shapes": [[3, 5, 37, 61]]}
 
 
+# One kernel on a thread-block cluster per sample (gemm_cluster): an offset and a scale of either sign
+# before a group norm (the sums around a pivot), a 3-D convolution with padding on one axis, windows
+# one deep; a chain that is not affine before an instance norm with a learnable map; a producer bias
+# kept (group norm does not cancel it). Shapes that are not multiples of the boxes.
+EXTRA["conv3d_cluster_offset_groupnorm_avgpool"] = {
+    "producer": {"op": "conv3d", "in_channels": 4, "out_channels": 16, "kernel_size": [2, 3, 3], "padding": [0, 1, 0]},
+    "epilogue": [{"op": "mul", "by": "s"}, {"op": "add", "by": 30.0}, {"op": "group_norm", "groups": 4},
+                 {"op": "avg_pool", "kernel_size": [1, 2, 2]}, {"op": "relu"}],
+    "parameters": {"s": {"init": "randn"}},
+    "shapes": [[3, 4, 5, 17, 37]]}
+EXTRA["conv2d_cluster_relu_instancenorm_sum_channels"] = {
+    "producer": {"op": "conv2d", "in_channels": 6, "out_channels": 24, "kernel_size": 3},
+    "epilogue": [{"op": "relu"}, {"op": "instance_norm", "affine": True}, {"op": "sum", "dim": 1},
+                 {"op": "mul", "by": 0.25}],
+    "shapes": [[2, 6, 23, 41]]}
+
+
 def _covering(space, facts) -> list:
     """Feasible candidates that between them run every compiled variant and every run-time choice
     of every stage that can run here, in each world the plan offers (greedy: the sum of the stages'
@@ -301,7 +318,7 @@ def _tf32_refused_where_eager_is_exact(candidate, outcome) -> bool:
             and outcome["error_max"] <= ERROR_RATIO * outcome["tf32_error_max"])
 
 
-@pytest.mark.parametrize("impl", ["cudnn", "direct", "gemm", "gemm_extrema", "gemm_store", "spectral"])
+@pytest.mark.parametrize("impl", ["cudnn", "direct", "gemm", "gemm_extrema", "gemm_store", "gemm_cluster", "spectral"])
 def test_families_beyond_the_seeds(impl, cache, worker):
     """Every compiled variant of every stage verifies on chains and shapes the seeds do not cover,
     in each world (cuDNN, the direct kernels, the tensor-core kernels: one test each, sharing the
@@ -342,7 +359,7 @@ def test_families_beyond_the_seeds(impl, cache, worker):
     assert not failures, failures[:5]
 
 
-@pytest.mark.parametrize("impl", ["direct", "gemm", "gemm_extrema", "gemm_store", "spectral"])
+@pytest.mark.parametrize("impl", ["direct", "gemm", "gemm_extrema", "gemm_store", "gemm_cluster", "spectral"])
 @pytest.mark.parametrize("config", SEEDS, ids=lambda p: p.stem)
 def test_inside_kernels_at_seed_shapes(config, impl, cache, worker):
     """Every variant with the convolution inside the kernels (on CUDA cores: direct; on tensor cores:
@@ -358,6 +375,8 @@ def test_inside_kernels_at_seed_shapes(config, impl, cache, worker):
     bench = GpuBenchmarker(plan, shape, cache, machine, worker, echo=print)
     bench.prepare()
     inside = [c for c in _covering(space, shape_facts(spec, plan, shape, machine.capability)) if c["producer.impl"] == impl]
+    if not inside and impl == "gemm_cluster":  # offered by the plan, but a sample's output is too large here
+        pytest.skip(f"{spec.name}: a sample's output at {shape} does not fit a cluster's shared memory")
     assert inside
     failures, times = [], {}
     for candidate in inside:

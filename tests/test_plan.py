@@ -49,13 +49,16 @@ def test_seed_plans(key):
     # The statistics from spectra where the output is a full transposed convolution's norm statistics alone.
     spectral = ("spectral_stats", "finalize") if key == "batchnorm" else ()
     assert plan.spectral is bool(spectral) and plan.spectral_stages == spectral
-    assert plan.stages == tuple(dict.fromkeys(stages + direct + gemm + extrema + spectral))  # finalize serves every world
+    # One kernel on a thread-block cluster per sample where the norm's statistics lie within a sample.
+    cluster = ("gemm_cluster",) if key in ("groupnorm", "instancenorm") else ()
+    assert plan.cluster is bool(cluster) and plan.cluster_stages == cluster
+    assert plan.stages == tuple(dict.fromkeys(stages + direct + gemm + extrema + cluster + spectral))  # finalize serves every world
     # The convolution once, written out (gemm_store), wherever the gemm world has two passes.
     store = ("gemm_stats", "finalize", family) if len(gemm) == 3 else ()
     assert plan.gemm_store_stages == store
     assert list(plan.impl_stages) == (["cudnn"] + ["direct"] * bool(direct) + ["gemm"] * bool(gemm)
                                       + ["gemm_extrema"] * bool(extrema) + ["gemm_store"] * bool(store)
-                                      + ["spectral"] * bool(spectral))
+                                      + ["gemm_cluster"] * bool(cluster) + ["spectral"] * bool(spectral))
     assert plan.family == family
     assert plan.drop_bias is drop_bias
     assert plan.needs_stats is ("stats" in stages)
@@ -273,3 +276,22 @@ def test_spectral_statistics_only_where_the_output_is_them_alone(change, offered
     assert plan.spectral is offered
     assert ("spectral" in plan.impl_stages) is offered
     assert ("spectral_stats" in plan.stages) is offered
+
+
+def test_cluster_only_where_a_sample_holds_the_statistics():
+    """gemm_cluster keeps a sample's outputs across a thread-block cluster and applies the chain from
+    there: offered for an instance or group norm (statistics within a sample) on the tensor-core
+    kernels, before a channel reduction or a map whose pooling windows lie whole in the boxes."""
+    norm, scale = {"op": "group_norm", "groups": 16}, {"op": "mul", "by": "scale"}
+    assert _plan("groupnorm", [norm, scale, {"op": "max_pool", "kernel_size": 4}]).cluster
+    assert _plan("groupnorm", [norm, {"op": "avg_pool", "kernel_size": 2}, {"op": "relu"}]).cluster  # any pool mode
+    assert _plan("groupnorm", [{"op": "relu"}, norm]).cluster  # a map without a pool; a chain not affine before
+    assert _plan("groupnorm", [{"op": "instance_norm"}, {"op": "max", "dim": 1}]).cluster
+    assert not _plan("groupnorm", [{"op": "batch_norm"}, {"op": "max_pool", "kernel_size": 4}]).cluster  # all samples
+    assert not _plan("groupnorm", [{"op": "batch_norm", "training": False}, {"op": "relu"}]).cluster  # no statistics
+    assert not _plan("groupnorm", [norm, {"op": "max_pool", "kernel_size": 3, "stride": 2}]).cluster  # overlap
+    assert not _plan("groupnorm", [norm, {"op": "max_pool", "kernel_size": 3}]).cluster  # 3 divides no box
+    assert not _plan("groupnorm", [norm, {"op": "adaptive_avg_pool"}]).cluster  # statistics alone: gemm_stats does it
+    assert not _plan("groupnorm", [norm, {"op": "relu"}, {"op": "adaptive_avg_pool"}]).cluster  # plane_reduce: not yet
+    assert not _plan("groupnorm", [{"op": "instance_norm"}], out_channels=72).cluster  # no tensor-core kernels
+    assert "gemm_cluster" not in _plan("groupnorm", [scale]).impl_stages

@@ -12,6 +12,7 @@ from fusetune.config import load_config
 from fusetune.plan import make_plan
 from fusetune.search import Machine, key_fields, shape_facts, tune_shape
 from fusetune.space import candidate_key
+from fusetune.tiles import cluster_boxes
 
 from conftest import SEEDS, run_processes
 from fake_handlers import MACHINE_FIELDS, FakeBench, fake_time, tune_in_process
@@ -385,7 +386,9 @@ def test_shape_facts(seed, shape):
                      "extrema": int(plan.extrema), "gemm_store": int(bool(plan.gemm_store_stages)),
                      "pool_sh": plan.pool_window[1][1], "pool_sw": plan.pool_window[1][2],
                      "spectral": int(seed == "batchnorm"),  # the one seed whose output is its norm's statistics alone
-                     "family": plan.family or "none", "sm": 90, "forward_form": int(seed == "batchnorm")}  # stride 1: the other convT has 2
+                     "family": plan.family or "none", "sm": 90, "forward_form": int(seed == "batchnorm"),  # stride 1: the other convT has 2
+                     "cluster": int(plan.cluster), "cluster_boxes": cluster_boxes(spec.producer.geometry()) if plan.cluster else {}}
+    assert facts["cluster"] == (seed in ("groupnorm", "instancenorm"))  # instance and group norm on the tensor cores
     assert facts["direct"] == (seed != "batchnorm")  # its 64 -> 128 k=5 weights do not fit constant memory
     assert facts["gemm"] == (seed in ("groupnorm", "instancenorm"))  # not (yet) for transposed convolutions
 
@@ -403,10 +406,10 @@ def test_producer_starts_cover_every_cudnn_choice_once():
     assert all(s == space.canonical({**space.default(), "producer.layout": s["producer.layout"],
                                      "producer.form": s["producer.form"]}) for s in cudnn)
     others = {s["producer.impl"]: s for s in starts if s["producer.impl"] != "cudnn"}
-    assert sorted(others) == ["direct", "gemm", "gemm_extrema", "gemm_store", "spectral"]
+    assert sorted(others) == ["direct", "gemm", "gemm_cluster", "gemm_extrema", "gemm_store", "spectral"]
     facts = {"sm": 90, "F": 13680, **space.plan_facts}
     assert [impl for impl, s in others.items() if not space.violations(s, facts)] == ["spectral"]
-    assert len({s["producer.impl"] for s in starts[:6]}) == 6  # one per world before cuDNN's other choices
+    assert len({s["producer.impl"] for s in starts[:7]}) == 7  # one per world before cuDNN's other choices
 
 
 def test_tensor_core_kernels_are_not_offered_before_sm80(cache):

@@ -121,7 +121,7 @@ def test_variant_index_rejects_unknown_values():
 def test_plan_space_of_seeds():
     space = plan_space(make_plan(load_config(SEEDS["groupnorm"])))
     assert [f.family for f in space.families] == ["producer", "stats", "finalize", "window_map", "direct_stats",
-                                                  "direct_main", "gemm_stats", "gemm_main", "extrema_map"]
+                                                  "direct_main", "gemm_stats", "gemm_main", "extrema_map", "gemm_cluster"]
     assert space.names()[:8] == ["producer.impl", "producer.layout", "producer.store", "producer.form", "stats.block",
                                  "stats.vec", "stats.reduce", "stats.split"]
     assert space.default() in list(space.all())
@@ -133,7 +133,8 @@ def test_plan_space_of_seeds():
         "direct_main": {"block": 256, "ct": 8, "reduce": "warp", "cells": 2, "split": 4},
         "gemm_stats": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 4},
         "gemm_main": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 4},
-        "extrema_map": {"block": 256, "ilp": 2}}
+        "extrema_map": {"block": 256, "ilp": 2},
+        "gemm_cluster": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 8}}
     # Distinct candidates: cuDNN's (2 layouts x stats x window_map; a plain convolution has no
     # second form) plus the direct kernels' (no layout;
     # direct_main's reduction strategy matters only for a plane reduction, not this window map), plus
@@ -148,9 +149,11 @@ def test_plan_space_of_seeds():
     # gemm_store: then cuDNN's window_map (its block and ilp), reading the stored output, in float or half (every
     # choice is enumerated; half is infeasible for this chain, see test_half_store_only_for_channel_reduce)
     gemm_store = gemm_stats * (3 * 3) * 2
+    # gemm_cluster: one kernel (block, mt, tw, th, split: every choice enumerated, infeasible ones too).
+    gemm_cluster = 2 * 2 * 2 * 2 * 4
     # spectral: not offered for this chain (its constraint refuses it), so nothing varies under it: one candidate.
     spectral = 1
-    assert sum(1 for _ in space.all()) == cudnn + direct + gemm + gemm_extrema + gemm_store + spectral
+    assert sum(1 for _ in space.all()) == cudnn + direct + gemm + gemm_extrema + gemm_store + gemm_cluster + spectral
 
 
 def test_candidates_are_canonical_where_a_choice_does_not_matter():
@@ -175,7 +178,7 @@ def test_candidates_are_canonical_where_a_choice_does_not_matter():
     assert asked["producer.layout"] == "contiguous"
     assert any("direct kernels do not take" in v for v in batchnorm.violations(asked, {"sm": 90, **batchnorm.plan_facts}))
     assert {c["producer.impl"] for c in batchnorm.all()} == {"cudnn", "direct", "gemm", "gemm_extrema", "gemm_store",
-                                                             "spectral"}
+                                                             "gemm_cluster", "spectral"}
     spectral = batchnorm.canonical({**batchnorm.default(), "producer.impl": "spectral", "stats.block": 512})
     assert spectral["stats.block"] == batchnorm.default()["stats.block"]  # cuDNN's statistics pass does not run
     assert [f.family for f in batchnorm.active(spectral)] == ["producer", "finalize", "spectral_stats"]
@@ -252,3 +255,31 @@ def test_spectral_variants_that_would_spill_are_infeasible():
     family = load_family("spectral_stats")
     compiled = [v for v in family.variants() if family.compiles(v, {})]
     assert compiled and all(v["nt"] * v["ct"] <= 32 for v in compiled) and len(compiled) < len(family.variants())
+
+
+def test_cluster_only_where_a_sample_fits_its_shared_memory():
+    """gemm_cluster keeps a whole sample's output in its cluster's shared memory: at conv3d's seed shape
+    (16 x 14 x 30 x 30 a sample, 56 boxes of 8 x 32) a cluster of 8 holds it and one of 2 does not; a
+    conv2d seed sample (64 x 126 x 126) fits no cluster, its small shape does."""
+    from fusetune.search import shape_facts
+
+    def feasible(seed: str, shape: tuple) -> dict:
+        spec = load_config(SEEDS[seed])
+        space = plan_space(make_plan(spec))
+        facts = shape_facts(spec, make_plan(spec), shape, "9.0")
+        cluster = [c for c in space.all() if c["producer.impl"] == "gemm_cluster"]
+        assert cluster
+        return {(c["gemm_cluster.th"], c["gemm_cluster.tw"], c["gemm_cluster.split"]): not space.violations(c, facts)
+                for c in cluster}
+
+    conv3d = feasible("instancenorm", (128, 3, 16, 32, 32))
+    assert conv3d[(8, 32, 8)] and conv3d[(8, 32, 16)] and not conv3d[(8, 32, 2)]
+    assert not any(feasible("groupnorm", (128, 8, 128, 128)).values())
+    small = feasible("groupnorm", (3, 8, 37, 45))
+    # 35 x 43 outputs: 5 x 3 boxes of 8 x 16 (4 a block of 4 fit), 5 x 2 of 8 x 32 (2 a block: 3 do not fit, and
+    # 10 boxes are fewer than 16 blocks)
+    assert small[(8, 16, 4)] and small[(8, 32, 8)] and not small[(8, 32, 4)] and not small[(8, 32, 16)]
+    spec = load_config(SEEDS["instancenorm"])
+    old = {**plan_space(make_plan(spec)).default(), "producer.impl": "gemm_cluster"}
+    assert any("compute capability 9.0" in v for v in plan_space(make_plan(spec)).violations(
+        old, shape_facts(spec, make_plan(spec), (128, 3, 16, 32, 32), "8.0")))

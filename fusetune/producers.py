@@ -43,6 +43,15 @@ class Producer:
         return (self.transposed and all(s == 1 for s in self.stride) and not any(self.output_padding)
                 and all(p <= k - 1 for p, k in zip(self.padding, self.kernel_size)))
 
+    @property
+    def is_full_transposed(self) -> bool:
+        """Whether this transposed convolution is the full linear convolution of its input with its
+        weights (stride 1, no padding or output padding): every product lands in the output, none
+        cropped, so zero-padded to the output's size its spectrum is the product of theirs (the
+        spectral world, plan.spectral)."""
+        return (self.transposed and all(s == 1 for s in self.stride) and not any(self.padding)
+                and not any(self.output_padding))
+
     @classmethod
     def parse(cls, raw: Mapping[str, Any], path: str) -> "Producer":
         from fusetune.errors import ConfigError

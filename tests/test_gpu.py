@@ -434,3 +434,21 @@ def test_bench_profiles_each_epilogue_kernel(cache):
     assert all(0 < ms < 10 for ms in times.values())
     rows = kernel_rows(times, spec, shape, bandwidth_gbs=1000.0)
     assert {r["kernel"]: r["bytes"] is None for r in rows} == {"ft_stats_kernel": False, "ft_finalize_kernel": True}
+
+
+def test_a_shape_beyond_a_kernels_shared_memory_is_refused_by_name(cache):
+    """A launcher that cannot take a shape says why (FT_TOO_BIG, described by the binding), not
+    "invalid argument": spectral_stats' weights kernel holds its twiddle tables and one row of its
+    second stage in 48 KB, which an output 1206 wide with 7 x 7 taps a plane exceeds."""
+    from fusetune.build import build_and_load
+
+    spec = parse_config({"name": "wide_spectral", "producer": {"op": "conv_transpose3d", "in_channels": 1,
+                                                               "out_channels": 2, "kernel_size": [1, 7, 7]},
+                         "epilogue": [{"op": "batch_norm"}, {"op": "adaptive_avg_pool"}],
+                         "shapes": [[2, 1, 1, 2, 1200]]}, "<wide_spectral>")
+    plan = make_plan(spec)
+    assert plan.spectral
+    generated = build_and_load(render(plan), cache, Machine.detect().capability)
+    fused = generated.ModelNew(variant={"producer": {"impl": "spectral"}}).cuda()
+    with pytest.raises(RuntimeError, match="more shared memory"):
+        fused(torch.rand(spec.shapes[0], device="cuda"))

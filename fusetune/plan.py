@@ -166,7 +166,7 @@ class Plan:
         memory, sums the statistics across the cluster through distributed shared memory, and
         applies the chain from there: no second pass of the convolution and no output in memory.
         Offered for a channel reduction, or a map whose pooling windows lie whole in the boxes; a
-        shape fits where a sample's output fits the cluster's shared memory (cluster_room)."""
+        shape fits where a sample's output fits the cluster's shared memory (tiles.cluster_boxes)."""
         return (self.gemm and self.needs_stats and self.norm.scope in SAMPLE_SCOPES
                 and (self.family == "channel_reduce" or (self.family == "window_map" and self.windows_in_boxes)))
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 import math
 
 import pytest
+import yaml
 
 from fusetune.codegen import plan_space
-from fusetune.config import load_config
+from fusetune.config import load_config, parse_config
 from fusetune.errors import FusetuneError
 from fusetune.plan import make_plan
 from fusetune.space import PlanSpace, candidate_key, load_family
@@ -283,3 +284,16 @@ def test_cluster_only_where_a_sample_fits_its_shared_memory():
     old = {**plan_space(make_plan(spec)).default(), "producer.impl": "gemm_cluster"}
     assert any("compute capability 9.0" in v for v in plan_space(make_plan(spec)).violations(
         old, shape_facts(spec, make_plan(spec), (128, 3, 16, 32, 32), "8.0")))
+
+
+def test_cluster_variants_compiled_only_where_their_boxes_hold_whole_windows():
+    """A pool of stride 16 leaves boxes 8 high without a whole window: those variants are not compiled
+    (their kernel would have no window to write), so no default can pick one."""
+    raw = yaml.safe_load(SEEDS["groupnorm"].read_text())
+    raw["epilogue"] = [{"op": "group_norm", "groups": 16}, {"op": "max_pool", "kernel_size": 16}]
+    plan = make_plan(parse_config(raw, "x.yaml"))
+    assert plan.cluster
+    family = load_family("gemm_cluster")
+    names = {"C": 64, **plan_space(plan).plan_facts}
+    compiled = {(v["th"], v["tw"]) for v in family.variants() if family.compiles(v, names)}
+    assert compiled == {(16, 16), (16, 32)}

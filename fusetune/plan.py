@@ -187,7 +187,8 @@ class Plan:
         finalize takes from the statistics (family None), those sums are the whole output: the
         product per bin costs N * CIN * C complex multiply-adds (1.8 G for the 64->128 seed, 7.2 G
         real ones, against its 268 G in space) and the output is never computed."""
-        return self.spec.producer.is_full_transposed and self.needs_stats and self.family is None and self.pre_scale is not None
+        return (self.spec.producer.is_full_transposed and self.needs_stats and self.family is None
+                and self.pre_scale is not None)
 
     @property
     def spectral_stages(self) -> tuple[str, ...]:

@@ -18,7 +18,9 @@ from fusetune.ops import Elementwise
 from fusetune.plan import Plan
 from fusetune.space import PlanSpace, load_family
 from fusetune.templates import environment
-from fusetune.tiles import FOOTPRINT_MAX, cluster_boxes, gemm_k, gemm_tile
+from fusetune.tiles import (FOOTPRINT_MAX, WIDE_BLOCK, WIDE_BM, cluster_boxes, gemm_k, gemm_tile, wide_channel_chunk,
+                            wide_depth, wide_depths, wide_forward, wide_shift, wide_slab_stride,
+                            wide_workspace_words)
 
 #: Flags for nvcc; part of every cache key. No fast-math: it changes rounding of rsqrt and division.
 CUDA_FLAGS = ("-O3", "-lineinfo", "-std=c++17")
@@ -61,7 +63,20 @@ def plan_facts(plan: Plan) -> dict[str, Any]:
             "spectral": int(plan.spectral), "cluster": int(plan.cluster),
             "cluster_boxes": cluster_boxes(plan.spec.producer.geometry()) if plan.cluster else {},
             "pool_sh": plan.pool_window[1][1], "pool_sw": plan.pool_window[1][2],
-            "forward_form": int(plan.spec.producer.has_forward_form)}
+            "forward_form": int(plan.spec.producer.has_forward_form), **_wide_facts(plan)}
+
+
+def _wide_facts(plan: Plan) -> dict[str, Any]:
+    """The K-tiled world's facts: whether it is offered, the pipeline depth of each (bm, bn) (0: not
+    within the shared memory), each bm's staged input capacity per channel, and the forward
+    convolution's kw and stride along w, from which a constraint works out a shape's need
+    (tiles.wide_rows_fit)."""
+    if not plan.wide:
+        return {"wide": 0, "wide_depth": {}, "wide_cap": {}, "wide_kw": 0, "wide_sw": 0, "wide_shift": 0}
+    conv = plan.spec.producer.geometry()
+    return {"wide": 1, "wide_depth": wide_depths(conv),
+            "wide_cap": {bm: wide_slab_stride(conv, bm) for bm in WIDE_BM},
+            "wide_kw": conv["kernel"][2], "wide_sw": wide_forward(conv)["stride"][2], "wide_shift": wide_shift(conv)}
 
 
 def _chain(ops: Sequence[Elementwise], v: str, slots: dict[str, int]) -> str:
@@ -95,7 +110,8 @@ def _reference_code(plan: Plan) -> tuple[list[tuple[str, str]], list[str], str]:
 
 #: Stages compiled one unit per variant: their fully unrolled kernels take ptxas seconds each, or their
 #: compile_if rules out variants for every plan (spectral_stats: those that would spill).
-PER_VARIANT_UNITS = ("direct_stats", "direct_main", "gemm_stats", "gemm_main", "gemm_cluster", "spectral_stats")
+PER_VARIANT_UNITS = ("direct_stats", "direct_main", "gemm_stats", "gemm_main", "gemm_cluster", "spectral_stats",
+                     "wide_stats")
 
 
 def _units(env, plan: Plan, variants: dict[str, list[dict[str, Any]]], context: dict[str, Any]) -> dict[str, str]:
@@ -146,6 +162,12 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         # The box of a gemm variant: whole pooling windows for the main kernel, single outputs for statistics.
         "gemm_tile": lambda variant, pooled: gemm_tile(conv, *(plan.pool_window if pooled else ((1, 1, 1),) * 2),
                                                        variant["tw"], variant["th"]),
+        # The K-tiled kernels (wide_stats): the forward convolution, a stage's input channels, and
+        # per variant its staged input's capacity per channel and its pipeline depth.
+        "wide": {"forward": wide_forward(conv), "ck": wide_channel_chunk(conv["cin"]), "block": WIDE_BLOCK,
+                 "workspace": wide_workspace_words(conv) if plan.wide else 0},
+        "wide_tile": lambda variant: {"cs": wide_slab_stride(conv, variant["bm"]),
+                                      "depth": wide_depth(conv, variant["bm"], variant["bn"], variant["blocks"])},
     }
     sources = _units(env, plan, variants, context)
     binding = env.get_template("binding.cpp.j2").render(**context)

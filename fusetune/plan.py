@@ -26,8 +26,11 @@ pass also writes each window's extremes, ``extrema_map`` finishes from them) and
 the norm's statistics lie within a sample (instance, group), one kernel on a Hopper thread-block
 cluster per sample can do it all, the outputs kept on chip across the cluster (``gemm_cluster``). Where
 the output is a norm's statistics alone and the producer a full transposed convolution, the plan
-also offers them from spectra, the convolution never computed (``spectral``). The search picks
-among the worlds (``producer.impl``).
+also offers them from spectra, the convolution never computed (``spectral``). Where a norm needs
+statistics and the convolution has too many channels for those kernels (or is a stride-1 transposed
+one), a K-tiled implicit GEMM on the tensor cores takes the statistics, and writes the output once
+for the main kernel where the chain goes on (``gemm_wide``: see fusetune/tiles.py). The search
+picks among the worlds (``producer.impl``).
 
 Exact algebra the planner uses:
   * a spatial mean (or sum) right after a norm is the norm's affine map applied to the
@@ -44,11 +47,11 @@ from typing import Sequence
 from fusetune.config import ProblemSpec
 from fusetune.errors import PlanError
 from fusetune.ops import Add, Div, Elementwise, Mul, Norm, Op, Pool, Reduce
-from fusetune.tiles import BOX_HEIGHTS, WIDEST_BOX, direct_row_cells, gemm_fits, gemm_max_height
+from fusetune.tiles import BOX_HEIGHTS, WIDEST_BOX, direct_row_cells, gemm_fits, gemm_max_height, wide_fits
 
 
 #: The stages that compute the convolution inside themselves.
-CONV_STAGES = ("direct_stats", "direct_main", "gemm_stats", "gemm_main", "gemm_cluster")
+CONV_STAGES = ("direct_stats", "direct_main", "gemm_stats", "gemm_main", "gemm_cluster", "wide_stats")
 #: The norms whose statistics lie within one sample, so that one thread-block cluster can hold them.
 SAMPLE_SCOPES = ("instance", "group")
 
@@ -196,11 +199,29 @@ class Plan:
         return self._stages("spectral_stats", None) if self.spectral else ()
 
     @property
+    def wide(self) -> bool:
+        """Whether the K-tiled tensor-core kernel can take the statistics (wide_stats): a norm needs
+        them, and the convolution is one the whole-weights kernels above do not take (more than 64
+        output channels, weights over their shared memory, or a transposed convolution) but a plain
+        one or a stride-1 transposed one (its forward form). It stages the weights a row of taps and
+        a few input channels at a time, so any channel count goes; it computes the convolution once
+        and, where a main kernel follows, writes it (no bias) for that kernel to read as cuDNN's."""
+        producer = self.spec.producer
+        return (self.needs_stats and not self.gemm and (not producer.transposed or producer.has_forward_form)
+                and wide_fits(producer.geometry()))
+
+    @property
+    def wide_stages(self) -> tuple[str, ...]:
+        """Stages of the K-tiled world (see wide); empty if not offered."""
+        return self._stages("wide_stats", self.family) if self.wide else ()
+
+    @property
     def impl_stages(self) -> dict[str, tuple[str, ...]]:
         """producer.impl -> its stages in launch order, for every impl the plan offers."""
         offered = {"cudnn": self.cudnn_stages, "direct": self.direct_stages, "gemm": self.gemm_stages,
                    "gemm_extrema": self.gemm_extrema_stages, "gemm_store": self.gemm_store_stages,
-                   "gemm_cluster": self.cluster_stages, "spectral": self.spectral_stages}
+                   "gemm_cluster": self.cluster_stages, "gemm_wide": self.wide_stages,
+                   "spectral": self.spectral_stages}
         return {impl: stages for impl, stages in offered.items() if impl == "cudnn" or stages}
 
     def conv_passes(self, impl: str) -> int:
@@ -257,6 +278,7 @@ class Plan:
         direct = f" direct={'+'.join(self.direct_stages)}" if self.direct else ""
         direct += f" gemm={'+'.join(self.gemm_stages)}" if self.gemm else ""
         direct += f" cluster={'+'.join(self.cluster_stages)}" if self.cluster else ""
+        direct += f" wide={'+'.join(self.wide_stages)}" if self.wide else ""
         direct += f" spectral={'+'.join(self.spectral_stages)}" if self.spectral else ""
         return (f"stages={'+'.join(self.cudnn_stages)}{direct} pre={names(self.pre)} "
                 f"norm={self.norm.kind if self.norm else '-'} mid={names(self.mid)} "

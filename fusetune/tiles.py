@@ -196,3 +196,105 @@ def direct_row_cells(conv: dict, window: Sequence[int], stride: Sequence[int]) -
     """The most cells in a row a direct_main thread may take: several only where their inputs fit
     in registers (each weight then feeds one FMA per cell)."""
     return max(r for r in ROW_CELLS if r == 1 or direct_footprint(conv, window, stride, r))
+
+
+# The K-tiled implicit GEMM for convolutions with many channels (wide_stats.cu.j2).
+#
+# A block multiplies ``bm`` consecutive output positions of a sample (flat over depth, height and
+# width: whole rows, so that no box is mostly past the edge of an odd-sized output) by ``bn``
+# output channels, over K = taps x input channels in stages of one row of taps (kd, kh fixed, every
+# kw) and ``ck`` input channels: per stage, the weights (packed once per call in the order the lanes
+# read them) and the input rows the box's output rows read through that row of taps, both copied
+# asynchronously a few stages ahead. Every shape-dependent size is a run-time value except the
+# staged input's capacity per channel, which the launcher checks.
+
+#: Threads of a wide_stats block (8 warps).
+WIDE_BLOCK = 256
+#: The variants' ``bm`` (outputs a block multiplies) and ``bn`` (output channels).
+WIDE_BM = (128, 256)
+WIDE_BN = (64, 128)
+#: A block's shared memory where two share a multiprocessor (the wide variants' blocks 2): Hopper's
+#: 228 KB a multiprocessor, less 1 KB the system reserves per block, halved.
+WIDE_PAIR_LIMIT = 113 * 1024
+
+
+def wide_forward(conv: dict) -> dict[str, tuple[int, int, int]]:
+    """The plain convolution the wide kernels compute: the producer itself, or a stride-1 transposed
+    convolution's forward form (stride 1, padding k - 1 - p, the weights flipped and their channels
+    swapped as they are staged)."""
+    if conv["transposed"]:
+        return {"stride": (1, 1, 1), "padding": tuple(k - 1 - p for k, p in zip(conv["kernel"], conv["padding"]))}
+    return {"stride": tuple(conv["stride"]), "padding": tuple(conv["padding"])}
+
+
+def wide_channel_chunk(cin: int) -> int:
+    """Input channels a stage takes: 16 (two k steps of 8 per tap), or 8 for few input channels."""
+    return 16 if cin >= 16 else 8
+
+
+def wide_slab_stride(conv: dict, bm: int) -> int:
+    """Words a staged input channel may take (its rows one after another), a compile-time constant:
+    room for the input the bm outputs' rows read (about bm x the stride along w, plus the taps'
+    overhang and partial rows) for most shapes (wide_rows_fit says which), at a stride whose A loads
+    take one pass through shared memory."""
+    stride = wide_forward(conv)["stride"][2]
+    return channel_stride(stride * (bm * 3 // 2 + 64), stride)
+
+
+def wide_rows_fit(conv: dict, bm: int, width: int) -> bool:
+    """Whether any bm consecutive outputs of rows ``width`` wide read input rows that fit one staged
+    channel: at most (width - 1 + bm - 1) // width + 1 rows of (width - 1) * stride + kw columns, from
+    wide_shift before the first, rounded up to 4. The variants' constraint and the launcher's check."""
+    rows = (width + bm - 2) // width + 1
+    return rows * wide_row_words(conv, width) <= wide_slab_stride(conv, bm)
+
+
+def wide_shift(conv: dict) -> int:
+    """Columns a staged input row starts before the padding, so that it starts at an input column that
+    is a multiple of 4 (16-byte copies where rows are aligned in memory)."""
+    return -wide_forward(conv)["padding"][2] % 4
+
+
+def wide_row_words(conv: dict, width: int) -> int:
+    """Words of a staged input row for outputs ``width`` wide (wide_stats.cu.j2's row_words)."""
+    used = (width - 1) * wide_forward(conv)["stride"][2] + conv["kernel"][2] + wide_shift(conv)
+    return _round_up(used, 4)
+
+
+def wide_stage_words(conv: dict, bm: int, bn: int) -> int:
+    """Words of one pipeline stage: the weights (kw taps x ck channels x bn) and the staged input."""
+    ck = wide_channel_chunk(conv["cin"])
+    return conv["kernel"][2] * ck * bn + ck * wide_slab_stride(conv, bm)
+
+
+def wide_smem_bytes(conv: dict, bm: int, bn: int, depth: int) -> int:
+    """Shared memory of a variant with ``depth`` stages in flight, beside its per-box row table, the
+    channels' pivots and the warps' per-channel sums (template: ft_wide_smem_words)."""
+    warps_m = 8  # at most: WIDE_BLOCK / 32 warps all along m
+    return 4 * (depth * wide_stage_words(conv, bm, bn) + 2 * (bm + 1) + bn + 2 * warps_m * bn)
+
+
+def wide_depth(conv: dict, bm: int, bn: int, blocks: int = 1) -> int:
+    """Stages in flight: three where they fit in a block's share of the shared memory (``blocks`` a
+    multiprocessor), else two, else 0 (not compiled)."""
+    limit = SMEM_LIMIT if blocks == 1 else WIDE_PAIR_LIMIT
+    return max((d for d in (3, 2) if wide_smem_bytes(conv, bm, bn, d) <= limit), default=0)
+
+
+def wide_depths(conv: dict) -> dict[tuple[int, int, int], int]:
+    """(bm, bn, blocks) -> wide_depth, for the variants' compile_if and constraints."""
+    return {(bm, bn, blocks): wide_depth(conv, bm, bn, blocks) for bm in WIDE_BM for bn in WIDE_BN for blocks in (1, 2)}
+
+
+def wide_fits(conv: dict) -> bool:
+    """Whether the wide kernels take a convolution: a plain one, or a transposed one with a forward
+    form (the caller checks), with some variant within the shared memory."""
+    return any(wide_depths(conv).values())
+
+
+def wide_workspace_words(conv: dict) -> int:
+    """Words of the packed weights of the largest variant: every (kd, kh) row of taps, the input
+    channels in whole chunks and the output channels in whole tiles of bn."""
+    ck = wide_channel_chunk(conv["cin"])
+    taps = math.prod(conv["kernel"])
+    return max(taps * _round_up(conv["cin"], ck) * _round_up(conv["cout"], bn) for bn in WIDE_BN)

@@ -50,11 +50,20 @@ EXTRA = {
         "shapes": [[4, 8, 34, 34]],
     },
 }
+# The K-tiled tensor-core kernel's statistics pass that also stores the convolution (a main kernel
+# follows), beside the seed's that does not.
+EXTRA["conv2d_wide_relu_groupnorm_sum_channels"] = {
+    "name": "conv2d_wide_relu_groupnorm_sum_channels",
+    "producer": {"op": "conv2d", "in_channels": 40, "out_channels": 96, "kernel_size": 5, "padding": 2},
+    "epilogue": [{"op": "relu"}, {"op": "group_norm", "groups": 8}, {"op": "sum", "dim": 1}],
+    "shapes": [[3, 40, 29, 36]],
+}
 EXPECTED_EXTRA = {  # name: (stages, reduce mode or None, pool mode or None, norm scope or None)
     "conv2d_bneval_relu_avgpool_gap": (("finalize", "plane_reduce"), "mean", "avg", "running"),
     "conv3d_relu_sum_channels": (("channel_reduce",), "sum", None, None),
     "conv2d_groupnorm_mean_channels": (("stats", "finalize", "channel_reduce"), "mean", None, "group"),
     "conv2d_bneval_clamp_min_channels": (("finalize", "channel_reduce"), "min", None, "running"),
+    "conv2d_wide_relu_groupnorm_sum_channels": (("stats", "finalize", "channel_reduce"), "sum", None, "group"),
 }
 NAMES = sorted(SEEDS) + sorted(EXTRA)
 
@@ -124,7 +133,7 @@ def test_every_variant_has_a_case_in_its_launcher(rendered, name):
         assert cases == list(range(len(family.variants()))), stage
         assert len(family.variants()) > 1
     for stage in ("stats", "finalize", "window_map", "plane_reduce", "channel_reduce", "direct_stats", "direct_main",
-                  "gemm_stats", "gemm_main", "extrema_map", "spectral_stats"):
+                  "gemm_stats", "gemm_main", "extrema_map", "spectral_stats", "wide_stats"):
         assert (f"ft_launch_{stage}(" in source) is (stage in plan.stages), stage
     # A unit per stage; the direct stages' variants have a unit each (compiled in parallel).
     per_stage = {re.sub(r"_\d+\.cu$", ".cu", unit) for unit in module.cuda_sources}
@@ -184,8 +193,11 @@ def test_tensor_core_units_compile_for_gpus_without_them(rendered, tmp_path):
     Their device code traps there and their launchers refuse; the search does not offer them."""
     module = rendered["groupnorm"][1]
     units = {u: t for u, t in module.cuda_sources.items() if re.fullmatch(r"gemm_(stats|main|cluster)_\d+\.cu", u)}
+    wide = rendered["batchnorm"][1].cuda_sources
+    units["wide_stats_0.cu"] = wide["wide_stats_0.cu"]  # the K-tiled kernel's too
     assert all(any(u.startswith(f"gemm_{stage}_") for u in units) for stage in ("stats", "main", "cluster"))
-    for unit in [sorted(u for u in units if u.startswith(f"gemm_{stage}_"))[0] for stage in ("stats", "main", "cluster")]:
+    for unit in [sorted(u for u in units if u.startswith(f"gemm_{stage}_"))[0] for stage in ("stats", "main", "cluster")] + [
+            "wide_stats_0.cu"]:
         source = tmp_path / unit
         source.write_text(units[unit])
         result = subprocess.run([NVCC, "-arch=sm_75", "-O1", "-std=c++17", "-c", str(source), "-o",

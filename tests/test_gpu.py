@@ -286,6 +286,34 @@ EXTRA["conv2d_cluster_relu_instancenorm_sum_channels"] = {
     "shapes": [[2, 6, 23, 41]]}
 
 
+# The K-tiled tensor-core kernel (gemm_wide): output channels that are not a multiple of a block's
+# (72, 80, 96 against bn 64 and 128), input channels that are not a multiple of a stage's 16 (20, 24,
+# 40), a transposed convolution's forward form with padding on two axes, a strided, padded one, a
+# chain before the norm that is affine with an offset and one that is not, and each way the chain
+# ends (finalize alone, and after the stored output: a map, a plane reduction, a channel reduction);
+# input rows of a multiple of 4 (copied 16 bytes at a time, the padding shifted) and not.
+EXTRA["convt3d_wide_offset_bn_gap"] = {
+    "producer": {"op": "conv_transpose3d", "in_channels": 24, "out_channels": 80, "kernel_size": 3,
+                 "padding": [1, 0, 2]},
+    "epilogue": [{"op": "mul", "by": "s"}, {"op": "add", "by": 20.0}, {"op": "batch_norm"},
+                 {"op": "adaptive_avg_pool"}],
+    "parameters": {"s": {"init": "randn"}},
+    "shapes": [[3, 24, 7, 11, 13]]}
+EXTRA["conv3d_wide_stride_instancenorm_maxpool"] = {
+    "producer": {"op": "conv3d", "in_channels": 20, "out_channels": 72, "kernel_size": 3, "stride": [1, 2, 2],
+                 "padding": 1},
+    "epilogue": [{"op": "instance_norm", "affine": True}, {"op": "max_pool", "kernel_size": 2},
+                 {"op": "clamp", "min": -1.0, "max": 1.0}],
+    "shapes": [[2, 20, 6, 17, 23]]}
+EXTRA["conv3d_wide_bn_maxpool_gap"] = {
+    "producer": {"op": "conv3d", "in_channels": 16, "out_channels": 64, "kernel_size": 3, "bias": False},
+    "epilogue": [{"op": "batch_norm"}, {"op": "max_pool", "kernel_size": 2}, {"op": "adaptive_avg_pool"}],
+    "shapes": [[2, 16, 6, 10, 35]]}
+EXTRA["conv2d_wide_relu_groupnorm_sum_channels"] = {
+    "producer": {"op": "conv2d", "in_channels": 40, "out_channels": 96, "kernel_size": 5, "padding": 2},
+    "epilogue": [{"op": "relu"}, {"op": "group_norm", "groups": 8}, {"op": "sum", "dim": 1}],
+    "shapes": [[3, 40, 29, 36]]}
+
 def _covering(space, facts) -> list:
     """Feasible candidates that between them run every compiled variant and every run-time choice
     of every stage that can run here, in each world the plan offers (greedy: the sum of the stages'
@@ -318,7 +346,8 @@ def _tf32_refused_where_eager_is_exact(candidate, outcome) -> bool:
             and outcome["error_max"] <= ERROR_RATIO * outcome["tf32_error_max"])
 
 
-@pytest.mark.parametrize("impl", ["cudnn", "direct", "gemm", "gemm_extrema", "gemm_store", "gemm_cluster", "spectral"])
+@pytest.mark.parametrize("impl", ["cudnn", "direct", "gemm", "gemm_extrema", "gemm_store", "gemm_cluster", "gemm_wide",
+                                  "spectral"])
 def test_families_beyond_the_seeds(impl, cache, worker):
     """Every compiled variant of every stage verifies on chains and shapes the seeds do not cover,
     in each world (cuDNN, the direct kernels, the tensor-core kernels: one test each, sharing the
@@ -359,7 +388,7 @@ def test_families_beyond_the_seeds(impl, cache, worker):
     assert not failures, failures[:5]
 
 
-@pytest.mark.parametrize("impl", ["direct", "gemm", "gemm_extrema", "gemm_store", "gemm_cluster", "spectral"])
+@pytest.mark.parametrize("impl", ["direct", "gemm", "gemm_extrema", "gemm_store", "gemm_cluster", "gemm_wide", "spectral"])
 @pytest.mark.parametrize("config", SEEDS, ids=lambda p: p.stem)
 def test_inside_kernels_at_seed_shapes(config, impl, cache, worker):
     """Every variant with the convolution inside the kernels (on CUDA cores: direct; on tensor cores:

@@ -19,7 +19,8 @@ EXPECTED = {
                   ("gemm_stats", "finalize", "gemm_main")),
     "instancenorm": (("stats", "finalize", "channel_reduce"), "channel_reduce", True,
                      ("direct_stats", "finalize", "direct_main"), ("gemm_stats", "finalize", "gemm_main")),
-    # 64 x 128 x 5^3 weights: too many for constant memory; a transposed convolution: no tensor-core kernels yet
+    # 64 x 128 x 5^3 weights: too many for constant memory; a transposed convolution: not the whole-weights
+    # tensor-core kernels (the K-tiled one, gemm_wide: test_wide_kernel_where_the_others_do_not_take_it)
     "batchnorm": (("stats", "finalize"), None, False, (), ()),
     "maxpool_gap": (("plane_reduce",), "plane_reduce", False, ("direct_main",), ()),
 }
@@ -52,13 +53,17 @@ def test_seed_plans(key):
     # One kernel on a thread-block cluster per sample where the norm's statistics lie within a sample.
     cluster = ("gemm_cluster",) if key in ("groupnorm", "instancenorm") else ()
     assert plan.cluster is bool(cluster) and plan.cluster_stages == cluster
-    assert plan.stages == tuple(dict.fromkeys(stages + direct + gemm + extrema + cluster + spectral))  # finalize serves every world
+    # The K-tiled tensor-core kernel where a norm needs statistics of a convolution the others do not take.
+    wide = ("wide_stats", "finalize") if key == "batchnorm" else ()
+    assert plan.wide is bool(wide) and plan.wide_stages == wide
+    assert plan.stages == tuple(dict.fromkeys(stages + direct + gemm + extrema + cluster + wide + spectral))  # finalize serves every world
     # The convolution once, written out (gemm_store), wherever the gemm world has two passes.
     store = ("gemm_stats", "finalize", family) if len(gemm) == 3 else ()
     assert plan.gemm_store_stages == store
     assert list(plan.impl_stages) == (["cudnn"] + ["direct"] * bool(direct) + ["gemm"] * bool(gemm)
                                       + ["gemm_extrema"] * bool(extrema) + ["gemm_store"] * bool(store)
-                                      + ["gemm_cluster"] * bool(cluster) + ["spectral"] * bool(spectral))
+                                      + ["gemm_cluster"] * bool(cluster) + ["gemm_wide"] * bool(wide)
+                                      + ["spectral"] * bool(spectral))
     assert plan.family == family
     assert plan.drop_bias is drop_bias
     assert plan.needs_stats is ("stats" in stages)
@@ -162,10 +167,11 @@ def test_norm_then_mean_needs_no_main_pass_only_without_mid_ops_or_pool():
     assert _plan("batchnorm", [{"op": "batch_norm"}, {"op": "adaptive_avg_pool"}, {"op": "relu"}]).cudnn_stages == (
         "stats", "finalize")
     # a nonlinearity between the norm and the mean: the plane mean is no longer A*mean+B
-    assert _plan("batchnorm", [{"op": "batch_norm"}, {"op": "relu"}, {"op": "adaptive_avg_pool"}]).stages == (
-        "stats", "finalize", "plane_reduce")
+    relu = _plan("batchnorm", [{"op": "batch_norm"}, {"op": "relu"}, {"op": "adaptive_avg_pool"}])
+    assert relu.cudnn_stages == ("stats", "finalize", "plane_reduce")
+    assert relu.wide_stages == ("wide_stats", "finalize", "plane_reduce")  # the K-tiled kernel's stored output
     assert _plan("batchnorm", [{"op": "batch_norm"}, {"op": "max_pool", "kernel_size": 2},
-                               {"op": "adaptive_avg_pool"}]).stages == ("stats", "finalize", "plane_reduce")
+                               {"op": "adaptive_avg_pool"}]).cudnn_stages == ("stats", "finalize", "plane_reduce")
 
 
 def test_chains_without_norm():
@@ -295,3 +301,21 @@ def test_cluster_only_where_a_sample_holds_the_statistics():
     assert not _plan("groupnorm", [norm, {"op": "relu"}, {"op": "adaptive_avg_pool"}]).cluster  # plane_reduce: not yet
     assert not _plan("groupnorm", [{"op": "instance_norm"}], out_channels=72).cluster  # no tensor-core kernels
     assert "gemm_cluster" not in _plan("groupnorm", [scale]).impl_stages
+
+
+def test_wide_kernel_where_the_others_do_not_take_it():
+    """gemm_wide (the K-tiled tensor-core statistics pass) is offered where a norm needs statistics and the
+    convolution is a plain one or a stride-1 transposed one that the whole-weights kernels do not take."""
+    seed = make_plan(load_config(SEEDS["batchnorm"]))
+    assert seed.wide and not seed.gemm and seed.impl_stages["gemm_wide"] == ("wide_stats", "finalize")
+    # more than 64 output channels: the whole-weights kernels cannot keep a box's output; the stored
+    # output then goes to the cuDNN world's main kernel
+    wide = _plan("groupnorm", [{"op": "group_norm", "groups": 16}, {"op": "max_pool", "kernel_size": 4}],
+                 out_channels=128)
+    assert wide.wide and not wide.gemm and wide.wide_stages == ("wide_stats", "finalize", "window_map")
+    # the whole-weights kernels take the conv2d seed: not offered beside them
+    assert not make_plan(load_config(SEEDS["groupnorm"])).wide
+    # no statistics to take: not offered
+    assert not _plan("groupnorm", [{"op": "relu"}], out_channels=128).wide
+    # a transposed convolution of stride 2 has no forward form
+    assert not _plan("maxpool_gap", [{"op": "batch_norm"}, {"op": "adaptive_avg_pool"}]).wide

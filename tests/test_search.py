@@ -373,6 +373,14 @@ FACTS = {
 }
 
 
+#: The K-tiled tensor-core kernel's facts, for the one seed it takes (64 -> 128, k 5, its forward form
+#: stride 1 and padding 4): every (bm, bn) within the shared memory, 3 stages but at 256 x 128 (2), two
+#: blocks a multiprocessor at 64 channels only; channel capacity 1.5 bm + 64, rounded to a stride of 8 mod 32.
+WIDE_FACTS = {"batchnorm": {"wide": 1, "wide_kw": 5, "wide_sw": 1, "wide_shift": 0, "wide_cap": {128: 264, 256: 456},
+                            "wide_depth": {(128, 64, 1): 3, (128, 64, 2): 2, (128, 128, 1): 3, (128, 128, 2): 0,
+                                           (256, 64, 1): 3, (256, 64, 2): 2, (256, 128, 1): 2, (256, 128, 2): 0}}}
+
+
 @pytest.mark.parametrize("seed, shape", sorted(FACTS), ids=[f"{k}-{'x'.join(map(str, s))}" for k, s in sorted(FACTS)])
 def test_shape_facts(seed, shape):
     spec = load_config(SEEDS[seed])
@@ -387,16 +395,18 @@ def test_shape_facts(seed, shape):
                      "pool_sh": plan.pool_window[1][1], "pool_sw": plan.pool_window[1][2],
                      "spectral": int(seed == "batchnorm"),  # the one seed whose output is its norm's statistics alone
                      "family": plan.family or "none", "sm": 90, "forward_form": int(seed == "batchnorm"),  # stride 1: the other convT has 2
-                     "cluster": int(plan.cluster), "cluster_boxes": cluster_boxes(spec.producer.geometry()) if plan.cluster else {}}
+                     "cluster": int(plan.cluster), "cluster_boxes": cluster_boxes(spec.producer.geometry()) if plan.cluster else {},
+                     **WIDE_FACTS.get(seed, {"wide": 0, "wide_depth": {}, "wide_cap": {}, "wide_kw": 0, "wide_sw": 0,
+                                             "wide_shift": 0})}
     assert facts["cluster"] == (seed in ("groupnorm", "instancenorm"))  # instance and group norm on the tensor cores
     assert facts["direct"] == (seed != "batchnorm")  # its 64 -> 128 k=5 weights do not fit constant memory
     assert facts["gemm"] == (seed in ("groupnorm", "instancenorm"))  # not (yet) for transposed convolutions
 
 
 def test_producer_starts_cover_every_cudnn_choice_once():
-    """The transposed batch-norm seed: no kernels with the convolution inside, so its starts are cuDNN's
-    defaults in each layout and form, each once, the declared default first, and one default per other
-    world (the statistics from spectra, feasible; the kernels it cannot take, refused by their constraints)."""
+    """The transposed batch-norm seed: its starts are cuDNN's defaults in each layout and form, each
+    once, the declared default first, and one default per other world (the K-tiled tensor-core kernel
+    and the statistics from spectra, feasible; the kernels it cannot take, refused by their constraints)."""
     space = plan_space(make_plan(load_config(SEEDS["batchnorm"])))
     starts = space.producer_starts()
     assert starts[0] == space.canonical(space.default())
@@ -406,10 +416,11 @@ def test_producer_starts_cover_every_cudnn_choice_once():
     assert all(s == space.canonical({**space.default(), "producer.layout": s["producer.layout"],
                                      "producer.form": s["producer.form"]}) for s in cudnn)
     others = {s["producer.impl"]: s for s in starts if s["producer.impl"] != "cudnn"}
-    assert sorted(others) == ["direct", "gemm", "gemm_cluster", "gemm_extrema", "gemm_store", "spectral"]
-    facts = {"sm": 90, "F": 13680, **space.plan_facts}
-    assert [impl for impl, s in others.items() if not space.violations(s, facts)] == ["spectral"]
-    assert len({s["producer.impl"] for s in starts[:7]}) == 7  # one per world before cuDNN's other choices
+    assert sorted(others) == ["direct", "gemm", "gemm_cluster", "gemm_extrema", "gemm_store", "gemm_wide", "spectral"]
+    spec = load_config(SEEDS["batchnorm"])
+    facts = shape_facts(spec, make_plan(spec), spec.shapes[0], "9.0")
+    assert [impl for impl, s in others.items() if not space.violations(s, facts)] == ["gemm_wide", "spectral"]
+    assert len({s["producer.impl"] for s in starts[:8]}) == 8  # one per world before cuDNN's other choices
 
 
 def test_tensor_core_kernels_are_not_offered_before_sm80(cache):

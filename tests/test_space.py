@@ -152,9 +152,11 @@ def test_plan_space_of_seeds():
     gemm_store = gemm_stats * (3 * 3) * 2
     # gemm_cluster: one kernel (block, mt, tw, th, split: every choice enumerated, infeasible ones too).
     gemm_cluster = 2 * 2 * 2 * 2 * 4
-    # spectral: not offered for this chain (its constraint refuses it), so nothing varies under it: one candidate.
-    spectral = 1
-    assert sum(1 for _ in space.all()) == cudnn + direct + gemm + gemm_extrema + gemm_store + gemm_cluster + spectral
+    # spectral and gemm_wide: not offered for this chain (their constraints refuse them), so nothing varies
+    # under them: one candidate each.
+    spectral = gemm_wide = 1
+    assert sum(1 for _ in space.all()) == (cudnn + direct + gemm + gemm_extrema + gemm_store + gemm_cluster + gemm_wide
+                                           + spectral)
 
 
 def test_candidates_are_canonical_where_a_choice_does_not_matter():
@@ -179,7 +181,7 @@ def test_candidates_are_canonical_where_a_choice_does_not_matter():
     assert asked["producer.layout"] == "contiguous"
     assert any("direct kernels do not take" in v for v in batchnorm.violations(asked, {"sm": 90, **batchnorm.plan_facts}))
     assert {c["producer.impl"] for c in batchnorm.all()} == {"cudnn", "direct", "gemm", "gemm_extrema", "gemm_store",
-                                                             "gemm_cluster", "spectral"}
+                                                             "gemm_cluster", "gemm_wide", "spectral"}
     spectral = batchnorm.canonical({**batchnorm.default(), "producer.impl": "spectral", "stats.block": 512})
     assert spectral["stats.block"] == batchnorm.default()["stats.block"]  # cuDNN's statistics pass does not run
     assert [f.family for f in batchnorm.active(spectral)] == ["producer", "finalize", "spectral_stats"]
@@ -297,3 +299,33 @@ def test_cluster_variants_compiled_only_where_their_boxes_hold_whole_windows():
     names = {"C": 64, **plan_space(plan).plan_facts}
     compiled = {(v["th"], v["tw"]) for v in family.variants() if family.compiles(v, names)}
     assert compiled == {(16, 16), (16, 32)}
+
+
+def test_wide_variants_compiled_and_feasible_at_the_seed():
+    """The transposed batch-norm seed's K-tiled variants: every (bm, bn, wm) at one block a multiprocessor,
+    at two only those of at most 64 accumulators a thread whose pipelines fit half the shared memory;
+    at its shape (rows 36 wide) every compiled one is feasible at some split, none at a split whose
+    blocks outnumber a sample's runs of outputs."""
+    from fusetune.search import shape_facts
+    spec = load_config(SEEDS["batchnorm"])
+    plan = make_plan(spec)
+    space = plan_space(plan)
+    family = load_family("wide_stats")
+    names = {"C": 128, **space.plan_facts}
+    compiled = {(v["bm"], v["bn"], v["wm"], v["blocks"]) for v in family.variants() if family.compiles(v, names)}
+    assert compiled == {(bm, bn, wm, 1) for bm in (128, 256) for bn in (64, 128) for wm in (2, 4)} | {
+        (bm, 64, wm, 2) for bm in (128, 256) for wm in (2, 4)}
+    facts = shape_facts(spec, plan, (16, 64, 16, 32, 32), "9.0")
+    wide = [c for c in space.all() if c["producer.impl"] == "gemm_wide"]
+    feasible = {(c["wide_stats.bm"], c["wide_stats.bn"], c["wide_stats.wm"], c["wide_stats.blocks"])
+                for c in wide if not space.violations(c, facts)}
+    assert feasible == compiled
+    # 5 x 5 x 32 outputs a sample (800): blocks of 256 outputs, 4 a sample and channel tile at most
+    small = shape_facts(spec, plan, (2, 64, 1, 1, 28), "9.0")
+    assert {c["wide_stats.split"] for c in wide if c["wide_stats.bm"] == 256 and not space.violations(c, small)} == {
+        1, 2, 4}
+    # rows 5 wide: 256 outputs span 52 rows of 12 staged words (the taps' overhang), over a channel's room
+    narrow = shape_facts(spec, plan, (2, 64, 1, 1, 1), "9.0")
+    assert all(any("must fit a staged channel" in v for v in space.violations(c, narrow)) for c in wide)
+    assert any("sm" in v or "8.0" in v for v in space.violations(
+        {**space.default(), "producer.impl": "gemm_wide"}, shape_facts(spec, plan, (16, 64, 16, 32, 32), "7.5")))

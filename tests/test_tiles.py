@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from fusetune.config import load_config
-from fusetune.tiles import (FOOTPRINT_MAX, SMEM_LIMIT, cin_padded, direct_footprint, direct_row_cells, gemm_fits,
-                            gemm_max_height, gemm_tile, k_padded, weight_words)
+from fusetune.tiles import (FOOTPRINT_MAX, SMEM_LIMIT, WIDE_PAIR_LIMIT, cin_padded, direct_footprint, direct_row_cells,
+                            gemm_fits, gemm_max_height, gemm_tile, k_padded, weight_words, wide_depth, wide_forward,
+                            wide_row_words, wide_rows_fit, wide_slab_stride, wide_smem_bytes, wide_workspace_words)
 
 from conftest import SEEDS
 
@@ -128,3 +129,45 @@ def test_direct_footprint_of_plain_convolutions():
     assert direct_row_cells(small, ONE, ONE) == 2
     strided = {**small, "stride": (1, 1, 2), "padding": (0, 0, 1)}
     assert direct_footprint(strided, ONE, ONE, 2) == 4 * 2 * 2 * 4 <= FOOTPRINT_MAX
+
+
+def _seed_conv(key: str) -> dict:
+    return load_config(SEEDS[key]).producer.geometry()
+
+
+def test_wide_kernels_take_a_transposed_convolution_in_its_forward_form():
+    seed = _seed_conv("batchnorm")  # ConvTranspose3d(64 -> 128, k 5): stride 1, padding k - 1 - 0
+    assert wide_forward(seed) == {"stride": (1, 1, 1), "padding": (4, 4, 4)}
+    assert wide_forward({**seed, "transposed": False, "stride": (1, 2, 2), "padding": (0, 1, 3)}) == {
+        "stride": (1, 2, 2), "padding": (0, 1, 3)}
+    # packed weights: every tap, 64 input channels in chunks of 16, 128 output channels in tiles of 64 or 128
+    assert wide_workspace_words(seed) == 125 * 64 * 128
+    assert wide_workspace_words({**seed, "cin": 20, "cout": 72}) == 125 * 32 * 128
+
+
+@pytest.mark.parametrize("bm", [128, 256])
+@pytest.mark.parametrize("stride, kw, padding", [(1, 5, 4), (2, 3, 1), (1, 1, 0), (3, 7, 2)])
+def test_wide_rows_fit_is_the_worst_run_of_outputs(bm, stride, kw, padding):
+    """wide_rows_fit (the constraint's and the launcher's check) against every run of bm consecutive
+    outputs of rows W wide: the rows it spans times a staged row's words fit a channel's capacity."""
+    conv = {"cin": 16, "cout": 64, "kernel": (1, 1, kw), "stride": (1, 1, stride), "padding": (0, 0, padding),
+            "transposed": False}
+    cap = wide_slab_stride(conv, bm)
+    assert cap % 4 == 0 and cap >= bm
+    for width in range(1, 300):
+        worst = max((p0 + bm - 1) // width - p0 // width + 1 for p0 in range(width))
+        row = wide_row_words(conv, width)
+        assert row % 4 == 0 and row >= (width - 1) * stride + kw + (-padding % 4)
+        assert wide_rows_fit(conv, bm, width) == (worst * row <= cap), width
+    assert wide_rows_fit(conv, bm, 36)  # the seed's output rows, for every bm
+
+
+def test_wide_pipeline_depth_within_the_shared_memory():
+    seed = _seed_conv("batchnorm")
+    assert wide_depth(seed, 256, 128) == 2 and wide_smem_bytes(seed, 256, 128, 3) > SMEM_LIMIT
+    assert wide_depth(seed, 128, 64) == 3 and wide_smem_bytes(seed, 128, 64, 3) <= SMEM_LIMIT
+    # two blocks a multiprocessor: each within half of it
+    assert wide_depth(seed, 256, 64, 2) == 2 and wide_smem_bytes(seed, 256, 64, 2) <= WIDE_PAIR_LIMIT
+    assert wide_depth(seed, 128, 128, 2) == 0
+    # 11 taps a row of 16 channels by 128: even two stages of weights (2 x 88 KB) and input do not fit
+    assert wide_depth({**seed, "kernel": (1, 11, 11)}, 256, 128) == 0

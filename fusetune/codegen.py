@@ -18,7 +18,7 @@ from fusetune.ops import Elementwise
 from fusetune.plan import Plan
 from fusetune.space import PlanSpace, load_family
 from fusetune.templates import environment
-from fusetune.tiles import (FOOTPRINT_MAX, WIDE_BLOCK, WIDE_BM, cluster_boxes, gemm_k, gemm_tile, wide_channel_chunk,
+from fusetune.tiles import (FOOTPRINT_MAX, WIDE_BM, cluster_boxes, gemm_k, gemm_tile, wide_channel_chunk,
                             wide_depth, wide_depths, wide_forward, wide_shift, wide_slab_stride,
                             wide_workspace_words)
 
@@ -164,7 +164,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
                                                        variant["tw"], variant["th"]),
         # The K-tiled kernels (wide_stats): the forward convolution, a stage's input channels, and
         # per variant its staged input's capacity per channel and its pipeline depth.
-        "wide": {"forward": wide_forward(conv), "ck": wide_channel_chunk(conv["cin"]), "block": WIDE_BLOCK,
+        "wide": {"forward": wide_forward(conv), "ck": wide_channel_chunk(conv["cin"]),
                  "workspace": wide_workspace_words(conv) if plan.wide else 0},
         "wide_tile": lambda variant: {"cs": wide_slab_stride(conv, variant["bm"]),
                                       "depth": wide_depth(conv, variant["bm"], variant["bn"], variant["blocks"])},

@@ -208,8 +208,6 @@ def direct_row_cells(conv: dict, window: Sequence[int], stride: Sequence[int]) -
 # asynchronously a few stages ahead. Every shape-dependent size is a run-time value except the
 # staged input's capacity per channel, which the launcher checks.
 
-#: Threads of a wide_stats block (8 warps).
-WIDE_BLOCK = 256
 #: The variants' ``bm`` (outputs a block multiplies) and ``bn`` (output channels).
 WIDE_BM = (128, 256)
 WIDE_BN = (64, 128)
@@ -270,7 +268,7 @@ def wide_stage_words(conv: dict, bm: int, bn: int) -> int:
 def wide_smem_bytes(conv: dict, bm: int, bn: int, depth: int) -> int:
     """Shared memory of a variant with ``depth`` stages in flight, beside its per-box row table, the
     channels' pivots and the warps' per-channel sums (template: ft_wide_smem_words)."""
-    warps_m = 8  # at most: WIDE_BLOCK / 32 warps all along m
+    warps_m = bm // 32  # at most: m-tiles of 16, at least two a warp
     return 4 * (depth * wide_stage_words(conv, bm, bn) + 2 * (bm + 1) + bn + 2 * warps_m * bn)
 
 

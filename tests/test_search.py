@@ -374,10 +374,11 @@ FACTS = {
 
 
 #: The K-tiled tensor-core kernel's facts, for the one seed it takes (64 -> 128, k 5, its forward form
-#: stride 1 and padding 4): every (bm, bn) within the shared memory, 3 stages but at 256 x 128 (2), two
-#: blocks a multiprocessor at 64 channels only; channel capacity 1.5 bm + 64, rounded to a stride of 8 mod 32.
+#: stride 1 and padding 4): every (bm, bn) within the shared memory, 3 stages but at 256 x 128 (2); two
+#: blocks a multiprocessor at 64 channels only (2 stages at 256 outputs); channel capacity 1.5 bm + 64,
+#: rounded to a stride of 8 mod 32.
 WIDE_FACTS = {"batchnorm": {"wide": 1, "wide_kw": 5, "wide_sw": 1, "wide_shift": 0, "wide_cap": {128: 264, 256: 456},
-                            "wide_depth": {(128, 64, 1): 3, (128, 64, 2): 2, (128, 128, 1): 3, (128, 128, 2): 0,
+                            "wide_depth": {(128, 64, 1): 3, (128, 64, 2): 3, (128, 128, 1): 3, (128, 128, 2): 0,
                                            (256, 64, 1): 3, (256, 64, 2): 2, (256, 128, 1): 2, (256, 128, 2): 0}}}
 
 

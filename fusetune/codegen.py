@@ -19,8 +19,7 @@ from fusetune.plan import Plan
 from fusetune.space import PlanSpace, load_family
 from fusetune.templates import environment
 from fusetune.tiles import (FOOTPRINT_MAX, WIDE_BM, cluster_boxes, gemm_k, gemm_tile, wide_channel_chunk,
-                            wide_depth, wide_depths, wide_forward, wide_shift, wide_slab_stride,
-                            wide_workspace_words)
+                            wide_depth, wide_depths, wide_forward, wide_slab_stride, wide_workspace_words)
 
 #: Flags for nvcc; part of every cache key. No fast-math: it changes rounding of rsqrt and division.
 CUDA_FLAGS = ("-O3", "-lineinfo", "-std=c++17")
@@ -72,11 +71,11 @@ def _wide_facts(plan: Plan) -> dict[str, Any]:
     convolution's kw and stride along w, from which a constraint works out a shape's need
     (tiles.wide_rows_fit)."""
     if not plan.wide:
-        return {"wide": 0, "wide_depth": {}, "wide_cap": {}, "wide_kw": 0, "wide_sw": 0, "wide_shift": 0}
+        return {"wide": 0, "wide_depth": {}, "wide_cap": {}, "wide_kw": 0, "wide_sw": 0}
     conv = plan.spec.producer.geometry()
     return {"wide": 1, "wide_depth": wide_depths(conv),
             "wide_cap": {bm: wide_slab_stride(conv, bm) for bm in WIDE_BM},
-            "wide_kw": conv["kernel"][2], "wide_sw": wide_forward(conv)["stride"][2], "wide_shift": wide_shift(conv)}
+            "wide_kw": conv["kernel"][2], "wide_sw": wide_forward(conv)["stride"][2]}
 
 
 def _chain(ops: Sequence[Elementwise], v: str, slots: dict[str, int]) -> str:
@@ -165,6 +164,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         # The K-tiled kernels (wide_stats): the forward convolution, a stage's input channels, and
         # per variant its staged input's capacity per channel and its pipeline depth.
         "wide": {"forward": wide_forward(conv), "ck": wide_channel_chunk(conv["cin"]),
+                 "cin_pad": -(-conv["cin"] // wide_channel_chunk(conv["cin"])) * wide_channel_chunk(conv["cin"]),
                  "workspace": wide_workspace_words(conv) if plan.wide else 0},
         "wide_tile": lambda variant: {"cs": wide_slab_stride(conv, variant["bm"]),
                                       "depth": wide_depth(conv, variant["bm"], variant["bn"], variant["blocks"])},

@@ -208,6 +208,8 @@ def direct_row_cells(conv: dict, window: Sequence[int], stride: Sequence[int]) -
 # asynchronously a few stages ahead. Every shape-dependent size is a run-time value except the
 # staged input's capacity per channel, which the launcher checks.
 
+#: Threads of a wide_stats block (FT_WBLOCK).
+WIDE_BLOCK = 256
 #: The variants' ``bm`` (outputs a block multiplies) and ``bn`` (output channels).
 WIDE_BM = (128, 256)
 WIDE_BN = (64, 128)
@@ -240,23 +242,18 @@ def wide_slab_stride(conv: dict, bm: int) -> int:
 
 
 def wide_rows_fit(conv: dict, bm: int, width: int) -> bool:
-    """Whether any bm consecutive outputs of rows ``width`` wide read input rows that fit one staged
-    channel: at most (width - 1 + bm - 1) // width + 1 rows of (width - 1) * stride + kw columns, from
-    wide_shift before the first, rounded up to 4. The variants' constraint and the launcher's check."""
+    """Whether any bm consecutive outputs of rows ``width`` wide read padded input rows that fit one
+    staged channel: at most (width - 1 + bm - 1) // width + 1 rows of wide_row_words, a row at most
+    one 16-byte unit per thread of a block. The variants' constraint and the launcher's check."""
     rows = (width + bm - 2) // width + 1
-    return rows * wide_row_words(conv, width) <= wide_slab_stride(conv, bm)
-
-
-def wide_shift(conv: dict) -> int:
-    """Columns a staged input row starts before the padding, so that it starts at an input column that
-    is a multiple of 4 (16-byte copies where rows are aligned in memory)."""
-    return -wide_forward(conv)["padding"][2] % 4
+    row = wide_row_words(conv, width)
+    return rows * row <= wide_slab_stride(conv, bm) and row <= 4 * WIDE_BLOCK
 
 
 def wide_row_words(conv: dict, width: int) -> int:
-    """Words of a staged input row for outputs ``width`` wide (wide_stats.cu.j2's row_words)."""
-    used = (width - 1) * wide_forward(conv)["stride"][2] + conv["kernel"][2] + wide_shift(conv)
-    return _round_up(used, 4)
+    """Words of a padded input row for outputs ``width`` wide: the columns they read through every tap,
+    rounded up to 16 bytes (wide_stats.cu.j2's IWP)."""
+    return _round_up((width - 1) * wide_forward(conv)["stride"][2] + conv["kernel"][2], 4)
 
 
 def wide_stage_words(conv: dict, bm: int, bn: int) -> int:

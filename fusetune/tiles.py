@@ -266,7 +266,7 @@ def wide_smem_bytes(conv: dict, bm: int, bn: int, depth: int) -> int:
     """Shared memory of a variant with ``depth`` stages in flight, beside its per-box row table, the
     channels' pivots and the warps' per-channel sums (template: ft_wide_smem_words)."""
     warps_m = bm // 32  # at most: m-tiles of 16, at least two a warp
-    return 4 * (depth * wide_stage_words(conv, bm, bn) + 2 * (bm + 1) + bn + 2 * warps_m * bn)
+    return 4 * (depth * wide_stage_words(conv, bm, bn) + (bm + 2) + bn + 2 * warps_m * bn)
 
 
 def wide_depth(conv: dict, bm: int, bn: int, blocks: int = 1) -> int:

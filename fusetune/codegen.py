@@ -18,8 +18,9 @@ from fusetune.ops import Elementwise
 from fusetune.plan import Plan
 from fusetune.space import PlanSpace, load_family
 from fusetune.templates import environment
-from fusetune.tiles import (FOOTPRINT_MAX, WIDE_BM, cluster_boxes, gemm_k, gemm_tile, wide_channel_chunk,
-                            wide_depth, wide_depths, wide_forward, wide_slab_stride, wide_workspace_words)
+from fusetune.tiles import (FOOTPRINT_MAX, WIDE_BLOCK, WIDE_BM, cluster_boxes, gemm_k, gemm_tile, wide_channel_chunk,
+                            wide_cin_padded, wide_depth, wide_depths, wide_forward, wide_slab_stride,
+                            wide_workspace_words)
 
 #: Flags for nvcc; part of every cache key. No fast-math: it changes rounding of rsqrt and division.
 CUDA_FLAGS = ("-O3", "-lineinfo", "-std=c++17")
@@ -66,8 +67,8 @@ def plan_facts(plan: Plan) -> dict[str, Any]:
 
 
 def _wide_facts(plan: Plan) -> dict[str, Any]:
-    """The K-tiled world's facts: whether it is offered, the pipeline depth of each (bm, bn) (0: not
-    within the shared memory), each bm's staged input capacity per channel, and the forward
+    """The K-tiled world's facts: whether it is offered, the pipeline depth of each (bm, bn, blocks)
+    (0: not within the shared memory), each bm's staged input capacity per channel, and the forward
     convolution's kw and stride along w, from which a constraint works out a shape's need
     (tiles.wide_rows_fit)."""
     if not plan.wide:
@@ -164,7 +165,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         # The K-tiled kernels (wide_stats): the forward convolution, a stage's input channels, and
         # per variant its staged input's capacity per channel and its pipeline depth.
         "wide": {"forward": wide_forward(conv), "ck": wide_channel_chunk(conv["cin"]),
-                 "cin_pad": -(-conv["cin"] // wide_channel_chunk(conv["cin"])) * wide_channel_chunk(conv["cin"]),
+                 "cin_pad": wide_cin_padded(conv["cin"]), "block": WIDE_BLOCK,
                  "workspace": wide_workspace_words(conv) if plan.wide else 0},
         "wide_tile": lambda variant: {"cs": wide_slab_stride(conv, variant["bm"]),
                                       "depth": wide_depth(conv, variant["bm"], variant["bn"], variant["blocks"])},

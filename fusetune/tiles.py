@@ -208,7 +208,7 @@ def direct_row_cells(conv: dict, window: Sequence[int], stride: Sequence[int]) -
 # asynchronously a few stages ahead. Every shape-dependent size is a run-time value except the
 # staged input's capacity per channel, which the launcher checks.
 
-#: Threads of a wide_stats block (FT_WBLOCK).
+#: Threads of a wide_stats block (its FT_WBLOCK).
 WIDE_BLOCK = 256
 #: The variants' ``bm`` (outputs a block multiplies) and ``bn`` (output channels).
 WIDE_BM = (128, 256)
@@ -230,6 +230,11 @@ def wide_forward(conv: dict) -> dict[str, tuple[int, int, int]]:
 def wide_channel_chunk(cin: int) -> int:
     """Input channels a stage takes: 16 (two k steps of 8 per tap), or 8 for few input channels."""
     return 16 if cin >= 16 else 8
+
+
+def wide_cin_padded(cin: int) -> int:
+    """Input channels in whole stages (the padded input's and the packed weights'; zeros past ``cin``)."""
+    return _round_up(cin, wide_channel_chunk(cin))
 
 
 def wide_slab_stride(conv: dict, bm: int) -> int:
@@ -290,6 +295,5 @@ def wide_fits(conv: dict) -> bool:
 def wide_workspace_words(conv: dict) -> int:
     """Words of the packed weights of the largest variant: every (kd, kh) row of taps, the input
     channels in whole chunks and the output channels in whole tiles of bn."""
-    ck = wide_channel_chunk(conv["cin"])
     taps = math.prod(conv["kernel"])
-    return max(taps * _round_up(conv["cin"], ck) * _round_up(conv["cout"], bn) for bn in WIDE_BN)
+    return max(taps * wide_cin_padded(conv["cin"]) * _round_up(conv["cout"], bn) for bn in WIDE_BN)

@@ -8,6 +8,7 @@ build directory.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from pathlib import Path
 from typing import Any, Sequence
@@ -18,8 +19,8 @@ from fusetune.ops import Elementwise
 from fusetune.plan import Plan
 from fusetune.space import PlanSpace, load_family
 from fusetune.templates import environment
-from fusetune.tiles import (FOOTPRINT_MAX, WIDE_BLOCK, WIDE_BM, cluster_boxes, gemm_k, gemm_tile, wide_channel_chunk,
-                            wide_cin_padded, wide_depth, wide_depths, wide_forward, wide_slab_stride,
+from fusetune.tiles import (FOOTPRINT_MAX, WIDE_BLOCK, cluster_boxes, gemm_k, gemm_tile, wide_axes, wide_channel_chunk,
+                            wide_cin_padded, wide_depth, wide_depths, wide_rows_fit, wide_slab_stride,
                             wide_workspace_words)
 
 #: Flags for nvcc; part of every cache key. No fast-math: it changes rounding of rsqrt and division.
@@ -68,15 +69,13 @@ def plan_facts(plan: Plan) -> dict[str, Any]:
 
 def _wide_facts(plan: Plan) -> dict[str, Any]:
     """The K-tiled world's facts: whether it is offered, the pipeline depth of each (bm, bn, blocks)
-    (0: not within the shared memory), each bm's staged input capacity per channel, and the forward
-    convolution's kw and stride along w, from which a constraint works out a shape's need
-    (tiles.wide_rows_fit)."""
+    (0: not within the shared memory), and ``wide_rows_fit(bm, W)``: whether the input rows that bm
+    outputs read fit a staged channel at output width W (tiles.wide_rows_fit, the launcher's check)."""
     if not plan.wide:
-        return {"wide": 0, "wide_depth": {}, "wide_cap": {}, "wide_kw": 0, "wide_sw": 0}
+        return {"wide": 0, "wide_depth": {}, "wide_rows_fit": lambda bm, width: False}
     conv = plan.spec.producer.geometry()
     return {"wide": 1, "wide_depth": wide_depths(conv),
-            "wide_cap": {bm: wide_slab_stride(conv, bm) for bm in WIDE_BM},
-            "wide_kw": conv["kernel"][2], "wide_sw": wide_forward(conv)["stride"][2]}
+            "wide_rows_fit": functools.partial(wide_rows_fit, conv)}
 
 
 def _chain(ops: Sequence[Elementwise], v: str, slots: dict[str, int]) -> str:
@@ -162,9 +161,9 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         # The box of a gemm variant: whole pooling windows for the main kernel, single outputs for statistics.
         "gemm_tile": lambda variant, pooled: gemm_tile(conv, *(plan.pool_window if pooled else ((1, 1, 1),) * 2),
                                                        variant["tw"], variant["th"]),
-        # The K-tiled kernels (wide_stats): the forward convolution, a stage's input channels, and
-        # per variant its staged input's capacity per channel and its pipeline depth.
-        "wide": {"forward": wide_forward(conv), "ck": wide_channel_chunk(conv["cin"]),
+        # The K-tiled kernels (wide_stats): the convolution's axes as they compute it, a stage's input
+        # channels, and per variant its staged input's capacity per channel and its pipeline depth.
+        "wide": {"axes": wide_axes(conv), "ck": wide_channel_chunk(conv["cin"]),
                  "cin_pad": wide_cin_padded(conv["cin"]), "block": WIDE_BLOCK,
                  "workspace": wide_workspace_words(conv) if plan.wide else 0},
         "wide_tile": lambda variant: {"cs": wide_slab_stride(conv, variant["bm"]),

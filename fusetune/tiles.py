@@ -207,6 +207,13 @@ def direct_row_cells(conv: dict, window: Sequence[int], stride: Sequence[int]) -
 # read them) and the input rows the box's output rows read through that row of taps, both copied
 # asynchronously a few stages ahead. Every shape-dependent size is a run-time value except the
 # staged input's capacity per channel, which the launcher checks.
+#
+# What it computes is always a plain convolution over the input, zero-padded once a call: the
+# producer itself, or for a transposed one, one plain convolution per output *class*. Along an axis
+# of stride s, the outputs o with (o + p) % s == r (class r) take only the taps r, r + s, ...: output
+# q of the class (o = s * (first + q) - p + r) is the plain stride-1 convolution of the input with
+# those taps in reverse order. So no zero tap of the upsampled input is multiplied, and with s = 1
+# the one class is the familiar forward form (padding k - 1 - p, the weights flipped).
 
 #: Threads of a wide_stats block (its FT_WBLOCK).
 WIDE_BLOCK = 256
@@ -218,13 +225,74 @@ WIDE_BN = (64, 128)
 WIDE_PAIR_LIMIT = 113 * 1024
 
 
-def wide_forward(conv: dict) -> dict[str, tuple[int, int, int]]:
-    """The plain convolution the wide kernels compute: the producer itself, or a stride-1 transposed
-    convolution's forward form (stride 1, padding k - 1 - p, the weights flipped and their channels
-    swapped as they are staged)."""
-    if conv["transposed"]:
-        return {"stride": (1, 1, 1), "padding": tuple(k - 1 - p for k, p in zip(conv["kernel"], conv["padding"]))}
-    return {"stride": tuple(conv["stride"]), "padding": tuple(conv["padding"])}
+@dataclasses.dataclass(frozen=True)
+class WideAxis:
+    """One axis (d, h or w) of the convolution as the wide kernels compute it (wide_geometry.h.j2's
+    FtWideAxisOf mirrors it): ``classes`` output classes, each a plain convolution of ``taps(r)`` taps
+    at ``step`` over the padded input, whose output q reads padded positions ``q * step + offset(r)``
+    onwards. The padded input starts ``lead`` zeros before the input."""
+
+    kernel: int
+    stride: int
+    padding: int
+    transposed: bool
+
+    @property
+    def classes(self) -> int:
+        return self.stride if self.transposed else 1
+
+    @property
+    def step(self) -> int:
+        """The stride over the input of each class's plain convolution."""
+        return 1 if self.transposed else self.stride
+
+    def taps(self, r: int) -> int:
+        """Taps of class r: r, r + s, ... below k (none where k <= r)."""
+        return (self.kernel - r + self.stride - 1) // self.stride if self.transposed else self.kernel
+
+    @property
+    def max_taps(self) -> int:
+        return max(self.taps(r) for r in range(self.classes))
+
+    def first(self, r: int) -> int:
+        """The first q of class r with an output o = s * q - p + r >= 0 (0 for a plain convolution)."""
+        return (self.padding - r + self.stride - 1) // self.stride if self.transposed else 0
+
+    def pad(self, r: int) -> int:
+        """Zeros class r's plain convolution reads before the input (negative: it starts inside)."""
+        return self.taps(r) - 1 - self.first(r) if self.transposed else self.padding
+
+    @property
+    def lead(self) -> int:
+        """Zeros before the input in the padded input: the most any class reads."""
+        return max(0, *(self.pad(r) for r in range(self.classes)))
+
+    def offset(self, r: int) -> int:
+        return self.lead - self.pad(r)
+
+    def size(self, r: int, out: int) -> int:
+        """Outputs of class r on an axis ``out`` long."""
+        if not self.transposed:
+            return out
+        return max(0, (out - 1 + self.padding - r) // self.stride - self.first(r) + 1)
+
+    def live(self, out: int) -> list[int]:
+        """The classes with outputs and taps (the others are all zero before the bias)."""
+        return [r for r in range(self.classes) if self.size(r, out) > 0 and self.taps(r) > 0]
+
+    def extent(self, out: int) -> int:
+        """Positions of the padded input along the axis: every one a class reads (at least 1)."""
+        return max([1] + [(self.size(r, out) - 1) * self.step + self.offset(r) + self.taps(r) for r in self.live(out)])
+
+    def output(self, r: int, q: int) -> int:
+        """The output position of class r's output q."""
+        return self.stride * (self.first(r) + q) - self.padding + r if self.transposed else q
+
+
+def wide_axes(conv: dict) -> tuple[WideAxis, WideAxis, WideAxis]:
+    """The (d, h, w) axes of a convolution as the wide kernels compute it."""
+    return tuple(WideAxis(k, s, p, conv["transposed"])  # type: ignore[return-value]
+                 for k, s, p in zip(conv["kernel"], conv["stride"], conv["padding"]))
 
 
 def wide_channel_chunk(cin: int) -> int:
@@ -239,32 +307,34 @@ def wide_cin_padded(cin: int) -> int:
 
 def wide_slab_stride(conv: dict, bm: int) -> int:
     """Words a staged input channel may take (its rows one after another), a compile-time constant:
-    room for the input the bm outputs' rows read (about bm x the stride along w, plus the taps'
+    room for the input the bm outputs' rows read (about bm x the step along w, plus the taps'
     overhang and partial rows) for most shapes (wide_rows_fit says which), at a stride whose A loads
     take one pass through shared memory."""
-    stride = wide_forward(conv)["stride"][2]
-    return channel_stride(stride * (bm * 3 // 2 + 64), stride)
+    step = wide_axes(conv)[2].step
+    return channel_stride(step * (bm * 3 // 2 + 64), step)
 
 
 def wide_rows_fit(conv: dict, bm: int, width: int) -> bool:
-    """Whether any bm consecutive outputs of rows ``width`` wide read padded input rows that fit one
-    staged channel: at most (width - 1 + bm - 1) // width + 1 rows of wide_row_words, a row at most
-    one 16-byte unit per thread of a block. The variants' constraint and the launcher's check."""
-    rows = (width + bm - 2) // width + 1
+    """Whether any bm consecutive outputs of a class read padded input rows that fit one staged
+    channel: at most (q - 1 + bm - 1) // q + 1 rows of wide_row_words for the narrowest class's rows
+    q wide, a row at most one 16-byte unit per thread of a block. The variants' constraint and the
+    launcher's check (``width``: the output's)."""
+    axis = wide_axes(conv)[2]
     row = wide_row_words(conv, width)
+    rows = max([1] + [(q + bm - 2) // q + 1 for q in (axis.size(r, width) for r in axis.live(width))])
     return rows * row <= wide_slab_stride(conv, bm) and row <= 4 * WIDE_BLOCK
 
 
 def wide_row_words(conv: dict, width: int) -> int:
-    """Words of a padded input row for outputs ``width`` wide: the columns they read through every tap,
-    rounded up to 16 bytes (wide_stats.cu.j2's IWP)."""
-    return _round_up((width - 1) * wide_forward(conv)["stride"][2] + conv["kernel"][2], 4)
+    """Words of a padded input row for outputs ``width`` wide: the columns any class reads through
+    any tap, rounded up to 16 bytes (wide_geometry.h.j2's IWP)."""
+    return _round_up(wide_axes(conv)[2].extent(width), 4)
 
 
 def wide_stage_words(conv: dict, bm: int, bn: int) -> int:
     """Words of one pipeline stage: the weights (kw taps x ck channels x bn) and the staged input."""
     ck = wide_channel_chunk(conv["cin"])
-    return conv["kernel"][2] * ck * bn + ck * wide_slab_stride(conv, bm)
+    return wide_axes(conv)[2].max_taps * ck * bn + ck * wide_slab_stride(conv, bm)
 
 
 def wide_smem_bytes(conv: dict, bm: int, bn: int, depth: int) -> int:
@@ -287,13 +357,15 @@ def wide_depths(conv: dict) -> dict[tuple[int, int, int], int]:
 
 
 def wide_fits(conv: dict) -> bool:
-    """Whether the wide kernels take a convolution: a plain one, or a transposed one with a forward
-    form (the caller checks), with some variant within the shared memory."""
+    """Whether the wide kernels take a convolution (plain or transposed, any stride): whether some
+    variant is within the shared memory."""
     return any(wide_depths(conv).values())
 
 
 def wide_workspace_words(conv: dict) -> int:
-    """Words of the packed weights of the largest variant: every (kd, kh) row of taps, the input
-    channels in whole chunks and the output channels in whole tiles of bn."""
-    taps = math.prod(conv["kernel"])
+    """Words of the packed weights of the largest variant: for every class, its (kd, kh) rows of taps
+    (as many as the class with the most has, and the most kw; zeros past its own), the input channels
+    in whole chunks and the output channels in whole tiles of bn."""
+    axes = wide_axes(conv)
+    taps = math.prod(axis.classes * axis.max_taps for axis in axes)
     return max(taps * wide_cin_padded(conv["cin"]) * _round_up(conv["cout"], bn) for bn in WIDE_BN)

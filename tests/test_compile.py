@@ -58,12 +58,23 @@ EXTRA["conv2d_wide_relu_groupnorm_sum_channels"] = {
     "epilogue": [{"op": "relu"}, {"op": "group_norm", "groups": 8}, {"op": "sum", "dim": 1}],
     "shapes": [[3, 40, 29, 36]],
 }
+# ... and a strided transposed convolution's, split into output classes (strides 1, 3 and 2, a class
+# with no taps along h), which also stores the convolution.
+EXTRA["convt3d_wide_mixed_strides_instancenorm_maxpool"] = {
+    "name": "convt3d_wide_mixed_strides_instancenorm_maxpool",
+    "producer": {"op": "conv_transpose3d", "in_channels": 32, "out_channels": 72, "kernel_size": [3, 2, 4],
+                 "stride": [1, 3, 2], "padding": [3, 0, 1], "output_padding": [0, 2, 1]},
+    "epilogue": [{"op": "relu"}, {"op": "instance_norm", "affine": True}, {"op": "max_pool", "kernel_size": 2},
+                 {"op": "clamp", "min": -1.0, "max": 1.0}],
+    "shapes": [[2, 32, 9, 5, 7]],
+}
 EXPECTED_EXTRA = {  # name: (stages, reduce mode or None, pool mode or None, norm scope or None)
     "conv2d_bneval_relu_avgpool_gap": (("finalize", "plane_reduce"), "mean", "avg", "running"),
     "conv3d_relu_sum_channels": (("channel_reduce",), "sum", None, None),
     "conv2d_groupnorm_mean_channels": (("stats", "finalize", "channel_reduce"), "mean", None, "group"),
     "conv2d_bneval_clamp_min_channels": (("finalize", "channel_reduce"), "min", None, "running"),
     "conv2d_wide_relu_groupnorm_sum_channels": (("stats", "finalize", "channel_reduce"), "sum", None, "group"),
+    "convt3d_wide_mixed_strides_instancenorm_maxpool": (("stats", "finalize", "window_map"), None, "max", "instance"),
 }
 NAMES = sorted(SEEDS) + sorted(EXTRA)
 
@@ -206,3 +217,53 @@ def test_tensor_core_units_compile_for_gpus_without_them(rendered, tmp_path):
         assert "ft_arch_at_least(" in units[unit]  # the launcher refuses before launching
         if unit.startswith("gemm_cluster_"):  # clusters need sm_90: refused there too
             assert "ft_arch_at_least(9)" in units[unit]
+
+
+GXX = shutil.which("g++")
+#: Axes (kernel, stride, padding, transposed) whose wide_geometry.h the host compiler checks against tiles.py.
+GEOMETRY_AXES = [(5, 1, 0, True), (5, 1, 4, False), (3, 2, 1, True), (4, 2, 1, True), (2, 3, 0, True),
+                 (3, 1, 3, True), (7, 3, 2, False), (1, 2, 0, True)]
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ not found")
+def test_wide_geometry_header_agrees_with_tiles(tmp_path):
+    """wide_geometry.h.j2 (what the launcher, the kernels and the binding's workspace size use) and
+    tiles.WideAxis (what the constraints and tests use) are the same arithmetic: every class's size,
+    offset, taps, padding and first output, the padded extent and the most rows bm outputs span,
+    at output lengths 1 to 60, compiled by the host compiler as binding.cpp is."""
+    from fusetune.templates import environment
+    from fusetune.tiles import wide_axes
+
+    template = environment().get_template("wide_geometry.h.j2")
+    parts, convs = ["#include <cstdint>\n#include <cstdio>\n"], []
+    for i, (k, s, p, transposed) in enumerate(GEOMETRY_AXES):
+        conv = {"kernel": (1, 1, k), "stride": (1, 1, s), "padding": (0, 0, p), "transposed": transposed}
+        convs.append(conv)
+        header = template.render(wide={"axes": wide_axes(conv), "ck": 16, "cin_pad": 16, "workspace": 0})
+        parts.append(f"namespace c{i} {{\n{header}\n}}\n")
+    lines = ["int main() {", "  for (int out = 1; out <= 60; ++out) {"]
+    for i in range(len(convs)):
+        lines += [f'    printf("%d %d %lld %lld %lld", {i}, out, (long long)c{i}::FtWideW::extent(out),',
+                  f"           (long long)c{i}::FtWideW::most_rows(128, out), (long long)c{i}::FtWideW::most_rows(256, out));",
+                  f"    for (int r = 0; r < c{i}::FtWideW::CLASSES; ++r) {{",
+                  f"      const c{i}::FtWideAxis ax = c{i}::FtWideW::of(r, out);",
+                  '      printf(" %d %d %d %d %d", ax.size, ax.off, ax.taps, ax.pad, ax.first);', "    }",
+                  '    printf("\\n");']
+    lines += ["  }", "  return 0;", "}"]
+    source = tmp_path / "geometry.cpp"
+    source.write_text("".join(parts) + "\n".join(lines) + "\n")
+    build = subprocess.run([GXX, "-std=c++17", "-Wall", "-Werror", str(source), "-o", str(tmp_path / "geometry")],
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
+    printed = subprocess.run([str(tmp_path / "geometry")], capture_output=True, text=True, check=True).stdout
+    rows = 0
+    for line in printed.splitlines():
+        i, out, extent, rows128, rows256, *classes = map(int, line.split())
+        axis = wide_axes(convs[i])[2]
+        live = [axis.size(r, out) for r in axis.live(out)]
+        assert extent == axis.extent(out), (GEOMETRY_AXES[i], out)
+        assert [rows128, rows256] == [max([1] + [(q + bm - 2) // q + 1 for q in live]) for bm in (128, 256)]
+        assert classes == [v for r in range(axis.classes) for v in (axis.size(r, out), axis.offset(r), axis.taps(r),
+                                                                      axis.pad(r), axis.first(r))], (GEOMETRY_AXES[i], out)
+        rows += 1
+    assert rows == 60 * len(GEOMETRY_AXES)

@@ -313,6 +313,21 @@ EXTRA["conv2d_wide_relu_groupnorm_sum_channels"] = {
     "producer": {"op": "conv2d", "in_channels": 40, "out_channels": 96, "kernel_size": 5, "padding": 2},
     "epilogue": [{"op": "relu"}, {"op": "group_norm", "groups": 8}, {"op": "sum", "dim": 1}],
     "shapes": [[3, 40, 29, 36]]}
+# Strided transposed convolutions, split by output parity: stride 2 with output padding; strides 2
+# and 3 beside 1, a kernel smaller than its stride (classes with no taps: zero before the bias),
+# padding past k - 1 (outputs cropped: a class starts inside the input) and different kernels a axis.
+EXTRA["convt3d_wide_stride2_bn_gap"] = {
+    "producer": {"op": "conv_transpose3d", "in_channels": 24, "out_channels": 80, "kernel_size": 3, "stride": 2,
+                 "padding": 1, "output_padding": 1},
+    "epilogue": [{"op": "mul", "by": "s"}, {"op": "batch_norm"}, {"op": "adaptive_avg_pool"}],
+    "parameters": {"s": {"init": "randn"}},
+    "shapes": [[2, 24, 5, 7, 9]]}
+EXTRA["convt3d_wide_mixed_strides_instancenorm_maxpool"] = {
+    "producer": {"op": "conv_transpose3d", "in_channels": 32, "out_channels": 72, "kernel_size": [3, 2, 4],
+                 "stride": [1, 3, 2], "padding": [3, 0, 1], "output_padding": [0, 2, 1]},
+    "epilogue": [{"op": "relu"}, {"op": "instance_norm", "affine": True}, {"op": "max_pool", "kernel_size": 2},
+                 {"op": "clamp", "min": -1.0, "max": 1.0}],
+    "shapes": [[2, 32, 9, 5, 7]]}
 
 def _covering(space, facts) -> list:
     """Feasible candidates that between them run every compiled variant and every run-time choice

@@ -305,7 +305,7 @@ def test_cluster_only_where_a_sample_holds_the_statistics():
 
 def test_wide_kernel_where_the_others_do_not_take_it():
     """gemm_wide (the K-tiled tensor-core statistics pass) is offered where a norm needs statistics and the
-    convolution is a plain one or a stride-1 transposed one that the whole-weights kernels do not take."""
+    whole-weights kernels do not take the convolution: plain or transposed, any stride."""
     seed = make_plan(load_config(SEEDS["batchnorm"]))
     assert seed.wide and not seed.gemm and seed.impl_stages["gemm_wide"] == ("wide_stats", "finalize")
     # more than 64 output channels: the whole-weights kernels cannot keep a box's output; the stored
@@ -317,5 +317,6 @@ def test_wide_kernel_where_the_others_do_not_take_it():
     assert not make_plan(load_config(SEEDS["groupnorm"])).wide
     # no statistics to take: not offered
     assert not _plan("groupnorm", [{"op": "relu"}], out_channels=128).wide
-    # a transposed convolution of stride 2 has no forward form
-    assert not _plan("maxpool_gap", [{"op": "batch_norm"}, {"op": "adaptive_avg_pool"}]).wide
+    # a transposed convolution of stride 2: a plain convolution per output parity class
+    strided = _plan("maxpool_gap", [{"op": "batch_norm"}, {"op": "adaptive_avg_pool"}])
+    assert strided.wide and strided.wide_stages == ("wide_stats", "finalize")

@@ -375,9 +375,8 @@ FACTS = {
 
 #: The K-tiled tensor-core kernel's facts, for the one seed it takes (64 -> 128, k 5, its forward form
 #: stride 1 and padding 4): every (bm, bn) within the shared memory, 3 stages but at 256 x 128 (2); two
-#: blocks a multiprocessor at 64 channels only (2 stages at 256 outputs); channel capacity 1.5 bm + 64,
-#: rounded to a stride of 8 mod 32.
-WIDE_FACTS = {"batchnorm": {"wide": 1, "wide_kw": 5, "wide_sw": 1, "wide_cap": {128: 264, 256: 456},
+#: blocks a multiprocessor at 64 channels only (2 stages at 256 outputs). Beside them, wide_rows_fit.
+WIDE_FACTS = {"batchnorm": {"wide": 1,
                             "wide_depth": {(128, 64, 1): 3, (128, 64, 2): 3, (128, 128, 1): 3, (128, 128, 2): 0,
                                            (256, 64, 1): 3, (256, 64, 2): 2, (256, 128, 1): 2, (256, 128, 2): 0}}}
 
@@ -389,6 +388,8 @@ def test_shape_facts(seed, shape):
     plan = make_plan(spec)
     facts = shape_facts(spec, plan, shape, MACHINE.capability)
     expected = FACTS[(seed, shape)]
+    rows_fit = facts.pop("wide_rows_fit")  # the seed's output rows fit a staged channel at every bm
+    assert [rows_fit(bm, expected["W"]) for bm in (128, 256)] == [seed == "batchnorm"] * 2
     bins = expected["D"] * expected["H"] * (expected["W"] // 2 + 1)  # the output's half spectrum
     assert facts == {**expected, "F": bins, "direct": int(plan.direct), "gemm": int(plan.gemm), "gemm_th": plan.gemm_th,
                      "direct_cells": plan.direct_cells, "half_store": int(plan.half_store),
@@ -397,7 +398,7 @@ def test_shape_facts(seed, shape):
                      "spectral": int(seed == "batchnorm"),  # the one seed whose output is its norm's statistics alone
                      "family": plan.family or "none", "sm": 90, "forward_form": int(seed == "batchnorm"),  # stride 1: the other convT has 2
                      "cluster": int(plan.cluster), "cluster_boxes": cluster_boxes(spec.producer.geometry()) if plan.cluster else {},
-                     **WIDE_FACTS.get(seed, {"wide": 0, "wide_depth": {}, "wide_cap": {}, "wide_kw": 0, "wide_sw": 0})}
+                     **WIDE_FACTS.get(seed, {"wide": 0, "wide_depth": {}})}
     assert facts["cluster"] == (seed in ("groupnorm", "instancenorm"))  # instance and group norm on the tensor cores
     assert facts["direct"] == (seed != "batchnorm")  # its 64 -> 128 k=5 weights do not fit constant memory
     assert facts["gemm"] == (seed in ("groupnorm", "instancenorm"))  # not (yet) for transposed convolutions

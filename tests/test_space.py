@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import yaml
@@ -329,3 +330,26 @@ def test_wide_variants_compiled_and_feasible_at_the_seed():
     assert all(any("must fit a staged channel" in v for v in space.violations(c, narrow)) for c in wide)
     assert any("sm" in v or "8.0" in v for v in space.violations(
         {**space.default(), "producer.impl": "gemm_wide"}, shape_facts(spec, plan, (16, 64, 16, 32, 32), "7.5")))
+
+
+def test_wide_variants_of_a_strided_transposed_convolution():
+    """A stride-2 transposed convolution (the bench's upsampling layer, 32 -> 64) is split into output
+    classes for gemm_wide. With 64 output channels, no 128-channel block is compiled or feasible (half
+    its columns would multiply zeros); each class's rows are 32 wide, and every compiled variant is
+    feasible at the bench's shape."""
+    from fusetune.search import shape_facts
+    spec = load_config(Path(__file__).resolve().parent.parent / "benchmarks" / "configs"
+                       / "convt3d_stride2_batchnorm_gap.yaml")
+    plan = make_plan(spec)
+    assert plan.wide and not plan.direct and "gemm_wide" in plan.impl_stages
+    space = plan_space(plan)
+    family = load_family("wide_stats")
+    names = {"C": 64, **space.plan_facts}
+    compiled = {(v["bm"], v["bn"], v["wm"], v["blocks"]) for v in family.variants() if family.compiles(v, names)}
+    assert compiled == {(bm, 64, wm, 1) for bm in (128, 256) for wm in (2, 4)} | {(128, 64, 2, 2), (128, 64, 4, 2)}
+    facts = shape_facts(spec, plan, spec.shapes[0], "9.0")
+    wide = [c for c in space.all() if c["producer.impl"] == "gemm_wide"]
+    feasible = {(c["wide_stats.bm"], c["wide_stats.bn"], c["wide_stats.wm"], c["wide_stats.blocks"])
+                for c in wide if not space.violations(c, facts)}
+    assert feasible == compiled
+    assert all(any("zero weights" in v for v in space.violations(c, facts)) for c in wide if c["wide_stats.bn"] == 128)

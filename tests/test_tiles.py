@@ -3,11 +3,13 @@ read, padding of K and M, and strides chosen so that a warp's shared-memory acce
 Direct kernels: the inputs a thread's cells read, which it holds in registers where they fit."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from fusetune.config import load_config
 from fusetune.tiles import (FOOTPRINT_MAX, SMEM_LIMIT, WIDE_PAIR_LIMIT, cin_padded, direct_footprint, direct_row_cells,
-                            gemm_fits, gemm_max_height, gemm_tile, k_padded, weight_words, wide_depth, wide_forward,
+                            gemm_fits, gemm_max_height, gemm_tile, k_padded, weight_words, wide_axes, wide_depth,
                             wide_row_words, wide_rows_fit, wide_slab_stride, wide_smem_bytes, wide_workspace_words)
 
 from conftest import SEEDS
@@ -135,30 +137,79 @@ def _seed_conv(key: str) -> dict:
     return load_config(SEEDS[key]).producer.geometry()
 
 
-def test_wide_kernels_take_a_transposed_convolution_in_its_forward_form():
-    seed = _seed_conv("batchnorm")  # ConvTranspose3d(64 -> 128, k 5): stride 1, padding k - 1 - 0
-    assert wide_forward(seed) == {"stride": (1, 1, 1), "padding": (4, 4, 4)}
-    assert wide_forward({**seed, "transposed": False, "stride": (1, 2, 2), "padding": (0, 1, 3)}) == {
-        "stride": (1, 2, 2), "padding": (0, 1, 3)}
+def _contributions_1d(kernel: int, stride: int, padding: int, out_pad: int, size: int, transposed: bool) -> set:
+    """(output, input, tap) of every product a 1-D convolution sums, from PyTorch's definition."""
+    if transposed:
+        out = (size - 1) * stride - 2 * padding + kernel + out_pad
+        return {(i * stride - padding + k, i, k) for i in range(size) for k in range(kernel)
+                if 0 <= i * stride - padding + k < out}
+    out = (size + 2 * padding - kernel) // stride + 1
+    return {(o, o * stride - padding + k, k) for o in range(out) for k in range(kernel)
+            if 0 <= o * stride - padding + k < size}
+
+
+@pytest.mark.parametrize("transposed", [True, False])
+def test_wide_axis_classes_compute_exactly_the_convolution(transposed):
+    """Along an axis, the wide kernels' classes (plain convolutions over the padded input) multiply
+    exactly the products the convolution sums, each once, with every output in one class, within
+    the padded input's extent, and no zero tap of a transposed convolution's upsampled input."""
+    for kernel, stride, padding, out_pad, size in itertools.product((1, 2, 3, 4, 5), (1, 2, 3), (0, 1, 2, 4),
+                                                                    (0, 1, 2), (1, 2, 5, 8)):
+        if out_pad >= stride or (out_pad and not transposed):
+            continue
+        want = _contributions_1d(kernel, stride, padding, out_pad, size, transposed)
+        out = ((size - 1) * stride - 2 * padding + kernel + out_pad if transposed
+               else (size + 2 * padding - kernel) // stride + 1)
+        if out < 1:
+            continue
+        axis = wide_axes({"kernel": (1, 1, kernel), "stride": (1, 1, stride), "padding": (0, 0, padding),
+                          "transposed": transposed})[2]
+        got, outputs = [], []
+        for r in range(axis.classes):
+            for q in range(axis.size(r, out)):
+                outputs.append(axis.output(r, q))
+                for m in range(axis.taps(r)):
+                    padded = q * axis.step + axis.offset(r) + m
+                    assert 0 <= padded < axis.extent(out) or r not in axis.live(out)
+                    if 0 <= padded - axis.lead < size:
+                        tap = r + stride * (axis.taps(r) - 1 - m) if transposed else m
+                        got.append((axis.output(r, q), padded - axis.lead, tap))
+        case = (kernel, stride, padding, out_pad, size)
+        assert sorted(outputs) == list(range(out)), case
+        assert len(got) == len(set(got)) and set(got) == want, case
+        assert axis.max_taps == (-(-kernel // stride) if transposed else kernel)
+
+
+def test_wide_workspace_holds_every_class_s_weights():
+    seed = _seed_conv("batchnorm")  # ConvTranspose3d(64 -> 128, k 5), stride 1: one class, its forward form
+    assert [(a.classes, a.lead, a.offset(0)) for a in wide_axes(seed)] == [(1, 4, 0)] * 3
     # packed weights: every tap, 64 input channels in chunks of 16, 128 output channels in tiles of 64 or 128
     assert wide_workspace_words(seed) == 125 * 64 * 128
     assert wide_workspace_words({**seed, "cin": 20, "cout": 72}) == 125 * 32 * 128
+    # stride 2, k 3: 8 classes of at most 2 x 2 x 2 taps (zeros past a class's own)
+    assert wide_workspace_words({**seed, "kernel": (3, 3, 3), "stride": (2, 2, 2)}) == 8 * 8 * 64 * 128
 
 
 @pytest.mark.parametrize("bm", [128, 256])
-@pytest.mark.parametrize("stride, kw, padding", [(1, 5, 4), (2, 3, 1), (1, 1, 0), (3, 7, 2)])
-def test_wide_rows_fit_is_the_worst_run_of_outputs(bm, stride, kw, padding):
+@pytest.mark.parametrize("stride, kw, padding", [(1, 5, 4), (2, 3, 1), (1, 1, 0), (3, 7, 2), (3, 2, 0)])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_wide_rows_fit_is_the_worst_run_of_outputs(bm, stride, kw, padding, transposed):
     """wide_rows_fit (the constraint's and the launcher's check) against every run of bm consecutive
-    outputs of rows W wide: the rows it spans times a padded row's words fit a channel's capacity, and
-    a row is at most a 16-byte unit per thread."""
+    outputs of every class's rows (the output's, or a transposed convolution's parity classes): the
+    rows it spans times a padded row's words fit a channel's capacity, and a row is at most a 16-byte
+    unit per thread."""
     conv = {"cin": 16, "cout": 64, "kernel": (1, 1, kw), "stride": (1, 1, stride), "padding": (0, 0, padding),
-            "transposed": False}
+            "transposed": transposed}
+    axis = wide_axes(conv)[2]
     cap = wide_slab_stride(conv, bm)
     assert cap % 4 == 0 and cap >= bm
     for width in range(1, 300):
-        worst = max((p0 + bm - 1) // width - p0 // width + 1 for p0 in range(width))
+        worst = max([1] + [max((p0 + bm - 1) // q - p0 // q + 1 for p0 in range(q))
+                           for q in (axis.size(r, width) for r in axis.live(width))])
         row = wide_row_words(conv, width)
-        assert row % 4 == 0 and (width - 1) * stride + kw <= row < (width - 1) * stride + kw + 4
+        assert row % 4 == 0 and axis.extent(width) <= row < axis.extent(width) + 4
+        if not transposed:
+            assert axis.extent(width) == (width - 1) * stride + kw
         assert wide_rows_fit(conv, bm, width) == (worst * row <= cap and row <= 1024), width
     assert wide_rows_fit(conv, bm, 36)  # the seed's output rows, for every bm
 

@@ -69,10 +69,11 @@ def plan_facts(plan: Plan) -> dict[str, Any]:
 
 def _wide_facts(plan: Plan) -> dict[str, Any]:
     """The K-tiled world's facts: whether it is offered, the pipeline depth of each (bm, bn, blocks)
-    (0: not within the shared memory), and ``wide_rows_fit(bm, W)``: whether the input rows that bm
-    outputs read fit a staged channel at output width W (tiles.wide_rows_fit, the launcher's check)."""
+    (0: not within the shared memory) and staging, and ``wide_rows_fit(bm, H, W, staging)``: whether
+    the input rows that bm outputs read fit a staged channel at output height H and width W
+    (tiles.wide_rows_fit, the launcher's check)."""
     if not plan.wide:
-        return {"wide": 0, "wide_depth": {}, "wide_rows_fit": lambda bm, width: False}
+        return {"wide": 0, "wide_depth": {}, "wide_rows_fit": lambda *shape: False}
     conv = plan.spec.producer.geometry()
     return {"wide": 1, "wide_depth": wide_depths(conv),
             "wide_rows_fit": functools.partial(wide_rows_fit, conv)}
@@ -166,8 +167,9 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         "wide": {"axes": wide_axes(conv), "ck": wide_channel_chunk(conv["cin"]),
                  "cin_pad": wide_cin_padded(conv["cin"]), "block": WIDE_BLOCK,
                  "workspace": wide_workspace_words(conv) if plan.wide else 0},
-        "wide_tile": lambda variant: {"cs": wide_slab_stride(conv, variant["bm"]),
-                                      "depth": wide_depth(conv, variant["bm"], variant["bn"], variant["blocks"])},
+        "wide_tile": lambda variant: {"cs": wide_slab_stride(conv, variant["bm"], variant["staging"]),
+                                      "depth": wide_depth(conv, variant["bm"], variant["bn"], variant["blocks"],
+                                                          variant["staging"])},
     }
     sources = _units(env, plan, variants, context)
     binding = env.get_template("binding.cpp.j2").render(**context)

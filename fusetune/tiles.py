@@ -206,7 +206,10 @@ def direct_row_cells(conv: dict, window: Sequence[int], stride: Sequence[int]) -
 # kw) and ``ck`` input channels: per stage, the weights (packed once per call in the order the lanes
 # read them) and the input rows the box's output rows read through that row of taps, both copied
 # asynchronously a few stages ahead. Every shape-dependent size is a run-time value except the
-# staged input's capacity per channel, which the launcher checks.
+# staged input's capacity per channel, which the launcher checks. With ``staging`` "plane", a stage
+# takes every row of taps kh of one kd instead: the input rows all of them read are staged once (a
+# slab: the rows of neighbouring kh overlap but for one), beside the weights of every kh. That
+# copies several times less input where the weights of a plane of taps fit the shared memory.
 #
 # What it computes is always a plain convolution over the input, zero-padded once a call: the
 # producer itself, or for a transposed one, one plain convolution per output *class*. Along an axis
@@ -305,24 +308,50 @@ def wide_cin_padded(cin: int) -> int:
     return _round_up(cin, wide_channel_chunk(cin))
 
 
-def wide_slab_stride(conv: dict, bm: int) -> int:
+def wide_slab_stride(conv: dict, bm: int, staging: str = "row") -> int:
     """Words a staged input channel may take (its rows one after another), a compile-time constant:
     room for the input the bm outputs' rows read (about bm x the step along w, plus the taps'
     overhang and partial rows) for most shapes (wide_rows_fit says which), at a stride whose A loads
-    take one pass through shared memory."""
-    step = wide_axes(conv)[2].step
-    return channel_stride(step * (bm * 3 // 2 + 64), step)
+    take one pass through shared memory. A plane stage also holds the rows between output rows (step
+    along h) and, at the end of each run of them at one depth (two runs for most shapes), the
+    overhang of its rows of taps kh: about as many more rows as a quarter of bm's outputs fill."""
+    _, axis_h, axis_w = wide_axes(conv)
+    words = bm * 3 // 2 + 64
+    if staging == "plane":
+        words = axis_h.step * words + 2 * max(0, axis_h.max_taps - axis_h.step) * (bm // 4 + 32)
+    return channel_stride(axis_w.step * words, axis_w.step)
 
 
-def wide_rows_fit(conv: dict, bm: int, width: int) -> bool:
-    """Whether any bm consecutive outputs of a class read padded input rows that fit one staged
-    channel: at most (q - 1 + bm - 1) // q + 1 rows of wide_row_words for the narrowest class's rows
-    q wide, a row at most one 16-byte unit per thread of a block. The variants' constraint and the
-    launcher's check (``width``: the output's)."""
-    axis = wide_axes(conv)[2]
+WIDE_STAGINGS = ("row", "plane")
+
+
+def wide_staged_rows(conv: dict, bm: int, height: int, width: int, staging: str) -> int:
+    """The most padded input rows a staged channel holds for any bm consecutive outputs of any class
+    (wide_geometry.h.j2's ft_wide_staged_rows), at output height and width ``height`` x ``width``.
+    The outputs span at most rows = (q - 1 + bm - 1) // q + 1 output rows of a class's rows q wide.
+    A "row" stage holds theirs; a "plane" stage, within each run of them at one depth (segs runs at
+    most), the rows between them (step apart along h) and the overhang of every kh."""
+    _, axis_h, axis_w = wide_axes(conv)
+    most = 1
+    for q in (axis_w.size(r, width) for r in axis_w.live(width)):
+        rows = (q + bm - 2) // q + 1
+        if staging == "row":
+            most = max(most, rows)
+            continue
+        for qh in (axis_h.size(r, height) for r in axis_h.live(height)):
+            segs = min(rows, (rows + qh - 2) // qh + 1)
+            most = max(most, (rows - 1) * axis_h.step + axis_h.max_taps,
+                       (rows - segs) * axis_h.step + segs * axis_h.max_taps)
+    return most
+
+
+def wide_rows_fit(conv: dict, bm: int, height: int, width: int, staging: str = "row") -> bool:
+    """Whether the padded input rows any bm consecutive outputs of a class read fit one staged
+    channel (wide_staged_rows of wide_row_words each), a row at most one 16-byte unit per thread of
+    a block. The variants' constraint and the launcher's check (``height``, ``width``: the output's)."""
     row = wide_row_words(conv, width)
-    rows = max([1] + [(q + bm - 2) // q + 1 for q in (axis.size(r, width) for r in axis.live(width))])
-    return rows * row <= wide_slab_stride(conv, bm) and row <= 4 * WIDE_BLOCK
+    rows = wide_staged_rows(conv, bm, height, width, staging)
+    return rows * row <= wide_slab_stride(conv, bm, staging) and row <= 4 * WIDE_BLOCK
 
 
 def wide_row_words(conv: dict, width: int) -> int:
@@ -331,29 +360,41 @@ def wide_row_words(conv: dict, width: int) -> int:
     return _round_up(wide_axes(conv)[2].extent(width), 4)
 
 
-def wide_stage_words(conv: dict, bm: int, bn: int) -> int:
-    """Words of one pipeline stage: the weights (kw taps x ck channels x bn) and the staged input."""
+def wide_stage_words(conv: dict, bm: int, bn: int, staging: str = "row") -> int:
+    """Words of one pipeline stage: the weights (kw taps, and with "plane" staging every kh, x ck
+    channels x bn) and the staged input."""
     ck = wide_channel_chunk(conv["cin"])
-    return wide_axes(conv)[2].max_taps * ck * bn + ck * wide_slab_stride(conv, bm)
+    _, axis_h, axis_w = wide_axes(conv)
+    rows_of_taps = axis_h.max_taps if staging == "plane" else 1
+    return rows_of_taps * axis_w.max_taps * ck * bn + ck * wide_slab_stride(conv, bm, staging)
 
 
-def wide_smem_bytes(conv: dict, bm: int, bn: int, depth: int) -> int:
-    """Shared memory of a variant with ``depth`` stages in flight, beside its per-box row table, the
-    channels' pivots and the warps' per-channel sums (template: ft_wide_smem_words)."""
+def wide_table_words(conv: dict, bm: int, staging: str = "row") -> int:
+    """Words of a box's row tables: where each staged row comes from (at most a staged channel's
+    words / 4 rows: a row is 16 bytes at least), then where each output row's input starts in a
+    staged channel (bm + 1 at most), and one to keep what follows 8-byte aligned."""
+    return _round_up(wide_slab_stride(conv, bm, staging) // 4, 2) + bm + 2
+
+
+def wide_smem_bytes(conv: dict, bm: int, bn: int, depth: int, staging: str = "row") -> int:
+    """Shared memory of a variant with ``depth`` stages in flight, beside its per-box row tables, the
+    channels' pivots and the warps' per-channel sums (template: FtWide::smem_words)."""
     warps_m = bm // 32  # at most: m-tiles of 16, at least two a warp
-    return 4 * (depth * wide_stage_words(conv, bm, bn) + (bm + 2) + bn + 2 * warps_m * bn)
+    return 4 * (depth * wide_stage_words(conv, bm, bn, staging) + wide_table_words(conv, bm, staging) + bn
+                + 2 * warps_m * bn)
 
 
-def wide_depth(conv: dict, bm: int, bn: int, blocks: int = 1) -> int:
+def wide_depth(conv: dict, bm: int, bn: int, blocks: int = 1, staging: str = "row") -> int:
     """Stages in flight: three where they fit in a block's share of the shared memory (``blocks`` a
     multiprocessor), else two, else 0 (not compiled)."""
     limit = SMEM_LIMIT if blocks == 1 else WIDE_PAIR_LIMIT
-    return max((d for d in (3, 2) if wide_smem_bytes(conv, bm, bn, d) <= limit), default=0)
+    return max((d for d in (3, 2) if wide_smem_bytes(conv, bm, bn, d, staging) <= limit), default=0)
 
 
-def wide_depths(conv: dict) -> dict[tuple[int, int, int], int]:
-    """(bm, bn, blocks) -> wide_depth, for the variants' compile_if and constraints."""
-    return {(bm, bn, blocks): wide_depth(conv, bm, bn, blocks) for bm in WIDE_BM for bn in WIDE_BN for blocks in (1, 2)}
+def wide_depths(conv: dict) -> dict[tuple[int, int, int, str], int]:
+    """(bm, bn, blocks, staging) -> wide_depth, for the variants' compile_if and constraints."""
+    return {(bm, bn, blocks, staging): wide_depth(conv, bm, bn, blocks, staging)
+            for bm in WIDE_BM for bn in WIDE_BN for blocks in (1, 2) for staging in WIDE_STAGINGS}
 
 
 def wide_fits(conv: dict) -> bool:

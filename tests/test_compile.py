@@ -229,22 +229,24 @@ GEOMETRY_AXES = [(5, 1, 0, True), (5, 1, 4, False), (3, 2, 1, True), (4, 2, 1, T
 def test_wide_geometry_header_agrees_with_tiles(tmp_path):
     """wide_geometry.h.j2 (what the launcher, the kernels and the binding's workspace size use) and
     tiles.WideAxis (what the constraints and tests use) are the same arithmetic: every class's size,
-    offset, taps, padding and first output, the padded extent and the most rows bm outputs span,
-    at output lengths 1 to 60, compiled by the host compiler as binding.cpp is."""
+    offset, taps, padding and first output, the padded extent, and the most rows a stage of bm outputs
+    stages (a row of taps, a plane), at outputs 1 to 60 high and wide, compiled by the host compiler as
+    binding.cpp is."""
     from fusetune.templates import environment
-    from fusetune.tiles import wide_axes
+    from fusetune.tiles import wide_axes, wide_staged_rows
 
     template = environment().get_template("wide_geometry.h.j2")
     parts, convs = ["#include <cstdint>\n#include <cstdio>\n"], []
     for i, (k, s, p, transposed) in enumerate(GEOMETRY_AXES):
-        conv = {"kernel": (1, 1, k), "stride": (1, 1, s), "padding": (0, 0, p), "transposed": transposed}
+        conv = {"kernel": (1, k, k), "stride": (1, s, s), "padding": (0, p, p), "transposed": transposed}
         convs.append(conv)
         header = template.render(wide={"axes": wide_axes(conv), "ck": 16, "cin_pad": 16, "workspace": 0})
         parts.append(f"namespace c{i} {{\n{header}\n}}\n")
     lines = ["int main() {", "  for (int out = 1; out <= 60; ++out) {"]
     for i in range(len(convs)):
-        lines += [f'    printf("%d %d %lld %lld %lld", {i}, out, (long long)c{i}::FtWideW::extent(out),',
-                  f"           (long long)c{i}::FtWideW::most_rows(128, out), (long long)c{i}::FtWideW::most_rows(256, out));",
+        staged = ", ".join(f"(long long)c{i}::ft_wide_staged_rows({bm}, out, out, {plane})"
+                           for bm in (128, 256) for plane in ("false", "true"))
+        lines += [f'    printf("%d %d %lld %lld %lld %lld %lld", {i}, out, (long long)c{i}::FtWideW::extent(out), {staged});',
                   f"    for (int r = 0; r < c{i}::FtWideW::CLASSES; ++r) {{",
                   f"      const c{i}::FtWideAxis ax = c{i}::FtWideW::of(r, out);",
                   '      printf(" %d %d %d %d %d", ax.size, ax.off, ax.taps, ax.pad, ax.first);', "    }",
@@ -258,11 +260,12 @@ def test_wide_geometry_header_agrees_with_tiles(tmp_path):
     printed = subprocess.run([str(tmp_path / "geometry")], capture_output=True, text=True, check=True).stdout
     rows = 0
     for line in printed.splitlines():
-        i, out, extent, rows128, rows256, *classes = map(int, line.split())
+        i, out, extent, *values = map(int, line.split())
+        staged, classes = values[:4], values[4:]
         axis = wide_axes(convs[i])[2]
-        live = [axis.size(r, out) for r in axis.live(out)]
         assert extent == axis.extent(out), (GEOMETRY_AXES[i], out)
-        assert [rows128, rows256] == [max([1] + [(q + bm - 2) // q + 1 for q in live]) for bm in (128, 256)]
+        assert staged == [wide_staged_rows(convs[i], bm, out, out, staging) for bm in (128, 256)
+                          for staging in ("row", "plane")], (GEOMETRY_AXES[i], out)
         assert classes == [v for r in range(axis.classes) for v in (axis.size(r, out), axis.offset(r), axis.taps(r),
                                                                       axis.pad(r), axis.first(r))], (GEOMETRY_AXES[i], out)
         rows += 1

@@ -10,7 +10,7 @@ from fusetune.cache import STATUSES, Cache, make_key
 from fusetune.codegen import plan_space, render
 from fusetune.config import load_config
 from fusetune.plan import make_plan
-from fusetune.search import Machine, key_fields, shape_facts, tune_shape
+from fusetune.search import Machine, _nearest, key_fields, shape_facts, tune_shape
 from fusetune.space import candidate_key
 from fusetune.tiles import cluster_boxes
 
@@ -376,9 +376,11 @@ FACTS = {
 #: The K-tiled tensor-core kernel's facts, for the one seed it takes (64 -> 128, k 5, its forward form
 #: stride 1 and padding 4): every (bm, bn) within the shared memory, 3 stages but at 256 x 128 (2); two
 #: blocks a multiprocessor at 64 channels only (2 stages at 256 outputs). Beside them, wide_rows_fit.
-WIDE_FACTS = {"batchnorm": {"wide": 1,
-                            "wide_depth": {(128, 64, 1): 3, (128, 64, 2): 3, (128, 128, 1): 3, (128, 128, 2): 0,
-                                           (256, 64, 1): 3, (256, 64, 2): 2, (256, 128, 1): 2, (256, 128, 2): 0}}}
+WIDE_FACTS = {"batchnorm": {"wide": 1, "wide_depth": {
+    **{(128, 64, 1, "row"): 3, (128, 64, 2, "row"): 3, (128, 128, 1, "row"): 3, (128, 128, 2, "row"): 0,
+       (256, 64, 1, "row"): 3, (256, 64, 2, "row"): 2, (256, 128, 1, "row"): 2, (256, 128, 2, "row"): 0},
+    # a plane of 5 x 5 taps: its weights alone take 100 KB a stage at 64 channels
+    **{(bm, bn, blocks, "plane"): 0 for bm in (128, 256) for bn in (64, 128) for blocks in (1, 2)}}}}
 
 
 @pytest.mark.parametrize("seed, shape", sorted(FACTS), ids=[f"{k}-{'x'.join(map(str, s))}" for k, s in sorted(FACTS)])
@@ -389,7 +391,7 @@ def test_shape_facts(seed, shape):
     facts = shape_facts(spec, plan, shape, MACHINE.capability)
     expected = FACTS[(seed, shape)]
     rows_fit = facts.pop("wide_rows_fit")  # the seed's output rows fit a staged channel at every bm
-    assert [rows_fit(bm, expected["W"]) for bm in (128, 256)] == [seed == "batchnorm"] * 2
+    assert [rows_fit(bm, expected["H"], expected["W"], "row") for bm in (128, 256)] == [seed == "batchnorm"] * 2
     bins = expected["D"] * expected["H"] * (expected["W"] // 2 + 1)  # the output's half spectrum
     assert facts == {**expected, "F": bins, "direct": int(plan.direct), "gemm": int(plan.gemm), "gemm_th": plan.gemm_th,
                      "direct_cells": plan.direct_cells, "half_store": int(plan.half_store),
@@ -420,7 +422,12 @@ def test_producer_starts_cover_every_cudnn_choice_once():
     assert sorted(others) == ["direct", "gemm", "gemm_cluster", "gemm_extrema", "gemm_store", "gemm_wide", "spectral"]
     spec = load_config(SEEDS["batchnorm"])
     facts = shape_facts(spec, make_plan(spec), spec.shapes[0], "9.0")
-    assert [impl for impl, s in others.items() if not space.violations(s, facts)] == ["gemm_wide", "spectral"]
+    assert [impl for impl, s in others.items() if not space.violations(s, facts)] == ["spectral"]
+    # gemm_wide's default stages a plane of taps, whose weights do not fit at 5 x 5 taps: the search
+    # starts that world from the nearest feasible candidate, the same variant a row of taps a stage
+    feasible = [c for c in space.all() if not space.violations(c, facts)]
+    nearest = _nearest(others["gemm_wide"], feasible)
+    assert nearest == {**others["gemm_wide"], "wide_stats.staging": "row"}
     assert len({s["producer.impl"] for s in starts[:8]}) == 8  # one per world before cuDNN's other choices
 
 

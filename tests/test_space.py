@@ -304,7 +304,8 @@ def test_cluster_variants_compiled_only_where_their_boxes_hold_whole_windows():
 
 def test_wide_variants_compiled_and_feasible_at_the_seed():
     """The transposed batch-norm seed's K-tiled variants: every (bm, bn, wm) at one block a multiprocessor,
-    at two only 128 x 64 (32 accumulators a thread; 256 x 64 spilled);
+    at two only 128 x 64 (32 accumulators a thread; 256 x 64 spilled), a row of taps a stage (the weights
+    of its 5 x 5 plane of taps do not fit);
     at its shape (rows 36 wide) every compiled one is feasible at some split, none at a split whose
     blocks outnumber a sample's runs of outputs."""
     from fusetune.search import shape_facts
@@ -313,13 +314,14 @@ def test_wide_variants_compiled_and_feasible_at_the_seed():
     space = plan_space(plan)
     family = load_family("wide_stats")
     names = {"C": 128, **space.plan_facts}
-    compiled = {(v["bm"], v["bn"], v["wm"], v["blocks"]) for v in family.variants() if family.compiles(v, names)}
-    assert compiled == {(bm, bn, wm, 1) for bm in (128, 256) for bn in (64, 128) for wm in (2, 4)} | {
-        (128, 64, 2, 2), (128, 64, 4, 2)}
+    compiled = {(v["bm"], v["bn"], v["wm"], v["staging"], v["blocks"]) for v in family.variants()
+                if family.compiles(v, names)}
+    assert compiled == {(bm, bn, wm, "row", 1) for bm in (128, 256) for bn in (64, 128) for wm in (2, 4)} | {
+        (128, 64, 2, "row", 2), (128, 64, 4, "row", 2)}
     facts = shape_facts(spec, plan, (16, 64, 16, 32, 32), "9.0")
     wide = [c for c in space.all() if c["producer.impl"] == "gemm_wide"]
-    feasible = {(c["wide_stats.bm"], c["wide_stats.bn"], c["wide_stats.wm"], c["wide_stats.blocks"])
-                for c in wide if not space.violations(c, facts)}
+    feasible = {(c["wide_stats.bm"], c["wide_stats.bn"], c["wide_stats.wm"], c["wide_stats.staging"],
+                 c["wide_stats.blocks"]) for c in wide if not space.violations(c, facts)}
     assert feasible == compiled
     # 5 x 5 x 32 outputs a sample (800): blocks of 256 outputs, 4 a sample and channel tile at most
     small = shape_facts(spec, plan, (2, 64, 1, 1, 28), "9.0")
@@ -327,7 +329,8 @@ def test_wide_variants_compiled_and_feasible_at_the_seed():
         1, 2, 4}
     # rows 5 wide: 256 outputs span 52 rows of 12 staged words (the taps' overhang), over a channel's room
     narrow = shape_facts(spec, plan, (2, 64, 1, 1, 1), "9.0")
-    assert all(any("must fit a staged channel" in v for v in space.violations(c, narrow)) for c in wide)
+    assert all(any("must fit a staged channel" in v for v in space.violations(c, narrow)) for c in wide
+               if c["wide_stats.staging"] == "row")
     assert any("sm" in v or "8.0" in v for v in space.violations(
         {**space.default(), "producer.impl": "gemm_wide"}, shape_facts(spec, plan, (16, 64, 16, 32, 32), "7.5")))
 
@@ -336,7 +339,7 @@ def test_wide_variants_of_a_strided_transposed_convolution():
     """A stride-2 transposed convolution (the bench's upsampling layer, 32 -> 64) is split into output
     classes for gemm_wide. With 64 output channels, no 128-channel block is compiled or feasible (half
     its columns would multiply zeros); each class's rows are 32 wide, and every compiled variant is
-    feasible at the bench's shape."""
+    feasible at the bench's shape, a plane of 2 x 2 taps a stage (every kh of a kd) as well as a row."""
     from fusetune.search import shape_facts
     spec = load_config(Path(__file__).resolve().parent.parent / "benchmarks" / "configs"
                        / "convt3d_stride2_batchnorm_gap.yaml")
@@ -345,11 +348,13 @@ def test_wide_variants_of_a_strided_transposed_convolution():
     space = plan_space(plan)
     family = load_family("wide_stats")
     names = {"C": 64, **space.plan_facts}
-    compiled = {(v["bm"], v["bn"], v["wm"], v["blocks"]) for v in family.variants() if family.compiles(v, names)}
-    assert compiled == {(bm, 64, wm, 1) for bm in (128, 256) for wm in (2, 4)} | {(128, 64, 2, 2), (128, 64, 4, 2)}
+    compiled = {(v["bm"], v["bn"], v["wm"], v["staging"], v["blocks"]) for v in family.variants()
+                if family.compiles(v, names)}
+    assert compiled == {(bm, 64, wm, staging, 1) for bm in (128, 256) for wm in (2, 4) for staging in ("row", "plane")} | {
+        (128, 64, 2, "row", 2), (128, 64, 4, "row", 2), (128, 64, 2, "plane", 2)}
     facts = shape_facts(spec, plan, spec.shapes[0], "9.0")
     wide = [c for c in space.all() if c["producer.impl"] == "gemm_wide"]
-    feasible = {(c["wide_stats.bm"], c["wide_stats.bn"], c["wide_stats.wm"], c["wide_stats.blocks"])
-                for c in wide if not space.violations(c, facts)}
+    feasible = {(c["wide_stats.bm"], c["wide_stats.bn"], c["wide_stats.wm"], c["wide_stats.staging"],
+                 c["wide_stats.blocks"]) for c in wide if not space.violations(c, facts)}
     assert feasible == compiled
     assert all(any("zero weights" in v for v in space.violations(c, facts)) for c in wide if c["wide_stats.bn"] == 128)

@@ -10,7 +10,8 @@ import pytest
 from fusetune.config import load_config
 from fusetune.tiles import (FOOTPRINT_MAX, SMEM_LIMIT, WIDE_PAIR_LIMIT, cin_padded, direct_footprint, direct_row_cells,
                             gemm_fits, gemm_max_height, gemm_tile, k_padded, weight_words, wide_axes, wide_depth,
-                            wide_row_words, wide_rows_fit, wide_slab_stride, wide_smem_bytes, wide_workspace_words)
+                            wide_row_words, wide_rows_fit, wide_slab_stride, wide_smem_bytes, wide_staged_rows,
+                            wide_workspace_words)
 
 from conftest import SEEDS
 
@@ -210,8 +211,42 @@ def test_wide_rows_fit_is_the_worst_run_of_outputs(bm, stride, kw, padding, tran
         assert row % 4 == 0 and axis.extent(width) <= row < axis.extent(width) + 4
         if not transposed:
             assert axis.extent(width) == (width - 1) * stride + kw
-        assert wide_rows_fit(conv, bm, width) == (worst * row <= cap and row <= 1024), width
-    assert wide_rows_fit(conv, bm, 36)  # the seed's output rows, for every bm
+        assert wide_rows_fit(conv, bm, 7, width) == (worst * row <= cap and row <= 1024), width
+    assert wide_rows_fit(conv, bm, 36, 36)  # the seed's output rows, for every bm
+
+
+def _plane_stage_rows(axis_h, axis_w, rh: int, rw: int, bm: int, height: int, width: int) -> int:
+    """The most padded rows a plane stage stages for any box of class (rh, rw), as ft_wide_box counts
+    them: each depth's run of output rows, STEP along h apart, plus the last one's overhang (its live
+    taps kh0 .. kh0 + nkh - 1, all of the class's at most)."""
+    qh, qw = axis_h.size(rh, height), axis_w.size(rw, width)
+    most = 0
+    for depth_rows in (1, 2, 3):  # the class's outputs over a few depths
+        outputs = depth_rows * qh * qw
+        for p0 in range(0, outputs, bm):
+            first, last = p0 // qw, (min(p0 + bm, outputs) - 1) // qw
+            runs: dict[int, int] = {}
+            for row in range(first, last + 1):
+                runs[row // qh] = runs.get(row // qh, 0) + 1
+            most = max(most, sum((n - 1) * axis_h.step + axis_h.taps(rh) for n in runs.values()))
+    return most
+
+
+@pytest.mark.parametrize("bm", [128, 256])
+def test_wide_plane_stage_rows_bound_every_box(bm):
+    """wide_staged_rows for a plane stage (the constraint's and the launcher's bound on a staged
+    channel's rows) is at least what any box of any class stages."""
+    for kernel, stride, padding, transposed in [(3, 1, 1, False), (4, 2, 1, True), (3, 2, 1, True), (5, 1, 0, True),
+                                                (3, 2, 0, False)]:
+        conv = {"kernel": (1, kernel, kernel), "stride": (1, stride, stride), "padding": (0, padding, padding),
+                "transposed": transposed}
+        _, axis_h, axis_w = wide_axes(conv)
+        for height, width in [(1, 1), (2, 3), (5, 7), (9, 36), (17, 64), (40, 5)]:
+            bound = wide_staged_rows(conv, bm, height, width, "plane")
+            worst = max([0] + [_plane_stage_rows(axis_h, axis_w, rh, rw, bm, height, width)
+                               for rh in axis_h.live(height) for rw in axis_w.live(width)])
+            assert worst <= bound, (conv, height, width)
+            assert wide_staged_rows(conv, bm, height, width, "row") <= bound
 
 
 def test_wide_pipeline_depth_within_the_shared_memory():
@@ -223,3 +258,8 @@ def test_wide_pipeline_depth_within_the_shared_memory():
     assert wide_depth(seed, 128, 128, 2) == 0
     # 11 taps a row of 16 channels by 128: even two stages of weights (2 x 88 KB) and input do not fit
     assert wide_depth({**seed, "kernel": (1, 11, 11)}, 256, 128) == 0
+    # a plane stage holds the weights of every kh: not 5 x 5 x 16 x 64 (100 KB) twice, but the 2 x 2 taps
+    # of a stride-2, k 4 transposed convolution's classes at three stages
+    assert all(wide_depth(seed, bm, bn, 1, "plane") == 0 for bm in (128, 256) for bn in (64, 128))
+    upsample = {**seed, "cin": 32, "cout": 64, "kernel": (4, 4, 4), "stride": (2, 2, 2), "padding": (1, 1, 1)}
+    assert wide_depth(upsample, 256, 64, 1, "plane") == 3

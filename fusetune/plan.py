@@ -28,9 +28,9 @@ cluster per sample can do it all, the outputs kept on chip across the cluster (`
 the output is a norm's statistics alone and the producer a full transposed convolution, the plan
 also offers them from spectra, the convolution never computed (``spectral``). Where a norm needs
 statistics and the convolution has too many channels for those kernels (or is a transposed one,
-split by output parity), a K-tiled implicit GEMM on the tensor cores takes the statistics, and writes the output once
-for the main kernel where the chain goes on (``gemm_wide``: see fusetune/tiles.py). The search
-picks among the worlds (``producer.impl``).
+split by output parity), a K-tiled implicit GEMM on the tensor cores takes the statistics, and
+writes the output once for the main kernel where the chain goes on (``gemm_wide``: see
+fusetune/tiles.py). The search picks among the worlds (``producer.impl``).
 
 Exact algebra the planner uses:
   * a spatial mean (or sum) right after a norm is the norm's affine map applied to the
@@ -203,8 +203,8 @@ class Plan:
         """Whether the K-tiled tensor-core kernel can take the statistics (wide_stats): a norm needs
         them, and the convolution is one the whole-weights kernels above do not take (more than 64
         output channels, weights over their shared memory, or a transposed convolution: that one as
-        a plain convolution per output parity class). It stages the weights a row of taps and a few
-        input channels at a time, so any channel count goes; it computes the convolution once and,
+        a plain convolution per output parity class). It stages the weights a row or a plane of taps
+        and a few input channels at a time, so any channel count goes; it computes the convolution once and,
         where a main kernel follows, writes it (no bias) for that kernel to read as cuDNN's."""
         return self.needs_stats and not self.gemm and wide_fits(self.spec.producer.geometry())
 

@@ -223,6 +223,8 @@ WIDE_BLOCK = 256
 #: The variants' ``bm`` (outputs a block multiplies) and ``bn`` (output channels).
 WIDE_BM = (128, 256)
 WIDE_BN = (64, 128)
+#: What a stage takes (wide_stats.yaml's staging): one row of taps (kd, kh), or every kh of one kd.
+WIDE_STAGINGS = ("row", "plane")
 #: A block's shared memory where two share a multiprocessor (the wide variants' blocks 2): Hopper's
 #: 228 KB a multiprocessor, less 1 KB the system reserves per block, halved.
 WIDE_PAIR_LIMIT = 113 * 1024
@@ -320,9 +322,6 @@ def wide_slab_stride(conv: dict, bm: int, staging: str = "row") -> int:
     if staging == "plane":
         words = axis_h.step * words + 2 * max(0, axis_h.max_taps - axis_h.step) * (bm // 4 + 32)
     return channel_stride(axis_w.step * words, axis_w.step)
-
-
-WIDE_STAGINGS = ("row", "plane")
 
 
 def wide_staged_rows(conv: dict, bm: int, height: int, width: int, staging: str) -> int:

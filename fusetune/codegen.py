@@ -68,14 +68,15 @@ def plan_facts(plan: Plan) -> dict[str, Any]:
 
 
 def _wide_facts(plan: Plan) -> dict[str, Any]:
-    """The K-tiled world's facts: whether it is offered, the pipeline depth of each (bm, bn, blocks)
+    """The K-tiled world's facts: whether its statistics pass and its main kernel are offered, the pipeline depth of each (bm, bn, blocks)
     (0: not within the shared memory) and staging, and ``wide_rows_fit(bm, H, W, staging)``: whether
     the input rows that bm outputs read fit a staged channel at output height H and width W
     (tiles.wide_rows_fit, the launcher's check)."""
-    if not plan.wide:
-        return {"wide": 0, "wide_depth": {}, "wide_rows_fit": lambda *shape: False}
+    offered = {"wide": int(plan.wide), "wide_main": int(plan.wide_main)}
+    if not (plan.wide or plan.wide_main):
+        return {**offered, "wide_depth": {}, "wide_rows_fit": lambda *shape: False}
     conv = plan.spec.producer.geometry()
-    return {"wide": 1, "wide_depth": wide_depths(conv),
+    return {**offered, "wide_depth": wide_depths(conv),
             "wide_rows_fit": functools.partial(wide_rows_fit, conv)}
 
 
@@ -111,7 +112,7 @@ def _reference_code(plan: Plan) -> tuple[list[tuple[str, str]], list[str], str]:
 #: Stages compiled one unit per variant: their fully unrolled kernels take ptxas seconds each, or their
 #: compile_if rules out variants for every plan (spectral_stats: those that would spill).
 PER_VARIANT_UNITS = ("direct_stats", "direct_main", "gemm_stats", "gemm_main", "gemm_cluster", "spectral_stats",
-                     "wide_stats")
+                     "wide_stats", "wide_main")
 
 
 def _units(env, plan: Plan, variants: dict[str, list[dict[str, Any]]], context: dict[str, Any]) -> dict[str, str]:
@@ -162,11 +163,11 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         # The box of a gemm variant: whole pooling windows for the main kernel, single outputs for statistics.
         "gemm_tile": lambda variant, pooled: gemm_tile(conv, *(plan.pool_window if pooled else ((1, 1, 1),) * 2),
                                                        variant["tw"], variant["th"]),
-        # The K-tiled kernels (wide_stats): the convolution's axes as they compute it, a stage's input
+        # The K-tiled kernels (wide_stats, wide_main): the convolution's axes as they compute it, a stage's input
         # channels, and per variant its staged input's capacity per channel and its pipeline depth.
         "wide": {"axes": wide_axes(conv), "ck": wide_channel_chunk(conv["cin"]),
                  "cin_pad": wide_cin_padded(conv["cin"]), "block": WIDE_BLOCK,
-                 "workspace": wide_workspace_words(conv) if plan.wide else 0},
+                 "workspace": wide_workspace_words(conv) if plan.wide or plan.wide_main else 0},
         "wide_tile": lambda variant: {"cs": wide_slab_stride(conv, variant["bm"], variant["staging"]),
                                       "depth": wide_depth(conv, variant["bm"], variant["bn"], variant["blocks"],
                                                           variant["staging"])},

@@ -30,7 +30,10 @@ also offers them from spectra, the convolution never computed (``spectral``). Wh
 statistics and the convolution has too many channels for those kernels (or is a transposed one,
 split by output parity), a K-tiled implicit GEMM on the tensor cores takes the statistics, and
 writes the output once for the main kernel where the chain goes on (``gemm_wide``: see
-fusetune/tiles.py). The search picks among the worlds (``producer.impl``).
+fusetune/tiles.py). The same K-tiled GEMM also runs a whole chain without a pool (``wide_main``): in
+the gemm_wide world where no statistics are needed, and after wide_stats with the convolution
+computed again, never written (``gemm_wide_recompute``). The search picks among the worlds
+(``producer.impl``).
 
 Exact algebra the planner uses:
   * a spatial mean (or sum) right after a norm is the norm's affine map applied to the
@@ -47,11 +50,11 @@ from typing import Sequence
 from fusetune.config import ProblemSpec
 from fusetune.errors import PlanError
 from fusetune.ops import Add, Div, Elementwise, Mul, Norm, Op, Pool, Reduce
-from fusetune.tiles import BOX_HEIGHTS, WIDEST_BOX, direct_row_cells, gemm_fits, gemm_max_height, wide_fits
+from fusetune.tiles import BOX_HEIGHTS, WIDE_BN, WIDEST_BOX, direct_row_cells, gemm_fits, gemm_max_height, wide_fits
 
 
 #: The stages that compute the convolution inside themselves.
-CONV_STAGES = ("direct_stats", "direct_main", "gemm_stats", "gemm_main", "gemm_cluster", "wide_stats")
+CONV_STAGES = ("direct_stats", "direct_main", "gemm_stats", "gemm_main", "gemm_cluster", "wide_stats", "wide_main")
 #: The norms whose statistics lie within one sample, so that one thread-block cluster can hold them.
 SAMPLE_SCOPES = ("instance", "group")
 
@@ -199,19 +202,46 @@ class Plan:
         return self._stages("spectral_stats", None) if self.spectral else ()
 
     @property
+    def _wide_conv(self) -> bool:
+        """Whether the K-tiled tensor-core kernels take the convolution: one the whole-weights kernels
+        above do not take (more than 64 output channels, weights over their shared memory, or a
+        transposed convolution: that one as a plain convolution per output parity class). They stage
+        the weights a row or a plane of taps and a few input channels at a time, so any channel count
+        goes (tiles.wide_fits: some variant within the shared memory)."""
+        return not self.gemm and wide_fits(self.spec.producer.geometry())
+
+    @property
     def wide(self) -> bool:
-        """Whether the K-tiled tensor-core kernel can take the statistics (wide_stats): a norm needs
-        them, and the convolution is one the whole-weights kernels above do not take (more than 64
-        output channels, weights over their shared memory, or a transposed convolution: that one as
-        a plain convolution per output parity class). It stages the weights a row or a plane of taps
-        and a few input channels at a time, so any channel count goes; it computes the convolution once and,
-        where a main kernel follows, writes it (no bias) for that kernel to read as cuDNN's."""
-        return self.needs_stats and not self.gemm and wide_fits(self.spec.producer.geometry())
+        """Whether the K-tiled kernel can take the statistics (wide_stats): a norm needs them, and the
+        convolution is one for the K-tiled kernels. It computes the convolution once and, where a main
+        kernel follows, can write it (no bias) for that kernel to read as cuDNN's."""
+        return self.needs_stats and self._wide_conv
+
+    @property
+    def wide_main(self) -> bool:
+        """Whether the K-tiled kernel can also run the whole chain (wide_main): the convolution is one
+        for the K-tiled kernels, and the chain has no pool (a block's outputs are runs of positions, not
+        whole windows) and ends in a map, a reduction over space, or one over at most 128 channels (all
+        of them in one block's tile). The convolution output then never goes to memory: for a chain
+        without statistics, the convolution runs once; after a norm, it runs again (recompute)."""
+        channels_fit = self.family != "channel_reduce" or self.spec.producer.out_channels <= max(WIDE_BN)
+        return (self.family is not None and self.pool is None and channels_fit and self._wide_conv)
 
     @property
     def wide_stages(self) -> tuple[str, ...]:
-        """Stages of the K-tiled world (see wide); empty if not offered."""
-        return self._stages("wide_stats", self.family) if self.wide else ()
+        """Stages of the K-tiled world (gemm_wide): where a norm needs statistics, wide_stats (storing
+        the convolution for the cuDNN world's main kernel where the chain goes on); else wide_main alone
+        (after finalize for running statistics). Empty if not offered."""
+        if self.wide:
+            return self._stages("wide_stats", self.family)
+        return self._stages("wide_stats", "wide_main") if self.wide_main else ()
+
+    @property
+    def wide_recompute_stages(self) -> tuple[str, ...]:
+        """The K-tiled world computing the convolution twice (gemm_wide_recompute): wide_stats for the
+        norm's statistics, then wide_main applies the chain from the convolution computed again, its
+        output never written. Offered where a norm needs statistics and wide_main takes the chain."""
+        return self._stages("wide_stats", "wide_main") if self.wide and self.wide_main else ()
 
     @property
     def impl_stages(self) -> dict[str, tuple[str, ...]]:
@@ -219,7 +249,7 @@ class Plan:
         offered = {"cudnn": self.cudnn_stages, "direct": self.direct_stages, "gemm": self.gemm_stages,
                    "gemm_extrema": self.gemm_extrema_stages, "gemm_store": self.gemm_store_stages,
                    "gemm_cluster": self.cluster_stages, "gemm_wide": self.wide_stages,
-                   "spectral": self.spectral_stages}
+                   "gemm_wide_recompute": self.wide_recompute_stages, "spectral": self.spectral_stages}
         return {impl: stages for impl, stages in offered.items() if impl == "cudnn" or stages}
 
     def conv_passes(self, impl: str) -> int:
@@ -276,7 +306,8 @@ class Plan:
         direct = f" direct={'+'.join(self.direct_stages)}" if self.direct else ""
         direct += f" gemm={'+'.join(self.gemm_stages)}" if self.gemm else ""
         direct += f" cluster={'+'.join(self.cluster_stages)}" if self.cluster else ""
-        direct += f" wide={'+'.join(self.wide_stages)}" if self.wide else ""
+        direct += f" wide={'+'.join(self.wide_stages)}" if self.wide_stages else ""
+        direct += f" wide_recompute={'+'.join(self.wide_recompute_stages)}" if self.wide_recompute_stages else ""
         direct += f" spectral={'+'.join(self.spectral_stages)}" if self.spectral else ""
         return (f"stages={'+'.join(self.cudnn_stages)}{direct} pre={names(self.pre)} "
                 f"norm={self.norm.kind if self.norm else '-'} mid={names(self.mid)} "

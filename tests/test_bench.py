@@ -41,7 +41,8 @@ def test_peaks_are_hopper_dense_rates_of_each_worlds_units():
     impls = load_family("producer").params[0].choices
     units = {impl: compute_units(impl) for impl in impls if impl != "cudnn"}
     assert units == {"direct": "FP32", "gemm": "TF32", "gemm_extrema": "TF32", "gemm_store": "TF32",
-                     "gemm_cluster": "TF32", "gemm_wide": "TF32", "spectral": "FP32"}
+                     "gemm_cluster": "TF32", "gemm_wide": "TF32", "gemm_wide_recompute": "TF32",
+                     "spectral": "FP32"}
 
 
 def test_spectral_flops_count_the_products_of_spectra():

@@ -68,6 +68,23 @@ EXTRA["convt3d_wide_mixed_strides_instancenorm_maxpool"] = {
                  {"op": "clamp", "min": -1.0, "max": 1.0}],
     "shapes": [[2, 32, 9, 5, 7]],
 }
+# The K-tiled kernel with the chain on its accumulators (wide_main), without a norm: a spatial mean after
+# a strided transposed convolution, and a map of a convolution with more channels than the whole-weights
+# kernels take (conv2d_wide_relu_groupnorm_sum_channels above: a sum over channels after group norm).
+EXTRA["convt3d_wide_stride2_relu_gap"] = {
+    "name": "convt3d_wide_stride2_relu_gap",
+    "producer": {"op": "conv_transpose3d", "in_channels": 24, "out_channels": 80, "kernel_size": 3, "stride": 2,
+                 "padding": 1, "output_padding": 1},
+    "epilogue": [{"op": "relu"}, {"op": "adaptive_avg_pool"}, {"op": "add", "by": 0.5}],
+    "shapes": [[2, 24, 5, 7, 9]],
+}
+EXTRA["conv3d_wide_scale_clamp"] = {
+    "name": "conv3d_wide_scale_clamp",
+    "producer": {"op": "conv3d", "in_channels": 20, "out_channels": 100, "kernel_size": 3, "padding": 1},
+    "parameters": {"s": {"init": "randn"}},
+    "epilogue": [{"op": "mul", "by": "s"}, {"op": "clamp", "min": -0.5, "max": 0.5}],
+    "shapes": [[2, 20, 6, 17, 23]],
+}
 EXPECTED_EXTRA = {  # name: (stages, reduce mode or None, pool mode or None, norm scope or None)
     "conv2d_bneval_relu_avgpool_gap": (("finalize", "plane_reduce"), "mean", "avg", "running"),
     "conv3d_relu_sum_channels": (("channel_reduce",), "sum", None, None),
@@ -75,6 +92,8 @@ EXPECTED_EXTRA = {  # name: (stages, reduce mode or None, pool mode or None, nor
     "conv2d_bneval_clamp_min_channels": (("finalize", "channel_reduce"), "min", None, "running"),
     "conv2d_wide_relu_groupnorm_sum_channels": (("stats", "finalize", "channel_reduce"), "sum", None, "group"),
     "convt3d_wide_mixed_strides_instancenorm_maxpool": (("stats", "finalize", "window_map"), None, "max", "instance"),
+    "convt3d_wide_stride2_relu_gap": (("plane_reduce",), "mean", None, None),
+    "conv3d_wide_scale_clamp": (("window_map",), None, None, None),
 }
 NAMES = sorted(SEEDS) + sorted(EXTRA)
 
@@ -118,6 +137,10 @@ def test_extra_configs_cover_what_they_claim(rendered):
         assert (plan.reduce.mode if plan.reduce else None) == reduce, name
         assert (plan.pool.mode if plan.pool else None) == pool, name
         assert (plan.norm.scope if plan.norm else None) == scope, name
+    # wide_main in each way a chain ends: alone, and after group norm (a channel reduction)
+    assert {rendered[name][0].family for name in EXTRA if rendered[name][0].wide_main} == {
+        "plane_reduce", "window_map", "channel_reduce"}
+    assert rendered["conv2d_wide_relu_groupnorm_sum_channels"][0].wide_recompute_stages
     kinds = {op.kind for name in EXTRA for op in rendered[name][0].spec.epilogue}
     assert {"avg_pool", "relu", "batch_norm"} <= kinds
     assert rendered["conv2d_bneval_relu_avgpool_gap"][0].spec.producer.spatial_dims == 2
@@ -144,7 +167,7 @@ def test_every_variant_has_a_case_in_its_launcher(rendered, name):
         assert cases == list(range(len(family.variants()))), stage
         assert len(family.variants()) > 1
     for stage in ("stats", "finalize", "window_map", "plane_reduce", "channel_reduce", "direct_stats", "direct_main",
-                  "gemm_stats", "gemm_main", "extrema_map", "spectral_stats", "wide_stats"):
+                  "gemm_stats", "gemm_main", "extrema_map", "spectral_stats", "wide_stats", "wide_main"):
         assert (f"ft_launch_{stage}(" in source) is (stage in plan.stages), stage
     # A unit per stage; the direct stages' variants have a unit each (compiled in parallel).
     per_stage = {re.sub(r"_\d+\.cu$", ".cu", unit) for unit in module.cuda_sources}
@@ -205,10 +228,11 @@ def test_tensor_core_units_compile_for_gpus_without_them(rendered, tmp_path):
     module = rendered["groupnorm"][1]
     units = {u: t for u, t in module.cuda_sources.items() if re.fullmatch(r"gemm_(stats|main|cluster)_\d+\.cu", u)}
     wide = rendered["batchnorm"][1].cuda_sources
-    units["wide_stats_0.cu"] = wide["wide_stats_0.cu"]  # the K-tiled kernel's too
+    units["wide_stats_0.cu"] = wide["wide_stats_0.cu"]  # the K-tiled kernels' too
+    units["wide_main_0.cu"] = rendered["convt3d_wide_stride2_relu_gap"][1].cuda_sources["wide_main_0.cu"]
     assert all(any(u.startswith(f"gemm_{stage}_") for u in units) for stage in ("stats", "main", "cluster"))
     for unit in [sorted(u for u in units if u.startswith(f"gemm_{stage}_"))[0] for stage in ("stats", "main", "cluster")] + [
-            "wide_stats_0.cu"]:
+            "wide_stats_0.cu", "wide_main_0.cu"]:
         source = tmp_path / unit
         source.write_text(units[unit])
         result = subprocess.run([NVCC, "-arch=sm_75", "-O1", "-std=c++17", "-c", str(source), "-o",

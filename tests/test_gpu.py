@@ -328,6 +328,39 @@ EXTRA["convt3d_wide_mixed_strides_instancenorm_maxpool"] = {
     "epilogue": [{"op": "relu"}, {"op": "instance_norm", "affine": True}, {"op": "max_pool", "kernel_size": 2},
                  {"op": "clamp", "min": -1.0, "max": 1.0}],
     "shapes": [[2, 32, 9, 5, 7]]}
+# The K-tiled kernel with the chain on its accumulators (wide_main). Without a norm (gemm_wide): a
+# spatial mean after a strided transposed convolution (its classes' boxes in turn) and a chain after
+# it; a map of a strided convolution with 100 channels (not a multiple of a block's) and a learnable
+# scale; a max over 96 channels (one tile of 128), a kernel of two taps along w. After a norm
+# (gemm_wide_recompute, beside gemm_wide's stored output): a map after batch norm, and a mean over
+# channels after instance norm of mixed strides (conv2d_wide_relu_groupnorm_sum_channels above: a
+# sum over channels after group norm).
+EXTRA["convt3d_wide_stride2_relu_gap"] = {
+    "producer": {"op": "conv_transpose3d", "in_channels": 24, "out_channels": 80, "kernel_size": 3, "stride": 2,
+                 "padding": 1, "output_padding": 1},
+    "epilogue": [{"op": "relu"}, {"op": "adaptive_avg_pool"}, {"op": "add", "by": 0.5}],
+    "shapes": [[2, 24, 5, 7, 9]]}
+EXTRA["conv3d_wide_stride_scale_clamp"] = {
+    "producer": {"op": "conv3d", "in_channels": 20, "out_channels": 100, "kernel_size": 3, "stride": [1, 2, 2],
+                 "padding": 1},
+    "epilogue": [{"op": "mul", "by": "s"}, {"op": "clamp", "min": -0.5, "max": 0.5}],
+    "parameters": {"s": {"init": "randn"}},
+    "shapes": [[2, 20, 6, 17, 23]]}
+EXTRA["conv3d_wide_relu_max_channels"] = {
+    "producer": {"op": "conv3d", "in_channels": 40, "out_channels": 96, "kernel_size": [3, 3, 2]},
+    "epilogue": [{"op": "relu"}, {"op": "max", "dim": 1}, {"op": "mul", "by": 2.0}],
+    "shapes": [[2, 40, 5, 9, 13]]}
+EXTRA["conv3d_wide_bn_relu_map"] = {
+    "producer": {"op": "conv3d", "in_channels": 16, "out_channels": 80, "kernel_size": 3, "padding": [0, 1, 1]},
+    "epilogue": [{"op": "batch_norm"}, {"op": "relu"}, {"op": "mul", "by": "s"}],
+    "parameters": {"s": {"init": "randn"}},
+    "shapes": [[2, 16, 5, 9, 21]]}
+EXTRA["convt3d_wide_mixed_strides_instancenorm_mean_channels"] = {
+    "producer": {"op": "conv_transpose3d", "in_channels": 32, "out_channels": 72, "kernel_size": [3, 2, 4],
+                 "stride": [1, 3, 2], "padding": [3, 0, 1], "output_padding": [0, 2, 1]},
+    "epilogue": [{"op": "instance_norm", "affine": True}, {"op": "relu"}, {"op": "mean", "dim": 1}],
+    "shapes": [[2, 32, 9, 5, 7]]}
+
 
 def _covering(space, facts) -> list:
     """Feasible candidates that between them run every compiled variant and every run-time choice
@@ -362,7 +395,7 @@ def _tf32_refused_where_eager_is_exact(candidate, outcome) -> bool:
 
 
 @pytest.mark.parametrize("impl", ["cudnn", "direct", "gemm", "gemm_extrema", "gemm_store", "gemm_cluster", "gemm_wide",
-                                  "spectral"])
+                                  "gemm_wide_recompute", "spectral"])
 def test_families_beyond_the_seeds(impl, cache, worker):
     """Every compiled variant of every stage verifies on chains and shapes the seeds do not cover,
     in each world (cuDNN, the direct kernels, the tensor-core kernels: one test each, sharing the
@@ -403,7 +436,8 @@ def test_families_beyond_the_seeds(impl, cache, worker):
     assert not failures, failures[:5]
 
 
-@pytest.mark.parametrize("impl", ["direct", "gemm", "gemm_extrema", "gemm_store", "gemm_cluster", "gemm_wide", "spectral"])
+@pytest.mark.parametrize("impl", ["direct", "gemm", "gemm_extrema", "gemm_store", "gemm_cluster", "gemm_wide",
+                                  "gemm_wide_recompute", "spectral"])
 @pytest.mark.parametrize("config", SEEDS, ids=lambda p: p.stem)
 def test_inside_kernels_at_seed_shapes(config, impl, cache, worker):
     """Every variant with the convolution inside the kernels (on CUDA cores: direct; on tensor cores:

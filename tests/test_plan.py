@@ -56,6 +56,8 @@ def test_seed_plans(key):
     # The K-tiled tensor-core kernel where a norm needs statistics of a convolution the others do not take.
     wide = ("wide_stats", "finalize") if key == "batchnorm" else ()
     assert plan.wide is bool(wide) and plan.wide_stages == wide
+    # ... whose main kernel takes no seed: each has a pool, a main kernel of its own, or none at all.
+    assert not plan.wide_main and plan.wide_recompute_stages == ()
     assert plan.stages == tuple(dict.fromkeys(stages + direct + gemm + extrema + cluster + wide + spectral))  # finalize serves every world
     # The convolution once, written out (gemm_store), wherever the gemm world has two passes.
     store = ("gemm_stats", "finalize", family) if len(gemm) == 3 else ()
@@ -320,3 +322,31 @@ def test_wide_kernel_where_the_others_do_not_take_it():
     # a transposed convolution of stride 2: a plain convolution per output parity class
     strided = _plan("maxpool_gap", [{"op": "batch_norm"}, {"op": "adaptive_avg_pool"}])
     assert strided.wide and strided.wide_stages == ("wide_stats", "finalize")
+
+
+def test_wide_main_takes_chains_without_a_pool():
+    """wide_main (the K-tiled kernel with the chain on its accumulators) takes the convolutions gemm_wide
+    does, where the chain has no pool and ends in a map, a spatial reduction, or a reduction over at most
+    128 channels: alone where no statistics are needed (the convolution once), and after wide_stats
+    (recompute: twice) beside the stored output where a norm needs them."""
+    relu = {"op": "relu"}
+    # no norm: the whole chain in one kernel, the convolution once (also after running statistics)
+    gap = _plan("groupnorm", [relu, {"op": "adaptive_avg_pool"}], out_channels=128)
+    assert gap.wide_main and not gap.wide and gap.impl_stages["gemm_wide"] == ("wide_main",)
+    assert gap.conv_passes("gemm_wide") == 1 and "gemm_wide_recompute" not in gap.impl_stages
+    running = _plan("groupnorm", [{"op": "batch_norm", "training": False}, relu], out_channels=72)
+    assert running.impl_stages["gemm_wide"] == ("finalize", "wide_main") and running.family == "window_map"
+    channels = _plan("maxpool_gap", [relu, {"op": "max", "dim": 1}])  # a transposed convolution, 16 channels
+    assert channels.wide_main and channels.impl_stages["gemm_wide"] == ("wide_main",)
+    # a norm: the stored output for the cuDNN world's main kernel, or the convolution again
+    norm = _plan("groupnorm", [{"op": "group_norm", "groups": 8}, relu, {"op": "sum", "dim": 1}], out_channels=96)
+    assert norm.impl_stages["gemm_wide"] == ("wide_stats", "finalize", "channel_reduce")
+    assert norm.impl_stages["gemm_wide_recompute"] == ("wide_stats", "finalize", "wide_main")
+    assert norm.conv_passes("gemm_wide_recompute") == 2 and "wide_recompute=" in norm.describe()
+    # not offered: a pool (a box's outputs are runs of positions, not windows), more channels to reduce
+    # over than a block's tile, nothing left for a main kernel, the whole-weights kernels' convolutions
+    assert not _plan("groupnorm", [relu, {"op": "max_pool", "kernel_size": 2}], out_channels=128).wide_main
+    assert not _plan("groupnorm", [relu, {"op": "max", "dim": 1}], out_channels=136).wide_main
+    assert _plan("groupnorm", [relu, {"op": "max", "dim": 1}], out_channels=128).wide_main
+    assert not make_plan(load_config(SEEDS["batchnorm"])).wide_main
+    assert not _plan("groupnorm", [relu, {"op": "adaptive_avg_pool"}]).wide_main  # 8 -> 64: gemm_main's

@@ -376,7 +376,7 @@ FACTS = {
 #: The K-tiled tensor-core kernel's facts, for the one seed it takes (64 -> 128, k 5, its forward form
 #: stride 1 and padding 4): every (bm, bn) within the shared memory, 3 stages but at 256 x 128 (2); two
 #: blocks a multiprocessor at 64 channels only (2 stages at 256 outputs). Beside them, wide_rows_fit.
-WIDE_FACTS = {"batchnorm": {"wide": 1, "wide_depth": {
+WIDE_FACTS = {"batchnorm": {"wide": 1, "wide_main": 0, "wide_depth": {
     **{(128, 64, 1, "row"): 3, (128, 64, 2, "row"): 3, (128, 128, 1, "row"): 3, (128, 128, 2, "row"): 0,
        (256, 64, 1, "row"): 3, (256, 64, 2, "row"): 2, (256, 128, 1, "row"): 2, (256, 128, 2, "row"): 0},
     # a plane of 5 x 5 taps: its weights alone take 100 KB a stage at 64 channels
@@ -400,7 +400,7 @@ def test_shape_facts(seed, shape):
                      "spectral": int(seed == "batchnorm"),  # the one seed whose output is its norm's statistics alone
                      "family": plan.family or "none", "sm": 90, "forward_form": int(seed == "batchnorm"),  # stride 1: the other convT has 2
                      "cluster": int(plan.cluster), "cluster_boxes": cluster_boxes(spec.producer.geometry()) if plan.cluster else {},
-                     **WIDE_FACTS.get(seed, {"wide": 0, "wide_depth": {}})}
+                     **WIDE_FACTS.get(seed, {"wide": 0, "wide_main": 0, "wide_depth": {}})}
     assert facts["cluster"] == (seed in ("groupnorm", "instancenorm"))  # instance and group norm on the tensor cores
     assert facts["direct"] == (seed != "batchnorm")  # its 64 -> 128 k=5 weights do not fit constant memory
     assert facts["gemm"] == (seed in ("groupnorm", "instancenorm"))  # not (yet) for transposed convolutions
@@ -419,7 +419,8 @@ def test_producer_starts_cover_every_cudnn_choice_once():
     assert all(s == space.canonical({**space.default(), "producer.layout": s["producer.layout"],
                                      "producer.form": s["producer.form"]}) for s in cudnn)
     others = {s["producer.impl"]: s for s in starts if s["producer.impl"] != "cudnn"}
-    assert sorted(others) == ["direct", "gemm", "gemm_cluster", "gemm_extrema", "gemm_store", "gemm_wide", "spectral"]
+    assert sorted(others) == ["direct", "gemm", "gemm_cluster", "gemm_extrema", "gemm_store", "gemm_wide",
+                              "gemm_wide_recompute", "spectral"]
     spec = load_config(SEEDS["batchnorm"])
     facts = shape_facts(spec, make_plan(spec), spec.shapes[0], "9.0")
     assert [impl for impl, s in others.items() if not space.violations(s, facts)] == ["spectral"]
@@ -428,7 +429,7 @@ def test_producer_starts_cover_every_cudnn_choice_once():
     feasible = [c for c in space.all() if not space.violations(c, facts)]
     nearest = _nearest(others["gemm_wide"], feasible)
     assert nearest == {**others["gemm_wide"], "wide_stats.staging": "row"}
-    assert len({s["producer.impl"] for s in starts[:8]}) == 8  # one per world before cuDNN's other choices
+    assert len({s["producer.impl"] for s in starts[:9]}) == 9  # one per world before cuDNN's other choices
 
 
 def test_tensor_core_kernels_are_not_offered_before_sm80(cache):

@@ -153,11 +153,11 @@ def test_plan_space_of_seeds():
     gemm_store = gemm_stats * (3 * 3) * 2
     # gemm_cluster: one kernel (block, mt, tw, th, split: every choice enumerated, infeasible ones too).
     gemm_cluster = 2 * 2 * 2 * 2 * 4
-    # spectral and gemm_wide: not offered for this chain (their constraints refuse them), so nothing varies
-    # under them: one candidate each.
-    spectral = gemm_wide = 1
+    # spectral, gemm_wide and gemm_wide_recompute: not offered for this chain (their constraints refuse
+    # them), so nothing varies under them: one candidate each.
+    spectral = gemm_wide = gemm_wide_recompute = 1
     assert sum(1 for _ in space.all()) == (cudnn + direct + gemm + gemm_extrema + gemm_store + gemm_cluster + gemm_wide
-                                           + spectral)
+                                           + gemm_wide_recompute + spectral)
 
 
 def test_candidates_are_canonical_where_a_choice_does_not_matter():
@@ -182,7 +182,8 @@ def test_candidates_are_canonical_where_a_choice_does_not_matter():
     assert asked["producer.layout"] == "contiguous"
     assert any("direct kernels do not take" in v for v in batchnorm.violations(asked, {"sm": 90, **batchnorm.plan_facts}))
     assert {c["producer.impl"] for c in batchnorm.all()} == {"cudnn", "direct", "gemm", "gemm_extrema", "gemm_store",
-                                                             "gemm_cluster", "gemm_wide", "spectral"}
+                                                             "gemm_cluster", "gemm_wide", "gemm_wide_recompute",
+                                                             "spectral"}
     spectral = batchnorm.canonical({**batchnorm.default(), "producer.impl": "spectral", "stats.block": 512})
     assert spectral["stats.block"] == batchnorm.default()["stats.block"]  # cuDNN's statistics pass does not run
     assert [f.family for f in batchnorm.active(spectral)] == ["producer", "finalize", "spectral_stats"]

@@ -266,6 +266,42 @@ def test_large_space_spends_exactly_the_budget(cache):
     assert candidate_key(result.candidate) == _best_ok(entry)
 
 
+def test_a_competitive_world_is_explored_beyond_its_start(cache):
+    """After the starts, each world whose best is within COMPETITIVE times the best of all gets
+    neighbours of its best (one choice changed), the fastest world's first, before the sampler: a
+    world whose default came second but whose neighbour is the fastest of all is not left to chance.
+    A world further off gets none."""
+    from fusetune.search import COMPETITIVE, NEIGHBOURS_PER_WORLD
+
+    spec = load_config(LARGE[0])
+    feasible, space = _feasible(spec, LARGE[1])
+    gemm = _nearest(space.canonical({**space.default(), "producer.impl": "gemm"}), feasible)
+
+    def changed(a, b) -> int:
+        return sum(a[k] != b[k] for k in a)
+
+    def times(c):  # cuDNN's world best at about 1 ms; gemm's default 1.3, its neighbours 0.5; the rest 3+
+        jitter = fake_time(c) / 100
+        if c["producer.impl"] == "gemm":
+            return 0.5 + jitter if changed(c, gemm) == 1 else 1.3 + jitter
+        return (1.0 if c["producer.impl"] == "cudnn" else 3.0) + jitter
+    assert 3.0 > COMPETITIVE * 1.02 and 1.3 < COMPETITIVE * 1.0
+    bench = FakeBench(times=times)
+    trials = 24
+    result = tune_shape(spec, LARGE[1], cache, MACHINE, bench.factory, trials=trials, echo=quiet)
+    evaluated = bench.search_evaluations()
+    assert len(evaluated) == trials
+    by_key = {k: o["candidate"] for k, o in cache.load(result.key).outcomes.items()}
+    nearest = (_nearest(start, feasible) for start in space.producer_starts())
+    starts = len({candidate_key(c) for c in nearest if c is not None})  # the worlds this shape can run
+    phase = [by_key[k] for k in evaluated[starts:starts + 2 * NEIGHBOURS_PER_WORLD]]
+    assert (trials - starts) // 3 >= 2 * NEIGHBOURS_PER_WORLD  # room for both competitive worlds
+    # cuDNN's (the fastest world), then gemm's (its start, 1.3 ms, within the factor); no other world's
+    assert [c["producer.impl"] for c in phase] == ["cudnn"] * NEIGHBOURS_PER_WORLD + ["gemm"] * NEIGHBOURS_PER_WORLD
+    assert all(changed(c, gemm) == 1 for c in phase[NEIGHBOURS_PER_WORLD:])
+    assert result.candidate["producer.impl"] == "gemm" and result.time_ms < 0.52
+
+
 def _interrupted_then_resumed(cache, after: int, trials: int = 10):
     spec = load_config(LARGE[0])
     first = FakeBench(interrupt_after=after)

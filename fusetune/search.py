@@ -23,6 +23,7 @@ from fusetune.errors import FusetuneError
 from fusetune.ops import Shape
 from fusetune.plan import Plan, make_plan
 from fusetune.space import Candidate, PlanSpace, candidate_key
+from fusetune.tiles import wide_axes, wide_cin_padded, wide_workspace_words
 
 #: How many of the best candidates are timed again, head to head, before a winner is named.
 RETIME_TOP = 3
@@ -354,14 +355,35 @@ def _counts(entry: Entry) -> dict[str, int]:
     return counts
 
 
+def workspace_words(plan: Plan, shape: Shape) -> int:
+    """Words of the largest workspace a world of the plan allocates beside the chain's tensors: the
+    K-tiled kernels' packed weights, pivots and zero-padded input (wide.cuh.j2's FtWideWorkspace, with
+    a spatial reduction's partials at 32 blocks a plane), and the spectral world's input spectrum
+    (complex, through cuFFT) and its weights' spectrum (model.py)."""
+    spec, conv = plan.spec, plan.spec.producer.geometry()
+    out = spec.producer.out_shape(shape)
+    N, C = out[0], out[1]
+    spatial = (1,) * (5 - len(out)) + tuple(out[2:])
+    words = 0
+    if plan.wide or plan.wide_main:
+        d, h, w = (axis.extent(size) for axis, size in zip(wide_axes(conv), spatial))
+        padded = N * wide_cin_padded(conv["cin"]) * d * h * -(-w // 4) * 4
+        words = wide_workspace_words(conv) + N * C + padded + N * C * 32
+    if plan.spectral:
+        bins = spatial[0] * spatial[1] * (spatial[2] // 2 + 1)
+        words = max(words, 2 * N * conv["cin"] * bins + 2 * conv["cin"] * C * bins + N * C * 33)
+    return words
+
+
 def check_memory(spec: ProblemSpec, shape: Shape, free_bytes: int) -> None:
     """Refuse, before allocating, a shape whose verification cannot fit in GPU memory.
 
     Verification holds the chain in float64 and float32 at once: about 3x the float32 bytes of
-    every intermediate tensor, twice over for safety.
+    every intermediate tensor, and beside them the largest workspace of a world the plan offers;
+    twice over for safety.
     """
     elements = math.prod(shape) + sum(math.prod(s) for s in spec.shapes_through(shape))
-    need = elements * 4 * 3 * 2
+    need = (elements * 3 + workspace_words(make_plan(spec), shape)) * 4 * 2
     if need > free_bytes:
         raise FusetuneError(f"{spec.path}: shape {list(shape)} needs about {need / 2**30:.1f} GiB of GPU memory to "
                             f"verify and time, but only {free_bytes / 2**30:.1f} GiB are free")

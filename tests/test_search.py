@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
+from pathlib import Path
 
 import pytest
 
@@ -499,3 +501,28 @@ def test_renamed_config_shares_module_and_key(tmp_path):
     assert a.name == b.name and a.source_hash == b.source_hash
     assert make_key(key_fields(spec, spec.shapes[0], MACHINE, a.source_hash)) == \
         make_key(key_fields(renamed, renamed.shapes[0], MACHINE, b.source_hash))
+
+
+def test_check_memory_counts_the_largest_workspace():
+    """The memory check counts, beside the chain's tensors, the largest workspace a world allocates: the
+    spectral world's spectra at the batch-norm seed (its weights' spectrum alone is 0.9 GB), the K-tiled
+    kernels' padded input and packed weights where they run. A shape refused names the config."""
+    from fusetune.errors import FusetuneError
+    from fusetune.search import check_memory, workspace_words
+
+    spec = load_config(SEEDS["batchnorm"])
+    shape = spec.shapes[0]
+    bins = 20 * 36 * (36 // 2 + 1)  # output 20 x 36 x 36: its half spectrum
+    assert workspace_words(make_plan(spec), shape) == 2 * 16 * 64 * bins + 2 * 64 * 128 * bins + 16 * 128 * 33
+    tensors = (math.prod(shape) + sum(math.prod(s) for s in spec.shapes_through(shape))) * 3
+    need = (tensors + workspace_words(make_plan(spec), shape)) * 4 * 2
+    check_memory(spec, shape, need)
+    with pytest.raises(FusetuneError, match=f"{spec.path}.*GiB"):
+        check_memory(spec, shape, need - 1)
+    # the K-tiled world (a relu before the norm: no spectra) holds the input zero-padded to whole
+    # 16-channel stages and every tap's reach, and the weights of every tap
+    relu = load_config(Path(__file__).resolve().parent.parent / "benchmarks" / "configs" / "convt3d_relu_batchnorm_gap.yaml")
+    plan = make_plan(relu)
+    assert plan.wide and not plan.spectral
+    n, cin, d, h, w = relu.shapes[0]
+    assert workspace_words(plan, relu.shapes[0]) > n * cin * (d + 8) * (h + 8) * (w + 8) + cin * 128 * 125

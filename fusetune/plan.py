@@ -50,7 +50,7 @@ from typing import Sequence
 from fusetune.config import ProblemSpec
 from fusetune.errors import PlanError
 from fusetune.ops import Add, Div, Elementwise, Mul, Norm, Op, Pool, Reduce
-from fusetune.tiles import BOX_HEIGHTS, WIDE_BN, WIDEST_BOX, direct_row_cells, gemm_fits, gemm_max_height, wide_fits
+from fusetune.tiles import BOX_HEIGHTS, WIDEST_BOX, direct_row_cells, gemm_fits, gemm_max_height, wide_fits
 
 
 #: The stages that compute the convolution inside themselves.
@@ -221,11 +221,11 @@ class Plan:
     def wide_main(self) -> bool:
         """Whether the K-tiled kernel can also run the whole chain (wide_main): the convolution is one
         for the K-tiled kernels, and the chain has no pool (a block's outputs are runs of positions, not
-        whole windows) and ends in a map, a reduction over space, or one over at most 128 channels (all
-        of them in one block's tile). The convolution output then never goes to memory: for a chain
-        without statistics, the convolution runs once; after a norm, it runs again (recompute)."""
-        channels_fit = self.family != "channel_reduce" or self.spec.producer.out_channels <= max(WIDE_BN)
-        return (self.family is not None and self.pool is None and channels_fit and self._wide_conv)
+        whole windows) and ends in a map, a reduction over space, or one over the channels (each block
+        over its tile of them, a small kernel over the tiles where there are several). The convolution
+        output then never goes to memory: for a chain without statistics, the convolution runs once;
+        after a norm, it runs again (recompute)."""
+        return self.family is not None and self.pool is None and self._wide_conv
 
     @property
     def wide_stages(self) -> tuple[str, ...]:

@@ -331,7 +331,8 @@ EXTRA["convt3d_wide_mixed_strides_instancenorm_maxpool"] = {
 # The K-tiled kernel with the chain on its accumulators (wide_main). Without a norm (gemm_wide): a
 # spatial mean after a strided transposed convolution (its classes' boxes in turn) and a chain after
 # it; a map of a strided convolution with 100 channels (not a multiple of a block's) and a learnable
-# scale; a max over 96 channels (one tile of 128), a kernel of two taps along w. After a norm
+# scale; a max over 96 channels (one tile of 128, or two of 64), a kernel of two taps along w, and a
+# mean over 160 (several tiles at every bn). After a norm
 # (gemm_wide_recompute, beside gemm_wide's stored output): a map after batch norm, and a mean over
 # channels after instance norm of mixed strides (conv2d_wide_relu_groupnorm_sum_channels above: a
 # sum over channels after group norm).
@@ -350,6 +351,11 @@ EXTRA["conv3d_wide_relu_max_channels"] = {
     "producer": {"op": "conv3d", "in_channels": 40, "out_channels": 96, "kernel_size": [3, 3, 2]},
     "epilogue": [{"op": "relu"}, {"op": "max", "dim": 1}, {"op": "mul", "by": 2.0}],
     "shapes": [[2, 40, 5, 9, 13]]}
+EXTRA["conv2d_wide_scale_mean_160_channels"] = {  # three tiles of 64, two of 128: partials, then their fold
+    "producer": {"op": "conv2d", "in_channels": 24, "out_channels": 160, "kernel_size": 3, "padding": 1},
+    "epilogue": [{"op": "mul", "by": "s"}, {"op": "mean", "dim": 1}, {"op": "relu"}],
+    "parameters": {"s": {"init": "randn"}},
+    "shapes": [[2, 24, 19, 37]]}
 EXTRA["conv3d_wide_bn_relu_map"] = {
     "producer": {"op": "conv3d", "in_channels": 16, "out_channels": 80, "kernel_size": 3, "padding": [0, 1, 1]},
     "epilogue": [{"op": "batch_norm"}, {"op": "relu"}, {"op": "mul", "by": "s"}],

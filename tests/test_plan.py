@@ -326,9 +326,10 @@ def test_wide_kernel_where_the_others_do_not_take_it():
 
 def test_wide_main_takes_chains_without_a_pool():
     """wide_main (the K-tiled kernel with the chain on its accumulators) takes the convolutions gemm_wide
-    does, where the chain has no pool and ends in a map, a spatial reduction, or a reduction over at most
-    128 channels: alone where no statistics are needed (the convolution once), and after wide_stats
-    (recompute: twice) beside the stored output where a norm needs them."""
+    does, where the chain has no pool and ends in a map, a spatial reduction, or a reduction over the
+    channels (any count: one tile of them a block): alone where no statistics are needed (the
+    convolution once), and after wide_stats (recompute: twice) beside the stored output where a norm
+    needs them."""
     relu = {"op": "relu"}
     # no norm: the whole chain in one kernel, the convolution once (also after running statistics)
     gap = _plan("groupnorm", [relu, {"op": "adaptive_avg_pool"}], out_channels=128)
@@ -343,10 +344,9 @@ def test_wide_main_takes_chains_without_a_pool():
     assert norm.impl_stages["gemm_wide"] == ("wide_stats", "finalize", "channel_reduce")
     assert norm.impl_stages["gemm_wide_recompute"] == ("wide_stats", "finalize", "wide_main")
     assert norm.conv_passes("gemm_wide_recompute") == 2 and "wide_recompute=" in norm.describe()
-    # not offered: a pool (a box's outputs are runs of positions, not windows), more channels to reduce
-    # over than a block's tile, nothing left for a main kernel, the whole-weights kernels' convolutions
+    assert _plan("groupnorm", [relu, {"op": "max", "dim": 1}], out_channels=136).wide_main  # three tiles of 64
+    # not offered: a pool (a box's outputs are runs of positions, not windows), nothing left for a main
+    # kernel, the whole-weights kernels' convolutions
     assert not _plan("groupnorm", [relu, {"op": "max_pool", "kernel_size": 2}], out_channels=128).wide_main
-    assert not _plan("groupnorm", [relu, {"op": "max", "dim": 1}], out_channels=136).wide_main
-    assert _plan("groupnorm", [relu, {"op": "max", "dim": 1}], out_channels=128).wide_main
     assert not make_plan(load_config(SEEDS["batchnorm"])).wide_main
     assert not _plan("groupnorm", [relu, {"op": "adaptive_avg_pool"}]).wide_main  # 8 -> 64: gemm_main's

@@ -80,10 +80,15 @@ def _wide_facts(plan: Plan) -> dict[str, Any]:
             "wide_rows_fit": functools.partial(wide_rows_fit, conv)}
 
 
-def _chain(ops: Sequence[Elementwise], v: str, slots: dict[str, int]) -> str:
+def _chain(ops: Sequence[Elementwise], v: str, slots: dict[str, int], plain: bool = False) -> str:
+    """The ops applied to ``v`` as a CUDA expression; channel c's parameters read through the read-only
+    cache (__ldg), or with ``plain`` as plain loads, which the compiler merges where one channel's
+    values are taken in a row (__ldg is an asm statement it keeps every copy of)."""
+    def load(name: str) -> str:
+        return f"a.p[{slots[name]}][c]" if plain else f"__ldg(a.p[{slots[name]}] + c)"
     expr = v
     for op in ops:
-        expr = op.cuda(expr, lambda name: f"__ldg(a.p[{slots[name]}] + c)")
+        expr = op.cuda(expr, load)
     return expr
 
 
@@ -153,6 +158,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
     context: dict[str, Any] = {
         "plan": plan, "spec": plan.spec, "version": __version__, "py": repr,
         "chain": lambda ops, v: _chain(ops, v, slots),
+        "chain_plain": lambda ops, v: _chain(ops, v, slots, plain=True),
         "pool": _pool_window(plan), "strategy_id": STRATEGIES.__getitem__,
         "norm": norm,
         "channels_per_group": norm.groups_of(plan.spec.producer.out_channels) if norm else 1,

@@ -224,14 +224,16 @@ class Plan:
         whole windows) and ends in a map, a reduction over space, or one over the channels (each block
         over its tile of them, a small kernel over the tiles where there are several). The convolution
         output then never goes to memory: for a chain without statistics, the convolution runs once;
-        after a norm, it runs again (recompute)."""
-        return self.family is not None and self.pool is None and self._wide_conv
+        after a norm, it runs again (recompute). Not after eval-mode batch norm (finalize's map from
+        the running statistics, then wide_main): that path has not run on a GPU yet."""
+        running = self.norm is not None and not self.needs_stats
+        return self.family is not None and self.pool is None and not running and self._wide_conv
 
     @property
     def wide_stages(self) -> tuple[str, ...]:
         """Stages of the K-tiled world (gemm_wide): where a norm needs statistics, wide_stats (storing
-        the convolution for the cuDNN world's main kernel where the chain goes on); else wide_main alone
-        (after finalize for running statistics). Empty if not offered."""
+        the convolution for the cuDNN world's main kernel where the chain goes on); else wide_main alone.
+        Empty if not offered."""
         if self.wide:
             return self._stages("wide_stats", self.family)
         return self._stages("wide_stats", "wide_main") if self.wide_main else ()

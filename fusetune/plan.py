@@ -31,7 +31,7 @@ statistics and the convolution has too many channels for those kernels (or is a 
 split by output parity), a K-tiled implicit GEMM on the tensor cores takes the statistics, and
 writes the output once for the main kernel where the chain goes on (``gemm_wide``: see
 fusetune/tiles.py). The same K-tiled GEMM also runs a whole chain without a pool (``wide_main``): in
-the gemm_wide world where no statistics are needed, and after wide_stats with the convolution
+the gemm_wide world where the chain has no norm, and after wide_stats with the convolution
 computed again, never written (``gemm_wide_recompute``). The search picks among the worlds
 (``producer.impl``).
 

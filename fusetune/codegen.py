@@ -19,9 +19,9 @@ from fusetune.ops import Elementwise
 from fusetune.plan import Plan
 from fusetune.space import PlanSpace, load_family
 from fusetune.templates import environment
-from fusetune.tiles import (FOOTPRINT_MAX, WIDE_BLOCK, cluster_boxes, gemm_k, gemm_tile, wide_axes, wide_channel_chunk,
-                            wide_cin_padded, wide_depth, wide_depths, wide_rows_fit, wide_slab_stride,
-                            wide_workspace_words)
+from fusetune.tiles import (FOOTPRINT_MAX, WIDE_BLOCK, WIDE_BN, cluster_boxes, gemm_k, gemm_tile, wide_axes,
+                            wide_channel_chunk, wide_cin_padded, wide_depth, wide_depths, wide_rows_fit,
+                            wide_slab_stride, wide_workspace_words)
 
 #: Flags for nvcc; part of every cache key. No fast-math: it changes rounding of rsqrt and division.
 CUDA_FLAGS = ("-O3", "-lineinfo", "-std=c++17")
@@ -68,10 +68,10 @@ def plan_facts(plan: Plan) -> dict[str, Any]:
 
 
 def _wide_facts(plan: Plan) -> dict[str, Any]:
-    """The K-tiled world's facts: whether its statistics pass and its main kernel are offered, the pipeline depth of each (bm, bn, blocks)
-    (0: not within the shared memory) and staging, and ``wide_rows_fit(bm, H, W, staging)``: whether
-    the input rows that bm outputs read fit a staged channel at output height H and width W
-    (tiles.wide_rows_fit, the launcher's check)."""
+    """The K-tiled world's facts: whether its statistics pass and its main kernel are offered, the
+    pipeline depth of each (bm, bn, blocks) (0: not within the shared memory) and staging, and
+    ``wide_rows_fit(bm, H, W, staging)``: whether the input rows that bm outputs read fit a staged
+    channel at output height H and width W (tiles.wide_rows_fit, the launcher's check)."""
     offered = {"wide": int(plan.wide), "wide_main": int(plan.wide_main)}
     if not (plan.wide or plan.wide_main):
         return {**offered, "wide_depth": {}, "wide_rows_fit": lambda *shape: False}
@@ -172,7 +172,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         # The K-tiled kernels (wide_stats, wide_main): the convolution's axes as they compute it, a stage's input
         # channels, and per variant its staged input's capacity per channel and its pipeline depth.
         "wide": {"axes": wide_axes(conv), "ck": wide_channel_chunk(conv["cin"]),
-                 "cin_pad": wide_cin_padded(conv["cin"]), "block": WIDE_BLOCK,
+                 "cin_pad": wide_cin_padded(conv["cin"]), "block": WIDE_BLOCK, "bn_min": min(WIDE_BN),
                  "workspace": wide_workspace_words(conv) if plan.wide or plan.wide_main else 0},
         "wide_tile": lambda variant: {"cs": wide_slab_stride(conv, variant["bm"], variant["staging"]),
                                       "depth": wide_depth(conv, variant["bm"], variant["bn"], variant["blocks"],

@@ -261,10 +261,8 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
                            callbacks=[objective.stop_when_done])
 
     if remaining > 0 and feasible:
-        if len(feasible) <= remaining:
-            run(queue, len(queue))
-        else:
-            run(queue, len(queue))  # the starts
+        run(queue, len(queue))  # all of a small space; else the starts
+        if len(feasible) > remaining:
             entry = cache.load(key)
             neighbours = _world_neighbours(entry.outcomes if entry else {}, feasible, _tried(study, space),
                                            random.Random(spec.search.seed),

@@ -71,13 +71,17 @@ def _wide_facts(plan: Plan) -> dict[str, Any]:
     """The K-tiled world's facts: whether its statistics pass and its main kernel are offered, the
     pipeline depth of each (bm, bn, blocks) (0: not within the shared memory) and staging, and
     ``wide_rows_fit(bm, H, W, staging)``: whether the input rows that bm outputs read fit a staged
-    channel at output height H and width W (tiles.wide_rows_fit, the launcher's check)."""
+    channel at output height H and width W (tiles.wide_rows_fit, the launcher's check), and
+    ``wide_main_rows_fit``, the same for wide_main's boxes (where the chain pools, whole windows)."""
     offered = {"wide": int(plan.wide), "wide_main": int(plan.wide_main)}
     if not (plan.wide or plan.wide_main):
-        return {**offered, "wide_depth": {}, "wide_rows_fit": lambda *shape: False}
+        return {**offered, "wide_depth": {}, "wide_rows_fit": lambda *shape: False,
+                "wide_main_rows_fit": lambda *shape: False}
     conv = plan.spec.producer.geometry()
+    window = plan.pool_window if plan.pool is not None else None
     return {**offered, "wide_depth": wide_depths(conv),
-            "wide_rows_fit": functools.partial(wide_rows_fit, conv)}
+            "wide_rows_fit": functools.partial(wide_rows_fit, conv),
+            "wide_main_rows_fit": functools.partial(wide_rows_fit, conv, window=window)}
 
 
 def _chain(ops: Sequence[Elementwise], v: str, slots: dict[str, int], plain: bool = False) -> str:

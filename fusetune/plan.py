@@ -30,10 +30,10 @@ also offers them from spectra, the convolution never computed (``spectral``). Wh
 statistics and the convolution has too many channels for those kernels (or is a transposed one,
 split by output parity), a K-tiled implicit GEMM on the tensor cores takes the statistics, and
 writes the output once for the main kernel where the chain goes on (``gemm_wide``: see
-fusetune/tiles.py). The same K-tiled GEMM also runs a whole chain without a pool (``wide_main``): in
-the gemm_wide world where the chain has no norm, and after wide_stats with the convolution
-computed again, never written (``gemm_wide_recompute``). The search picks among the worlds
-(``producer.impl``).
+fusetune/tiles.py). The same K-tiled GEMM also runs a whole chain (``wide_main``; a pool only after a
+convolution of one output class, a box then whole windows): in the gemm_wide world where the chain
+has no norm, and after wide_stats with the convolution computed again, never written
+(``gemm_wide_recompute``). The search picks among the worlds (``producer.impl``).
 
 Exact algebra the planner uses:
   * a spatial mean (or sum) right after a norm is the norm's affine map applied to the
@@ -50,7 +50,8 @@ from typing import Sequence
 from fusetune.config import ProblemSpec
 from fusetune.errors import PlanError
 from fusetune.ops import Add, Div, Elementwise, Mul, Norm, Op, Pool, Reduce
-from fusetune.tiles import BOX_HEIGHTS, WIDEST_BOX, direct_row_cells, gemm_fits, gemm_max_height, wide_fits
+from fusetune.tiles import (BOX_HEIGHTS, WIDEST_BOX, direct_row_cells, gemm_fits, gemm_max_height, wide_axes,
+                           wide_fits)
 
 
 #: The stages that compute the convolution inside themselves.
@@ -220,14 +221,18 @@ class Plan:
     @property
     def wide_main(self) -> bool:
         """Whether the K-tiled kernel can also run the whole chain (wide_main): the convolution is one
-        for the K-tiled kernels, and the chain has no pool (a block's outputs are runs of positions, not
-        whole windows) and ends in a map, a reduction over space, or one over the channels (each block
-        over its tile of them, a small kernel over the tiles where there are several). The convolution
-        output then never goes to memory: for a chain without statistics, the convolution runs once;
-        after a norm, it runs again (recompute). Not after eval-mode batch norm (finalize's map from
-        the running statistics, then wide_main): that path has not run on a GPU yet."""
+        for the K-tiled kernels, and the chain ends in a map, a reduction over space, or one over the
+        channels (each block over its tile of them, a small kernel over the tiles where there are
+        several). A pool needs a convolution of one output class (not a strided transposed one): a
+        box is then a brick of whole windows; a strided transposed convolution's classes interleave
+        within every window. The convolution output never goes to memory: for a chain without
+        statistics, the convolution runs once; after a norm, it runs again (recompute). Not after
+        eval-mode batch norm (finalize's map from the running statistics, then wide_main): that path
+        has not run on a GPU yet."""
         running = self.norm is not None and not self.needs_stats
-        return self.family is not None and self.pool is None and not running and self._wide_conv
+        one_class = all(axis.classes == 1 for axis in wide_axes(self.spec.producer.geometry()))
+        return (self.family is not None and (self.pool is None or one_class) and not running
+                and self._wide_conv)
 
     @property
     def wide_stages(self) -> tuple[str, ...]:

@@ -344,13 +344,47 @@ def wide_staged_rows(conv: dict, bm: int, height: int, width: int, staging: str)
     return most
 
 
-def wide_rows_fit(conv: dict, bm: int, height: int, width: int, staging: str = "row") -> bool:
+def wide_rows_fit(conv: dict, bm: int, height: int, width: int, staging: str = "row",
+                  window: tuple | None = None) -> bool:
     """Whether the padded input rows any bm consecutive outputs of a class read fit one staged
     channel (wide_staged_rows of wide_row_words each), a row at most one 16-byte unit per thread of
-    a block. The variants' constraint and the launcher's check (``height``, ``width``: the output's)."""
+    a block. The variants' constraint and the launcher's check (``height``, ``width``: the output's).
+    Where the chain pools (``window``: its kernel and stride), whether a box of one whole window
+    does (wide_brick)."""
     row = wide_row_words(conv, width)
+    if window is not None:
+        return row <= 4 * WIDE_BLOCK and wide_brick(conv, bm, staging, window, (1, 1, 1), width)[2] > 0
     rows = wide_staged_rows(conv, bm, height, width, staging)
     return rows * row <= wide_slab_stride(conv, bm, staging) and row <= 4 * WIDE_BLOCK
+
+
+def wide_brick(conv: dict, bm: int, staging: str, window: tuple, pooled: Sequence[int], width: int) -> tuple[int, int, int]:
+    """The pooling windows (pd, ph, pw) a box of wide_main takes where the chain pools (one class
+    only): a brick of whole windows, as many along w as fit (a whole pooled row, then rows of them,
+    then planes), within bm outputs and a staged channel (wide_geometry.h.j2's ft_wide_brick mirrors
+    it). ``window``: the pool's (kernel, stride), 3-D; ``pooled``: the pooled output (OD, OH, OW);
+    ``width``: the convolution output's. pw == 0: not even one window fits."""
+    (kd, kh, kw), (sd, sh, sw) = window
+    _, axis_h, _ = wide_axes(conv)
+    cap, row = wide_slab_stride(conv, bm, staging), wide_row_words(conv, width)
+
+    def fits(pd: int, ph: int, pw: int) -> bool:
+        nd, nh, nw = (pd - 1) * sd + kd, (ph - 1) * sh + kh, (pw - 1) * sw + kw
+        rows = nd * ((nh - 1) * axis_h.step + axis_h.max_taps) if staging == "plane" else nd * nh
+        return nd * nh * nw <= bm and rows * row <= cap
+
+    od, oh, ow = pooled
+    pd = ph = 1
+    pw = 0
+    while pw < ow and fits(1, 1, pw + 1):
+        pw += 1
+    if pw == ow:
+        while ph < oh and fits(1, ph + 1, pw):
+            ph += 1
+        if ph == oh:
+            while pd < od and fits(pd + 1, ph, pw):
+                pd += 1
+    return pd, ph, pw
 
 
 def wide_row_words(conv: dict, width: int) -> int:

@@ -3,6 +3,7 @@ with every compile-time variant of every stage, no register spills, and no torch
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import os
 import re
 import shutil
@@ -85,6 +86,21 @@ EXTRA["conv3d_wide_scale_clamp"] = {
     "epilogue": [{"op": "mul", "by": "s"}, {"op": "clamp", "min": -0.5, "max": 0.5}],
     "shapes": [[2, 20, 6, 17, 23]],
 }
+# ... and where the chain pools after a convolution of one class (a box of whole windows): a 3-D max
+# pool written, an overlapping 2-D average pool then a spatial mean.
+EXTRA["conv3d_wide_relu_maxpool"] = {
+    "name": "conv3d_wide_relu_maxpool",
+    "producer": {"op": "conv3d", "in_channels": 20, "out_channels": 72, "kernel_size": 3, "padding": 1},
+    "epilogue": [{"op": "relu"}, {"op": "max_pool", "kernel_size": 2}],
+    "shapes": [[2, 20, 7, 11, 13]],
+}
+EXTRA["conv2d_wide_scale_avgpool_overlap_gap"] = {
+    "name": "conv2d_wide_scale_avgpool_overlap_gap",
+    "producer": {"op": "conv2d", "in_channels": 24, "out_channels": 80, "kernel_size": 3},
+    "epilogue": [{"op": "mul", "by": 0.5}, {"op": "avg_pool", "kernel_size": 3, "stride": 2}, {"op": "add", "by": 0.1},
+                 {"op": "adaptive_avg_pool"}],
+    "shapes": [[3, 24, 37, 41]],
+}
 EXPECTED_EXTRA = {  # name: (stages, reduce mode or None, pool mode or None, norm scope or None)
     "conv2d_bneval_relu_avgpool_gap": (("finalize", "plane_reduce"), "mean", "avg", "running"),
     "conv3d_relu_sum_channels": (("channel_reduce",), "sum", None, None),
@@ -94,6 +110,8 @@ EXPECTED_EXTRA = {  # name: (stages, reduce mode or None, pool mode or None, nor
     "convt3d_wide_mixed_strides_instancenorm_maxpool": (("stats", "finalize", "window_map"), None, "max", "instance"),
     "convt3d_wide_stride2_relu_gap": (("plane_reduce",), "mean", None, None),
     "conv3d_wide_scale_clamp": (("window_map",), None, None, None),
+    "conv3d_wide_relu_maxpool": (("window_map",), None, "max", None),
+    "conv2d_wide_scale_avgpool_overlap_gap": (("plane_reduce",), "mean", "avg", None),
 }
 NAMES = sorted(SEEDS) + sorted(EXTRA)
 
@@ -137,9 +155,11 @@ def test_extra_configs_cover_what_they_claim(rendered):
         assert (plan.reduce.mode if plan.reduce else None) == reduce, name
         assert (plan.pool.mode if plan.pool else None) == pool, name
         assert (plan.norm.scope if plan.norm else None) == scope, name
-    # wide_main in each way a chain ends: alone, and after group norm (a channel reduction)
-    assert {rendered[name][0].family for name in EXTRA if rendered[name][0].wide_main} == {
-        "plane_reduce", "window_map", "channel_reduce"}
+    # wide_main in each way a chain ends, with and without a pool: alone, and after group norm (a channel
+    # reduction)
+    assert {(rendered[name][0].family, rendered[name][0].pool is not None) for name in EXTRA
+            if rendered[name][0].wide_main} == {("plane_reduce", False), ("window_map", False), ("channel_reduce", False),
+                                                ("plane_reduce", True), ("window_map", True)}
     assert rendered["conv2d_wide_relu_groupnorm_sum_channels"][0].wide_recompute_stages
     kinds = {op.kind for name in EXTRA for op in rendered[name][0].spec.epilogue}
     assert {"avg_pool", "relu", "batch_norm"} <= kinds
@@ -247,17 +267,19 @@ GXX = shutil.which("g++")
 #: Axes (kernel, stride, padding, transposed) whose wide_geometry.h the host compiler checks against tiles.py.
 GEOMETRY_AXES = [(5, 1, 0, True), (5, 1, 4, False), (3, 2, 1, True), (4, 2, 1, True), (2, 3, 0, True),
                  (3, 1, 3, True), (7, 3, 2, False), (1, 2, 0, True)]
+#: Pooling windows (kernel, stride along h and w) of the header test's bricks.
+BRICK_WINDOWS = [(2, 2), (3, 2)]
 
 
 @pytest.mark.skipif(GXX is None, reason="g++ not found")
 def test_wide_geometry_header_agrees_with_tiles(tmp_path):
     """wide_geometry.h.j2 (what the launcher, the kernels and the binding's workspace size use) and
     tiles.WideAxis (what the constraints and tests use) are the same arithmetic: every class's size,
-    offset, taps, padding and first output, the padded extent, and the most rows a stage of bm outputs
-    stages (a row of taps, a plane), at outputs 1 to 60 high and wide, compiled by the host compiler as
-    binding.cpp is."""
+    offset, taps, padding and first output, the padded extent, the most rows a stage of bm outputs
+    stages (a row of taps, a plane), and wide_main's brick of whole pooling windows (tiles.wide_brick),
+    at outputs 1 to 60 high and wide, compiled by the host compiler as binding.cpp is."""
     from fusetune.templates import environment
-    from fusetune.tiles import wide_axes, wide_staged_rows
+    from fusetune.tiles import wide_axes, wide_brick, wide_slab_stride, wide_staged_rows
 
     template = environment().get_template("wide_geometry.h.j2")
     parts, convs = ["#include <cstdint>\n#include <cstdio>\n"], []
@@ -270,8 +292,15 @@ def test_wide_geometry_header_agrees_with_tiles(tmp_path):
     for i in range(len(convs)):
         staged = ", ".join(f"(long long)c{i}::ft_wide_staged_rows({bm}, out, out, {plane})"
                            for bm in (128, 256) for plane in ("false", "true"))
-        lines += [f'    printf("%d %d %lld %lld %lld %lld %lld", {i}, out, (long long)c{i}::FtWideW::extent(out), {staged});',
-                  f"    for (int r = 0; r < c{i}::FtWideW::CLASSES; ++r) {{",
+        lines += [f'    printf("%d %d %lld %lld %lld %lld %lld", {i}, out, (long long)c{i}::FtWideW::extent(out), {staged});']
+        # wide_main's brick of whole pooling windows, at the pooled output of each window
+        for (k, s_), bm, staging in itertools.product(BRICK_WINDOWS, (128, 256), ("row", "plane")):
+            cs = wide_slab_stride(convs[i], bm, staging)
+            pooled = f"(out < {k} ? 0 : (out - {k}) / {s_} + 1)"
+            call = (f"c{i}::ft_wide_brick({bm}, {cs}, {'true' if staging == 'plane' else 'false'}, 1, {k}, {k}, 1, {s_}, "
+                    f"{s_}, 1, {pooled}, {pooled}, c{i}::ft_wide_padded(1, out, out).IWP)")
+            lines.append(f'    {{ const c{i}::FtWideBrick b = {call}; printf(" %d %d %d", b.pd, b.ph, b.pw); }}')
+        lines += [f"    for (int r = 0; r < c{i}::FtWideW::CLASSES; ++r) {{",
                   f"      const c{i}::FtWideAxis ax = c{i}::FtWideW::of(r, out);",
                   '      printf(" %d %d %d %d %d", ax.size, ax.off, ax.taps, ax.pad, ax.first);', "    }",
                   '    printf("\\n");']
@@ -285,7 +314,11 @@ def test_wide_geometry_header_agrees_with_tiles(tmp_path):
     rows = 0
     for line in printed.splitlines():
         i, out, extent, *values = map(int, line.split())
-        staged, classes = values[:4], values[4:]
+        staged, bricks, classes = values[:4], values[4:4 + 12 * len(BRICK_WINDOWS)], values[4 + 12 * len(BRICK_WINDOWS):]
+        want = [v for (k, s_), bm, staging in itertools.product(BRICK_WINDOWS, (128, 256), ("row", "plane"))
+                for v in wide_brick(convs[i], bm, staging, ((1, k, k), (1, s_, s_)),
+                                    (1, max(0, (out - k) // s_ + 1), max(0, (out - k) // s_ + 1)), out)]
+        assert bricks == want, (GEOMETRY_AXES[i], out)
         axis = wide_axes(convs[i])[2]
         assert extent == axis.extent(out), (GEOMETRY_AXES[i], out)
         assert staged == [wide_staged_rows(convs[i], bm, out, out, staging) for bm in (128, 256)

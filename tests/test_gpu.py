@@ -367,6 +367,32 @@ EXTRA["convt3d_wide_mixed_strides_instancenorm_mean_channels"] = {
     "epilogue": [{"op": "instance_norm", "affine": True}, {"op": "relu"}, {"op": "mean", "dim": 1}],
     "shapes": [[2, 32, 9, 5, 7]]}
 
+# wide_main where the chain pools after a convolution of one class (a box is a brick of whole windows,
+# pooled through shared memory). Without a norm: a 3-D max pool written, its pooled rows (50 windows)
+# longer than a box holds at bm 128 (bricks along w); an overlapping average pool, then a spatial mean;
+# a strided convolution whose pool's stride skips outputs. After group norm (gemm_wide_recompute): a
+# stride-1 transposed convolution (its forward form) and a window one output deep. The older pooled
+# chains above (conv3d_wide_stride_instancenorm_maxpool, conv3d_wide_bn_maxpool_gap) now offer it too.
+EXTRA["conv3d_wide_relu_maxpool_long_rows"] = {
+    "producer": {"op": "conv3d", "in_channels": 20, "out_channels": 72, "kernel_size": 3, "padding": 1},
+    "epilogue": [{"op": "relu"}, {"op": "max_pool", "kernel_size": 2}],
+    "shapes": [[2, 20, 5, 9, 101]]}
+EXTRA["conv2d_wide_scale_avgpool_overlap_gap"] = {
+    "producer": {"op": "conv2d", "in_channels": 24, "out_channels": 80, "kernel_size": 3},
+    "epilogue": [{"op": "mul", "by": "s"}, {"op": "avg_pool", "kernel_size": 3, "stride": 2}, {"op": "add", "by": 0.1},
+                 {"op": "adaptive_avg_pool"}],
+    "parameters": {"s": {"init": "randn"}},
+    "shapes": [[3, 24, 37, 41]]}
+EXTRA["conv2d_wide_stride2_avgpool_skip_relu"] = {
+    "producer": {"op": "conv2d", "in_channels": 16, "out_channels": 96, "kernel_size": 5, "stride": 2, "padding": 2},
+    "epilogue": [{"op": "avg_pool", "kernel_size": 2, "stride": 3}, {"op": "relu"}],
+    "shapes": [[2, 16, 45, 52]]}
+EXTRA["convt3d_wide_stride1_groupnorm_maxpool_clamp"] = {
+    "producer": {"op": "conv_transpose3d", "in_channels": 24, "out_channels": 80, "kernel_size": 3, "padding": 1},
+    "epilogue": [{"op": "group_norm", "groups": 8}, {"op": "max_pool", "kernel_size": [1, 2, 2]},
+                 {"op": "clamp", "min": -0.5, "max": 0.5}],
+    "shapes": [[2, 24, 5, 9, 11]]}
+
 
 def _covering(space, facts) -> list:
     """Feasible candidates that between them run every compiled variant and every run-time choice

@@ -324,12 +324,12 @@ def test_wide_kernel_where_the_others_do_not_take_it():
     assert strided.wide and strided.wide_stages == ("wide_stats", "finalize")
 
 
-def test_wide_main_takes_chains_without_a_pool():
+def test_wide_main_takes_whole_chains():
     """wide_main (the K-tiled kernel with the chain on its accumulators) takes the convolutions gemm_wide
-    does, where the chain has no pool and ends in a map, a spatial reduction, or a reduction over the
-    channels (any count: one tile of them a block): alone where no statistics are needed (the
-    convolution once), and after wide_stats (recompute: twice) beside the stored output where a norm
-    needs them."""
+    does, where the chain ends in a map, a spatial reduction, or a reduction over the channels (any
+    count: one tile of them a block), with a pool only after a convolution of one output class: alone
+    where no statistics are needed (the convolution once), and after wide_stats (recompute: twice)
+    beside the stored output where a norm needs them."""
     relu = {"op": "relu"}
     # no norm: the whole chain in one kernel, the convolution once
     gap = _plan("groupnorm", [relu, {"op": "adaptive_avg_pool"}], out_channels=128)
@@ -347,8 +347,17 @@ def test_wide_main_takes_chains_without_a_pool():
     assert norm.impl_stages["gemm_wide_recompute"] == ("wide_stats", "finalize", "wide_main")
     assert norm.conv_passes("gemm_wide_recompute") == 2 and "wide_recompute=" in norm.describe()
     assert _plan("groupnorm", [relu, {"op": "max", "dim": 1}], out_channels=136).wide_main  # three tiles of 64
-    # not offered: a pool (a box's outputs are runs of positions, not windows), nothing left for a main
-    # kernel, the whole-weights kernels' convolutions
-    assert not _plan("groupnorm", [relu, {"op": "max_pool", "kernel_size": 2}], out_channels=128).wide_main
+    # a pool after a convolution of one class: a box is a brick of whole windows
+    pooled = _plan("groupnorm", [relu, {"op": "max_pool", "kernel_size": 2}], out_channels=128)
+    assert pooled.wide_main and pooled.impl_stages["gemm_wide"] == ("wide_main",)
+    pooled_norm = _plan("groupnorm", [{"op": "group_norm", "groups": 8}, {"op": "avg_pool", "kernel_size": 3,
+                                                                          "stride": 2}, {"op": "adaptive_avg_pool"}],
+                        out_channels=96)
+    assert pooled_norm.impl_stages["gemm_wide_recompute"] == ("wide_stats", "finalize", "wide_main")
+    # not offered: a pool after a strided transposed convolution (its classes interleave in every
+    # window), nothing left for a main kernel, the whole-weights kernels' convolutions
+    strided_pool = _plan("maxpool_gap", [relu, {"op": "max_pool", "kernel_size": 2}, {"op": "adaptive_avg_pool"}],
+                         out_channels=96)
+    assert strided_pool._wide_conv and not strided_pool.wide_main and "gemm_wide" not in strided_pool.impl_stages
     assert not make_plan(load_config(SEEDS["batchnorm"])).wide_main
     assert not _plan("groupnorm", [relu, {"op": "adaptive_avg_pool"}]).wide_main  # 8 -> 64: gemm_main's

@@ -429,7 +429,9 @@ def test_shape_facts(seed, shape):
     facts = shape_facts(spec, plan, shape, MACHINE.capability)
     expected = FACTS[(seed, shape)]
     rows_fit = facts.pop("wide_rows_fit")  # the seed's output rows fit a staged channel at every bm
-    assert [rows_fit(bm, expected["H"], expected["W"], "row") for bm in (128, 256)] == [seed == "batchnorm"] * 2
+    main_rows_fit = facts.pop("wide_main_rows_fit")  # no pool: the same check
+    for check in (rows_fit, main_rows_fit):
+        assert [check(bm, expected["H"], expected["W"], "row") for bm in (128, 256)] == [seed == "batchnorm"] * 2
     bins = expected["D"] * expected["H"] * (expected["W"] // 2 + 1)  # the output's half spectrum
     assert facts == {**expected, "F": bins, "direct": int(plan.direct), "gemm": int(plan.gemm), "gemm_th": plan.gemm_th,
                      "direct_cells": plan.direct_cells, "half_store": int(plan.half_store),

@@ -9,9 +9,9 @@ import pytest
 
 from fusetune.config import load_config
 from fusetune.tiles import (FOOTPRINT_MAX, SMEM_LIMIT, WIDE_PAIR_LIMIT, cin_padded, direct_footprint, direct_row_cells,
-                            gemm_fits, gemm_max_height, gemm_tile, k_padded, weight_words, wide_axes, wide_depth,
-                            wide_row_words, wide_rows_fit, wide_slab_stride, wide_smem_bytes, wide_staged_rows,
-                            wide_workspace_words)
+                            gemm_fits, gemm_max_height, gemm_tile, k_padded, weight_words, wide_axes, wide_brick,
+                            wide_depth, wide_row_words, wide_rows_fit, wide_slab_stride, wide_smem_bytes,
+                            wide_staged_rows, wide_workspace_words)
 
 from conftest import SEEDS
 
@@ -213,6 +213,43 @@ def test_wide_rows_fit_is_the_worst_run_of_outputs(bm, stride, kw, padding, tran
             assert axis.extent(width) == (width - 1) * stride + kw
         assert wide_rows_fit(conv, bm, 7, width) == (worst * row <= cap and row <= 1024), width
     assert wide_rows_fit(conv, bm, 36, 36)  # the seed's output rows, for every bm
+
+
+@pytest.mark.parametrize("staging", ["row", "plane"])
+@pytest.mark.parametrize("window", [((2, 2, 2), (2, 2, 2)), ((1, 3, 3), (1, 2, 2)), ((1, 2, 3), (1, 3, 1)),
+                                    ((3, 3, 3), (3, 3, 3))])
+def test_wide_brick_is_the_largest_brick_of_whole_windows_that_fits(staging, window):
+    """wide_main's box where the chain pools (tiles.wide_brick, the kernel's ft_wide_brick): whole
+    windows, as many along w as fit, then whole pooled rows, then planes; its outputs within bm and the
+    rows it stages within a staged channel. One more window along the axis it grew last does not fit,
+    and where one window does not fit, wide_rows_fit refuses the variant."""
+    conv = {"cin": 32, "cout": 96, "kernel": (3, 3, 3), "stride": (1, 1, 1), "padding": (1, 1, 1), "transposed": False}
+    (kd, kh, kw), (sd, sh, sw) = window
+    axis_h = wide_axes(conv)[1]
+    for bm in (128, 256):
+        cap = wide_slab_stride(conv, bm, staging)
+        for pooled, width in [((3, 5, 7), 16), ((4, 9, 31), 64), ((2, 2, 200), 400), ((5, 40, 3), 9), ((1, 1, 1), 600)]:
+            row = wide_row_words(conv, width)
+
+            def fits(pd: int, ph: int, pw: int) -> bool:
+                nd, nh, nw = (pd - 1) * sd + kd, (ph - 1) * sh + kh, (pw - 1) * sw + kw
+                rows = nd * ((nh - 1) * axis_h.step + axis_h.max_taps) if staging == "plane" else nd * nh
+                return nd * nh * nw <= bm and rows * row <= cap
+
+            pd, ph, pw = wide_brick(conv, bm, staging, window, pooled, width)
+            assert wide_rows_fit(conv, bm, 1, width, staging, window) == (pw > 0 and row <= 1024)
+            if pw == 0:
+                assert not fits(1, 1, 1)
+                continue
+            assert fits(pd, ph, pw) and pd <= pooled[0] and ph <= pooled[1] and pw <= pooled[2]
+            if pw < pooled[2]:
+                assert (pd, ph) == (1, 1) and not fits(1, 1, pw + 1)
+            elif ph < pooled[1]:
+                assert pd == 1 and not fits(1, ph + 1, pw)
+            elif pd < pooled[0]:
+                assert not fits(pd + 1, ph, pw)
+    # the seed-like case: 2 x 2 x 2 windows of a 32-wide output, 256 outputs a box: two pooled rows of 16
+    assert wide_brick(conv, 256, "row", ((2, 2, 2), (2, 2, 2)), (8, 16, 16), 32) == (1, 2, 16)
 
 
 def _plane_stage_rows(axis_h, axis_w, rh: int, rw: int, bm: int, height: int, width: int) -> int:

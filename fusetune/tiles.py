@@ -403,10 +403,11 @@ def wide_stage_words(conv: dict, bm: int, bn: int, staging: str = "row") -> int:
 
 
 def wide_table_words(conv: dict, bm: int, staging: str = "row") -> int:
-    """Words of a box's row tables: where each staged row comes from (at most a staged channel's
+    """Words of the boxes' row tables: where each staged row comes from (at most a staged channel's
     words / 4 rows: a row is 16 bytes at least), then where each output row's input starts in a
-    staged channel (bm + 1 at most), and one to keep what follows 8-byte aligned."""
-    return _round_up(wide_slab_stride(conv, bm, staging) // 4, 2) + bm + 2
+    staged channel (bm + 1 at most), and one to keep what follows 8-byte aligned; two sets, the box
+    being multiplied and the next, whose first stages are copied meanwhile."""
+    return 2 * (_round_up(wide_slab_stride(conv, bm, staging) // 4, 2) + bm + 2)
 
 
 def wide_smem_bytes(conv: dict, bm: int, bn: int, depth: int, staging: str = "row") -> int:

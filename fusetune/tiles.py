@@ -402,6 +402,16 @@ def wide_stage_words(conv: dict, bm: int, bn: int, staging: str = "row") -> int:
     return rows_of_taps * axis_w.max_taps * ck * bn + ck * wide_slab_stride(conv, bm, staging)
 
 
+def wide_pool_fits(conv: dict, bm: int, bn: int, wm: int, staging: str = "row") -> bool:
+    """Whether wide_main can pool a box of this variant: its values of bn / passes channels at a time
+    (bm + 4 words a channel) fit one stage's buffer (the one the next box's stages leave free), the
+    passes splitting each warp's nt n-tiles evenly (wide_main.cu.j2's ft_wide_pool_passes)."""
+    warps_n = WIDE_BLOCK // 32 // (bm // 16 // wm)
+    nt = bn // 8 // warps_n
+    return any((bn // passes) * (bm + 4) <= wide_stage_words(conv, bm, bn, staging)
+               for passes in (1, 2, 4, 8, 16) if passes <= nt)
+
+
 def wide_table_words(conv: dict, bm: int, staging: str = "row") -> int:
     """Words of the boxes' row tables: where each staged row comes from (at most a staged channel's
     words / 4 rows: a row is 16 bytes at least), then where each output row's input starts in a

@@ -10,7 +10,7 @@ import pytest
 from fusetune.config import load_config
 from fusetune.tiles import (FOOTPRINT_MAX, SMEM_LIMIT, WIDE_PAIR_LIMIT, cin_padded, direct_footprint, direct_row_cells,
                             gemm_fits, gemm_max_height, gemm_tile, k_padded, weight_words, wide_axes, wide_brick,
-                            wide_depth, wide_row_words, wide_rows_fit, wide_slab_stride, wide_smem_bytes,
+                            wide_depth, wide_pool_fits, wide_stage_words, wide_row_words, wide_rows_fit, wide_slab_stride, wide_smem_bytes,
                             wide_staged_rows, wide_workspace_words)
 
 from conftest import SEEDS
@@ -250,6 +250,20 @@ def test_wide_brick_is_the_largest_brick_of_whole_windows_that_fits(staging, win
                 assert not fits(pd + 1, ph, pw)
     # the seed-like case: 2 x 2 x 2 windows of a 32-wide output, 256 outputs a box: two pooled rows of 16
     assert wide_brick(conv, 256, "row", ((2, 2, 2), (2, 2, 2)), (8, 16, 16), 32) == (1, 2, 16)
+
+
+def test_wide_pool_fits_one_stage_buffer():
+    """wide_main pools a box through the one stage buffer the next box's copies leave free, bn / passes
+    channels at a time (passes at most a warp's n-tiles): a convolution with few input channels and
+    taps has small stages, and a variant whose warps hold two n-tiles each cannot split 64 channels of
+    128 + 4 words into them; the bench's 32 -> 128 convolution pools at every variant."""
+    tiny = {"cin": 3, "cout": 4, "kernel": (1, 3, 3), "stride": (1, 1, 1), "padding": (0, 0, 0), "transposed": False}
+    assert wide_stage_words(tiny, 128, 64, "row") == 3 * 8 * 64 + 8 * wide_slab_stride(tiny, 128, "row") < 32 * 132
+    assert not wide_pool_fits(tiny, 128, 64, 4, "row")  # 2 n-tiles a warp: 32 channels a pass at least
+    assert wide_pool_fits(tiny, 128, 64, 2, "row")  # 4 n-tiles a warp: 16 channels a pass
+    vgg = {"cin": 32, "cout": 128, "kernel": (1, 3, 3), "stride": (1, 1, 1), "padding": (0, 1, 1), "transposed": False}
+    assert all(wide_pool_fits(vgg, bm, bn, wm, staging) for bm in (128, 256) for bn in (64, 128) for wm in (2, 4)
+               for staging in ("row", "plane"))
 
 
 def _plane_stage_rows(axis_h, axis_w, rh: int, rw: int, bm: int, height: int, width: int) -> int:

@@ -73,7 +73,7 @@ def _wide_facts(plan: Plan) -> dict[str, Any]:
     ``wide_rows_fit(bm, H, W, staging)``: whether the input rows that bm outputs read fit a staged
     channel at output height H and width W (tiles.wide_rows_fit, the launcher's check), and
     ``wide_main_rows_fit``, the same for wide_main's boxes (where the chain pools, whole windows);
-    ``wide_pool_fits[(bm, bn, wm, staging)]``: whether wide_main can pool such a box (tiles.wide_pool_fits;
+    ``wide_pool_fits[(bm, bn, wm, blocks, staging)]``: whether wide_main can pool such a box (tiles.wide_pool_fits;
     true without a pool)."""
     offered = {"wide": int(plan.wide), "wide_main": int(plan.wide_main)}
     if not (plan.wide or plan.wide_main):
@@ -81,8 +81,8 @@ def _wide_facts(plan: Plan) -> dict[str, Any]:
                 "wide_main_rows_fit": lambda *shape: False}
     conv = plan.spec.producer.geometry()
     window = plan.pool_window if plan.pool is not None else None
-    pools = {(bm, bn, wm, staging): plan.pool is None or wide_pool_fits(conv, bm, bn, wm, staging)
-             for bm in WIDE_BM for bn in WIDE_BN for wm in (2, 4) for staging in WIDE_STAGINGS}
+    pools = {(bm, bn, wm, blocks, staging): plan.pool is None or wide_pool_fits(conv, bm, bn, wm, blocks, staging)
+             for bm in WIDE_BM for bn in WIDE_BN for wm in (2, 4) for blocks in (1, 2) for staging in WIDE_STAGINGS}
     return {**offered, "wide_depth": wide_depths(conv), "wide_pool_fits": pools,
             "wide_rows_fit": functools.partial(wide_rows_fit, conv),
             "wide_main_rows_fit": functools.partial(wide_rows_fit, conv, window=window)}

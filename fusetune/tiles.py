@@ -402,22 +402,21 @@ def wide_stage_words(conv: dict, bm: int, bn: int, staging: str = "row") -> int:
     return rows_of_taps * axis_w.max_taps * ck * bn + ck * wide_slab_stride(conv, bm, staging)
 
 
-def wide_pool_fits(conv: dict, bm: int, bn: int, wm: int, staging: str = "row") -> bool:
+def wide_pool_fits(conv: dict, bm: int, bn: int, wm: int, blocks: int = 1, staging: str = "row") -> bool:
     """Whether wide_main can pool a box of this variant: its values of bn / passes channels at a time
-    (bm + 4 words a channel) fit one stage's buffer (the one the next box's stages leave free), the
+    (bm + 4 words a channel) fit the stages' buffers (free once every warp is past its MMAs), the
     passes splitting each warp's nt n-tiles evenly (wide_main.cu.j2's ft_wide_pool_passes)."""
     warps_n = WIDE_BLOCK // 32 // (bm // 16 // wm)
     nt = bn // 8 // warps_n
-    return any((bn // passes) * (bm + 4) <= wide_stage_words(conv, bm, bn, staging)
-               for passes in (1, 2, 4, 8, 16) if passes <= nt)
+    buffers = wide_depth(conv, bm, bn, blocks, staging) * wide_stage_words(conv, bm, bn, staging)
+    return any((bn // passes) * (bm + 4) <= buffers for passes in (1, 2, 4, 8, 16) if passes <= nt)
 
 
 def wide_table_words(conv: dict, bm: int, staging: str = "row") -> int:
-    """Words of the boxes' row tables: where each staged row comes from (at most a staged channel's
+    """Words of a box's row tables: where each staged row comes from (at most a staged channel's
     words / 4 rows: a row is 16 bytes at least), then where each output row's input starts in a
-    staged channel (bm + 1 at most), and one to keep what follows 8-byte aligned; two sets, the box
-    being multiplied and the next, whose first stages are copied meanwhile."""
-    return 2 * (_round_up(wide_slab_stride(conv, bm, staging) // 4, 2) + bm + 2)
+    staged channel (bm + 1 at most), and one to keep what follows 8-byte aligned."""
+    return _round_up(wide_slab_stride(conv, bm, staging) // 4, 2) + bm + 2
 
 
 def wide_smem_bytes(conv: dict, bm: int, bn: int, depth: int, staging: str = "row") -> int:

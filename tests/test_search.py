@@ -413,10 +413,9 @@ FACTS = {
 
 #: The K-tiled tensor-core kernel's facts, for the one seed it takes (64 -> 128, k 5, its forward form
 #: stride 1 and padding 4): every (bm, bn) within the shared memory, 3 stages but at 256 x 128 (2); two
-#: blocks a multiprocessor at 64 channels only, with 2 stages (at 128 outputs, 3 stages and the two
-#: sets of tables are 288 bytes over a block's half of the multiprocessor). Beside them, wide_rows_fit.
+#: blocks a multiprocessor at 64 channels only (2 stages at 256 outputs). Beside them, wide_rows_fit.
 WIDE_FACTS = {"batchnorm": {"wide": 1, "wide_main": 0, "wide_depth": {
-    **{(128, 64, 1, "row"): 3, (128, 64, 2, "row"): 2, (128, 128, 1, "row"): 3, (128, 128, 2, "row"): 0,
+    **{(128, 64, 1, "row"): 3, (128, 64, 2, "row"): 3, (128, 128, 1, "row"): 3, (128, 128, 2, "row"): 0,
        (256, 64, 1, "row"): 3, (256, 64, 2, "row"): 2, (256, 128, 1, "row"): 2, (256, 128, 2, "row"): 0},
     # a plane of 5 x 5 taps: its weights alone take 100 KB a stage at 64 channels
     **{(bm, bn, blocks, "plane"): 0 for bm in (128, 256) for bn in (64, 128) for blocks in (1, 2)}}}}

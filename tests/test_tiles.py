@@ -252,18 +252,18 @@ def test_wide_brick_is_the_largest_brick_of_whole_windows_that_fits(staging, win
     assert wide_brick(conv, 256, "row", ((2, 2, 2), (2, 2, 2)), (8, 16, 16), 32) == (1, 2, 16)
 
 
-def test_wide_pool_fits_one_stage_buffer():
-    """wide_main pools a box through the one stage buffer the next box's copies leave free, bn / passes
-    channels at a time (passes at most a warp's n-tiles): a convolution with few input channels and
-    taps has small stages, and a variant whose warps hold two n-tiles each cannot split 64 channels of
-    128 + 4 words into them; the bench's 32 -> 128 convolution pools at every variant."""
-    tiny = {"cin": 3, "cout": 4, "kernel": (1, 3, 3), "stride": (1, 1, 1), "padding": (0, 0, 0), "transposed": False}
-    assert wide_stage_words(tiny, 128, 64, "row") == 3 * 8 * 64 + 8 * wide_slab_stride(tiny, 128, "row") < 32 * 132
-    assert not wide_pool_fits(tiny, 128, 64, 4, "row")  # 2 n-tiles a warp: 32 channels a pass at least
-    assert wide_pool_fits(tiny, 128, 64, 2, "row")  # 4 n-tiles a warp: 16 channels a pass
+def test_wide_pool_fits_the_stages_buffers():
+    """wide_main pools a box through the stages' buffers, bn / passes channels at a time (passes at most
+    a warp's n-tiles): even a convolution with the smallest stages (3 input channels, one tap) pools at
+    every variant that compiles, and so does the bench's 32 -> 128 convolution; one stage alone would
+    not hold a 128-output box of 64 channels where each warp holds two n-tiles."""
+    tiny = {"cin": 3, "cout": 4, "kernel": (1, 1, 1), "stride": (1, 1, 1), "padding": (0, 0, 0), "transposed": False}
     vgg = {"cin": 32, "cout": 128, "kernel": (1, 3, 3), "stride": (1, 1, 1), "padding": (0, 1, 1), "transposed": False}
-    assert all(wide_pool_fits(vgg, bm, bn, wm, staging) for bm in (128, 256) for bn in (64, 128) for wm in (2, 4)
-               for staging in ("row", "plane"))
+    for conv in (tiny, vgg):
+        for bm, bn, wm, blocks, staging in itertools.product((128, 256), (64, 128), (2, 4), (1, 2), ("row", "plane")):
+            if wide_depth(conv, bm, bn, blocks, staging):
+                assert wide_pool_fits(conv, bm, bn, wm, blocks, staging), (conv["cin"], bm, bn, wm, blocks, staging)
+    assert wide_stage_words(tiny, 128, 64, "row") < 32 * (128 + 4)
 
 
 def _plane_stage_rows(axis_h, axis_w, rh: int, rw: int, bm: int, height: int, width: int) -> int:

@@ -350,7 +350,7 @@ def wide_rows_fit(conv: dict, bm: int, height: int, width: int, staging: str = "
     channel (wide_staged_rows of wide_row_words each), a row at most one 16-byte unit per thread of
     a block. The variants' constraint and the launcher's check (``height``, ``width``: the output's).
     Where the chain pools (``window``: its kernel and stride), whether a box of one whole window
-    does (wide_brick)."""
+    does (wide_brick; ``height`` does not matter then: a window's rows are whole padded rows)."""
     row = wide_row_words(conv, width)
     if window is not None:
         return row <= 4 * WIDE_BLOCK and wide_brick(conv, bm, staging, window, (1, 1, 1), width)[2] > 0

@@ -267,8 +267,9 @@ GXX = shutil.which("g++")
 #: Axes (kernel, stride, padding, transposed) whose wide_geometry.h the host compiler checks against tiles.py.
 GEOMETRY_AXES = [(5, 1, 0, True), (5, 1, 4, False), (3, 2, 1, True), (4, 2, 1, True), (2, 3, 0, True),
                  (3, 1, 3, True), (7, 3, 2, False), (1, 2, 0, True)]
-#: Pooling windows (kernel, stride along h and w) of the header test's bricks.
-BRICK_WINDOWS = [(2, 2), (3, 2)]
+#: Pooling windows (kernel, stride; d, h, w) of the header test's bricks, at an output as deep as it
+#: is high and wide: 2-D ones, and 3-D ones that grow bricks along d.
+BRICK_WINDOWS = [((1, 2, 2), (1, 2, 2)), ((1, 3, 3), (1, 2, 2)), ((2, 2, 2), (2, 2, 2)), ((3, 1, 2), (2, 3, 1))]
 
 
 @pytest.mark.skipif(GXX is None, reason="g++ not found")
@@ -296,9 +297,9 @@ def test_wide_geometry_header_agrees_with_tiles(tmp_path):
         # wide_main's brick of whole pooling windows, at the pooled output of each window
         for (k, s_), bm, staging in itertools.product(BRICK_WINDOWS, (128, 256), ("row", "plane")):
             cs = wide_slab_stride(convs[i], bm, staging)
-            pooled = f"(out < {k} ? 0 : (out - {k}) / {s_} + 1)"
-            call = (f"c{i}::ft_wide_brick({bm}, {cs}, {'true' if staging == 'plane' else 'false'}, 1, {k}, {k}, 1, {s_}, "
-                    f"{s_}, 1, {pooled}, {pooled}, c{i}::ft_wide_padded(1, out, out).IWP)")
+            pooled = ", ".join(f"(out < {a} ? 0 : (out - {a}) / {b} + 1)" for a, b in zip(k, s_))
+            call = (f"c{i}::ft_wide_brick({bm}, {cs}, {'true' if staging == 'plane' else 'false'}, "
+                    f"{', '.join(map(str, k))}, {', '.join(map(str, s_))}, {pooled}, c{i}::ft_wide_padded(out, out, out).IWP)")
             lines.append(f'    {{ const c{i}::FtWideBrick b = {call}; printf(" %d %d %d", b.pd, b.ph, b.pw); }}')
         lines += [f"    for (int r = 0; r < c{i}::FtWideW::CLASSES; ++r) {{",
                   f"      const c{i}::FtWideAxis ax = c{i}::FtWideW::of(r, out);",
@@ -316,8 +317,8 @@ def test_wide_geometry_header_agrees_with_tiles(tmp_path):
         i, out, extent, *values = map(int, line.split())
         staged, bricks, classes = values[:4], values[4:4 + 12 * len(BRICK_WINDOWS)], values[4 + 12 * len(BRICK_WINDOWS):]
         want = [v for (k, s_), bm, staging in itertools.product(BRICK_WINDOWS, (128, 256), ("row", "plane"))
-                for v in wide_brick(convs[i], bm, staging, ((1, k, k), (1, s_, s_)),
-                                    (1, max(0, (out - k) // s_ + 1), max(0, (out - k) // s_ + 1)), out)]
+                for v in wide_brick(convs[i], bm, staging, (k, s_), [max(0, (out - a) // b + 1) for a, b in zip(k, s_)],
+                                    out)]
         assert bricks == want, (GEOMETRY_AXES[i], out)
         axis = wide_axes(convs[i])[2]
         assert extent == axis.extent(out), (GEOMETRY_AXES[i], out)

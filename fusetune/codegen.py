@@ -19,9 +19,9 @@ from fusetune.ops import Elementwise
 from fusetune.plan import Plan
 from fusetune.space import PlanSpace, load_family
 from fusetune.templates import environment
-from fusetune.tiles import (FOOTPRINT_MAX, WIDE_BLOCK, WIDE_BM, WIDE_BN, WIDE_STAGINGS, cluster_boxes, gemm_k, gemm_tile,
-                            wide_axes, wide_channel_chunk, wide_cin_padded, wide_depth, wide_depths, wide_pool_fits,
-                            wide_rows_fit, wide_slab_stride, wide_workspace_words)
+from fusetune.tiles import (FOOTPRINT_MAX, WIDE_BLOCK, WIDE_BN, cluster_boxes, gemm_k, gemm_tile, wide_axes,
+                            wide_channel_chunk, wide_cin_padded, wide_depth, wide_depths, wide_pool_fits, wide_rows_fit,
+                            wide_slab_stride, wide_workspace_words)
 
 #: Flags for nvcc; part of every cache key. No fast-math: it changes rounding of rsqrt and division.
 CUDA_FLAGS = ("-O3", "-lineinfo", "-std=c++17")
@@ -73,16 +73,15 @@ def _wide_facts(plan: Plan) -> dict[str, Any]:
     ``wide_rows_fit(bm, H, W, staging)``: whether the input rows that bm outputs read fit a staged
     channel at output height H and width W (tiles.wide_rows_fit, the launcher's check), and
     ``wide_main_rows_fit``, the same for wide_main's boxes (where the chain pools, whole windows);
-    ``wide_pool_fits[(bm, bn, wm, blocks, staging)]``: whether wide_main can pool such a box (tiles.wide_pool_fits;
-    true without a pool)."""
+    ``wide_pool_fits(bm, bn, wm, blocks, staging)``: whether wide_main can pool such a box
+    (tiles.wide_pool_fits; true without a pool)."""
     offered = {"wide": int(plan.wide), "wide_main": int(plan.wide_main)}
     if not (plan.wide or plan.wide_main):
-        return {**offered, "wide_depth": {}, "wide_pool_fits": {}, "wide_rows_fit": lambda *shape: False,
-                "wide_main_rows_fit": lambda *shape: False}
+        return {**offered, "wide_depth": {}, "wide_pool_fits": lambda *variant: False,
+                "wide_rows_fit": lambda *shape: False, "wide_main_rows_fit": lambda *shape: False}
     conv = plan.spec.producer.geometry()
     window = plan.pool_window if plan.pool is not None else None
-    pools = {(bm, bn, wm, blocks, staging): plan.pool is None or wide_pool_fits(conv, bm, bn, wm, blocks, staging)
-             for bm in WIDE_BM for bn in WIDE_BN for wm in (2, 4) for blocks in (1, 2) for staging in WIDE_STAGINGS}
+    pools = functools.partial(wide_pool_fits, conv) if plan.pool is not None else lambda *variant: True
     return {**offered, "wide_depth": wide_depths(conv), "wide_pool_fits": pools,
             "wide_rows_fit": functools.partial(wide_rows_fit, conv),
             "wide_main_rows_fit": functools.partial(wide_rows_fit, conv, window=window)}

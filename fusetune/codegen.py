@@ -76,7 +76,7 @@ def _wide_facts(plan: Plan) -> dict[str, Any]:
     ``wide_pool_fits(bm, bn, wm, blocks, staging)``: whether wide_main can pool such a box
     (tiles.wide_pool_fits; true without a pool)."""
     offered = {"wide": int(plan.wide), "wide_main": int(plan.wide_main)}
-    if not (plan.wide or plan.wide_main):
+    if not plan.wide_kernels:
         return {**offered, "wide_depth": {}, "wide_pool_fits": lambda *variant: False,
                 "wide_rows_fit": lambda *shape: False, "wide_main_rows_fit": lambda *shape: False}
     conv = plan.spec.producer.geometry()
@@ -180,7 +180,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         # channels, and per variant its staged input's capacity per channel and its pipeline depth.
         "wide": {"axes": wide_axes(conv), "ck": wide_channel_chunk(conv["cin"]),
                  "cin_pad": wide_cin_padded(conv["cin"]), "block": WIDE_BLOCK, "bn_min": min(WIDE_BN),
-                 "workspace": wide_workspace_words(conv) if plan.wide or plan.wide_main else 0},
+                 "workspace": wide_workspace_words(conv) if plan.wide_kernels else 0},
         "wide_tile": lambda variant: {"cs": wide_slab_stride(conv, variant["bm"], variant["staging"]),
                                       "depth": wide_depth(conv, variant["bm"], variant["bn"], variant["blocks"],
                                                           variant["staging"])},

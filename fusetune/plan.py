@@ -235,6 +235,12 @@ class Plan:
                 and self._wide_conv)
 
     @property
+    def wide_kernels(self) -> bool:
+        """Whether the module holds any K-tiled kernel (wide_stats or wide_main): then it needs their
+        geometry, their workspace and their facts."""
+        return self.wide or self.wide_main
+
+    @property
     def wide_stages(self) -> tuple[str, ...]:
         """Stages of the K-tiled world (gemm_wide): where a norm needs statistics, wide_stats (storing
         the convolution for the cuDNN world's main kernel where the chain goes on); else wide_main alone.

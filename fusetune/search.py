@@ -23,7 +23,7 @@ from fusetune.errors import FusetuneError
 from fusetune.ops import Shape
 from fusetune.plan import Plan, make_plan
 from fusetune.space import Candidate, PlanSpace, candidate_key
-from fusetune.tiles import wide_axes, wide_cin_padded, wide_workspace_words
+from fusetune.tiles import wide_axes, wide_cin_padded, wide_row_words, wide_workspace_words
 
 #: How many of the best candidates are timed again, head to head, before a winner is named.
 RETIME_TOP = 3
@@ -363,9 +363,9 @@ def workspace_words(plan: Plan, shape: Shape) -> int:
     N, C = out[0], out[1]
     spatial = (1,) * (5 - len(out)) + tuple(out[2:])
     words = 0
-    if plan.wide or plan.wide_main:
-        d, h, w = (axis.extent(size) for axis, size in zip(wide_axes(conv), spatial))
-        padded = N * wide_cin_padded(conv["cin"]) * d * h * -(-w // 4) * 4
+    if plan.wide_kernels:
+        d, h, _ = (axis.extent(size) for axis, size in zip(wide_axes(conv), spatial))
+        padded = N * wide_cin_padded(conv["cin"]) * d * h * wide_row_words(conv, spatial[2])
         words = wide_workspace_words(conv) + N * C + padded + N * C * 32
     if plan.spectral:
         bins = spatial[0] * spatial[1] * (spatial[2] // 2 + 1)

@@ -86,6 +86,30 @@ def _stat_buffers(model) -> list:
             and isinstance(b, torch.Tensor)]
 
 
+def _perturb_norms(model) -> None:
+    """Move every norm layer off its initial identity (weight 1, bias 0, running mean 0, variance 1),
+    in place: at the identity a kernel that dropped, swapped or misindexed a norm's affine map or its
+    running statistics would verify. Per channel: a weight of either sign (a negative one turns a
+    max pool's extreme around), a bias, and for batch norm running statistics. Drawn from the torch
+    generator the session has seeded, so every candidate meets the same model."""
+    import torch
+
+    with torch.no_grad():
+        for module in model.modules():
+            if not type(module).__name__.endswith(("Norm", "Norm1d", "Norm2d", "Norm3d")):
+                continue
+            weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
+            if isinstance(weight, torch.Tensor):
+                sign = torch.where(torch.rand_like(weight) < 0.25, -1.0, 1.0)
+                weight.copy_(sign * (0.5 + torch.rand_like(weight)))
+            if isinstance(bias, torch.Tensor):
+                bias.copy_(0.5 * torch.randn_like(bias))
+            mean, var = getattr(module, "running_mean", None), getattr(module, "running_var", None)
+            if isinstance(mean, torch.Tensor) and isinstance(var, torch.Tensor):
+                mean.copy_(0.5 * torch.randn_like(mean))
+                var.copy_(0.5 + 1.5 * torch.rand_like(var))
+
+
 class Session:
     """One generated module at one input shape: the reference, fresh inputs, the eager error."""
 
@@ -100,6 +124,7 @@ class Session:
         load_kernels(self.generated, build_dir, arch)
         torch.manual_seed(seed)
         self.reference = self.generated.Model().cuda()
+        _perturb_norms(self.reference)
         self.initial_state = copy.deepcopy(self.reference.state_dict())
         self.shape = shape
         self.draw_inputs()

@@ -226,13 +226,10 @@ class Plan:
         several). A pool needs a convolution of one output class (not a strided transposed one): a
         box is then a brick of whole windows; a strided transposed convolution's classes interleave
         within every window. The convolution output never goes to memory: for a chain without
-        statistics, the convolution runs once; after a norm, it runs again (recompute). Not after
-        eval-mode batch norm (finalize's map from the running statistics, then wide_main): that path
-        has not run on a GPU yet."""
-        running = self.norm is not None and not self.needs_stats
+        statistics, the convolution runs once (after eval-mode batch norm too: finalize's map from the
+        running statistics first); after a norm that needs them, it runs again (recompute)."""
         one_class = all(axis.classes == 1 for axis in wide_axes(self.spec.producer.geometry()))
-        return (self.family is not None and (self.pool is None or one_class) and not running
-                and self._wide_conv)
+        return self.family is not None and (self.pool is None or one_class) and self._wide_conv
 
     @property
     def wide_kernels(self) -> bool:
@@ -243,8 +240,8 @@ class Plan:
     @property
     def wide_stages(self) -> tuple[str, ...]:
         """Stages of the K-tiled world (gemm_wide): where a norm needs statistics, wide_stats (storing
-        the convolution for the cuDNN world's main kernel where the chain goes on); else wide_main alone.
-        Empty if not offered."""
+        the convolution for the cuDNN world's main kernel where the chain goes on); else wide_main (after
+        finalize for eval-mode batch norm). Empty if not offered."""
         if self.wide:
             return self._stages("wide_stats", self.family)
         return self._stages("wide_stats", "wide_main") if self.wide_main else ()

@@ -101,6 +101,13 @@ EXTRA["conv2d_wide_scale_avgpool_overlap_gap"] = {
                  {"op": "adaptive_avg_pool"}],
     "shapes": [[3, 24, 37, 41]],
 }
+# ... and after eval-mode batch norm (finalize's map from the running statistics, then wide_main).
+EXTRA["conv2d_wide_bneval_relu_maxpool"] = {
+    "name": "conv2d_wide_bneval_relu_maxpool",
+    "producer": {"op": "conv2d", "in_channels": 24, "out_channels": 72, "kernel_size": 3, "padding": 1, "bias": False},
+    "epilogue": [{"op": "batch_norm", "training": False}, {"op": "relu"}, {"op": "max_pool", "kernel_size": 2}],
+    "shapes": [[2, 24, 19, 23]],
+}
 EXPECTED_EXTRA = {  # name: (stages, reduce mode or None, pool mode or None, norm scope or None)
     "conv2d_bneval_relu_avgpool_gap": (("finalize", "plane_reduce"), "mean", "avg", "running"),
     "conv3d_relu_sum_channels": (("channel_reduce",), "sum", None, None),
@@ -112,6 +119,7 @@ EXPECTED_EXTRA = {  # name: (stages, reduce mode or None, pool mode or None, nor
     "conv3d_wide_scale_clamp": (("window_map",), None, None, None),
     "conv3d_wide_relu_maxpool": (("window_map",), None, "max", None),
     "conv2d_wide_scale_avgpool_overlap_gap": (("plane_reduce",), "mean", "avg", None),
+    "conv2d_wide_bneval_relu_maxpool": (("finalize", "window_map"), None, "max", "running"),
 }
 NAMES = sorted(SEEDS) + sorted(EXTRA)
 
@@ -161,6 +169,7 @@ def test_extra_configs_cover_what_they_claim(rendered):
             if rendered[name][0].wide_main} == {("plane_reduce", False), ("window_map", False), ("channel_reduce", False),
                                                 ("plane_reduce", True), ("window_map", True)}
     assert rendered["conv2d_wide_relu_groupnorm_sum_channels"][0].wide_recompute_stages
+    assert rendered["conv2d_wide_bneval_relu_maxpool"][0].wide_stages == ("finalize", "wide_main")
     kinds = {op.kind for name in EXTRA for op in rendered[name][0].spec.epilogue}
     assert {"avg_pool", "relu", "batch_norm"} <= kinds
     assert rendered["conv2d_bneval_relu_avgpool_gap"][0].spec.producer.spatial_dims == 2

@@ -335,10 +335,11 @@ def test_wide_main_takes_whole_chains():
     gap = _plan("groupnorm", [relu, {"op": "adaptive_avg_pool"}], out_channels=128)
     assert gap.wide_main and not gap.wide and gap.impl_stages["gemm_wide"] == ("wide_main",)
     assert gap.conv_passes("gemm_wide") == 1 and "gemm_wide_recompute" not in gap.impl_stages
-    # not yet after eval-mode batch norm (finalize from the running statistics, then wide_main: not run
-    # on a GPU yet): not offered
+    # after eval-mode batch norm: finalize's map from the running statistics, then the chain, the
+    # convolution once
     running = _plan("groupnorm", [{"op": "batch_norm", "training": False}, relu], out_channels=72)
-    assert not running.wide_main and "gemm_wide" not in running.impl_stages
+    assert running.wide_main and running.impl_stages["gemm_wide"] == ("finalize", "wide_main")
+    assert running.conv_passes("gemm_wide") == 1 and "gemm_wide_recompute" not in running.impl_stages
     channels = _plan("maxpool_gap", [relu, {"op": "max", "dim": 1}])  # a transposed convolution, 16 channels
     assert channels.wide_main and channels.impl_stages["gemm_wide"] == ("wide_main",)
     # a norm: the stored output for the cuDNN world's main kernel, or the convolution again

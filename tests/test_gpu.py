@@ -37,7 +37,11 @@ SEEDS = sorted((ROOT / "configs").glob("*.yaml"))
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory) -> Cache:
-    return Cache(tmp_path_factory.mktemp("cache"))
+    """A fresh cache, or FUSETUNE_TEST_CACHE's: runs of parts of this file (-k) one after another on
+    one machine then share their builds. The tests that tune expect no winner yet for their shapes
+    (no other test tunes those): with a shared cache, run each of them once."""
+    shared = os.environ.get("FUSETUNE_TEST_CACHE")
+    return Cache(Path(shared) if shared else tmp_path_factory.mktemp("cache"))
 
 
 @pytest.fixture(scope="module")
@@ -392,6 +396,29 @@ EXTRA["convt3d_wide_stride1_groupnorm_maxpool_clamp"] = {
     "epilogue": [{"op": "group_norm", "groups": 8}, {"op": "max_pool", "kernel_size": [1, 2, 2]},
                  {"op": "clamp", "min": -0.5, "max": 0.5}],
     "shapes": [[2, 24, 5, 9, 11]]}
+# After eval-mode batch norm (finalize's map from the running statistics, then wide_main, the
+# convolution once): bricks of a max pool, and a strided transposed convolution's classes reduced over
+# the channels. Verification moves every norm off its identity (evaluate._perturb_norms).
+EXTRA["conv2d_wide_bneval_relu_maxpool"] = {
+    "producer": {"op": "conv2d", "in_channels": 24, "out_channels": 72, "kernel_size": 3, "padding": 1, "bias": False},
+    "epilogue": [{"op": "batch_norm", "training": False}, {"op": "relu"}, {"op": "max_pool", "kernel_size": 2}],
+    "shapes": [[2, 24, 19, 23]]}
+EXTRA["convt3d_wide_stride2_bneval_min_channels"] = {
+    "producer": {"op": "conv_transpose3d", "in_channels": 24, "out_channels": 80, "kernel_size": 3, "stride": 2,
+                 "padding": 1, "output_padding": 1},
+    "epilogue": [{"op": "batch_norm", "training": False}, {"op": "clamp", "min": -0.5}, {"op": "min", "dim": 1}],
+    "shapes": [[2, 24, 5, 6, 7]]}
+
+SPECS = {name: parse_config({"name": name, **raw}, f"<{name}>") for name, raw in EXTRA.items()}
+IMPLS = ["cudnn", "direct", "gemm", "gemm_extrema", "gemm_store", "gemm_cluster", "gemm_wide", "gemm_wide_recompute",
+         "spectral"]
+#: (impl, chain) for every chain whose plan offers the impl: one test each, so a run can take a part
+#: of them (-k), and a failure names its chain.
+OFFERED = [(impl, name) for impl in IMPLS for name, spec in SPECS.items() if impl in make_plan(spec).impl_stages]
+
+
+def test_every_world_has_chains_beyond_the_seeds():
+    assert {impl for impl, _ in OFFERED} == set(IMPLS)
 
 
 def _covering(space, facts) -> list:
@@ -426,44 +453,36 @@ def _tf32_refused_where_eager_is_exact(candidate, outcome) -> bool:
             and outcome["error_max"] <= ERROR_RATIO * outcome["tf32_error_max"])
 
 
-@pytest.mark.parametrize("impl", ["cudnn", "direct", "gemm", "gemm_extrema", "gemm_store", "gemm_cluster", "gemm_wide",
-                                  "gemm_wide_recompute", "spectral"])
-def test_families_beyond_the_seeds(impl, cache, worker):
-    """Every compiled variant of every stage verifies on chains and shapes the seeds do not cover,
-    in each world (cuDNN, the direct kernels, the tensor-core kernels: one test each, sharing the
-    builds)."""
+@pytest.mark.parametrize("impl,name", OFFERED, ids=[f"{impl}-{name}" for impl, name in OFFERED])
+def test_families_beyond_the_seeds(impl, name, cache, worker):
+    """Every compiled variant of every stage of a world verifies on a chain and shape the seeds do not
+    cover (the module is built once for all its worlds: the cache is the test module's)."""
     machine = Machine.detect()
-    specs = {name: parse_config({"name": name, **raw}, f"<{name}>") for name, raw in EXTRA.items()}
-    plans = {name: make_plan(spec) for name, spec in specs.items()}
-    plans = {name: plan for name, plan in plans.items() if impl in plan.impl_stages}  # build only what runs here
-    builds = build_many([render(p) for p in plans.values()], cache, arch=machine.capability)
-    assert all(b.ok for b in builds), [b.log for b in builds if not b.ok]
-    failures, chains = [], 0
-    for name, plan in plans.items():
-        spec = specs[name]
-        chains += 1
-        bench = GpuBenchmarker(plan, spec.shapes[0], cache, machine, worker, echo=print)
-        bench.prepare()
-        space = plan_space(plan)
-        verified, refused, refusal = 0, 0, ""
-        from fusetune.search import shape_facts
-        facts = shape_facts(spec, plan, spec.shapes[0], machine.capability)
-        for candidate in _covering(space, facts):
-            if candidate["producer.impl"] != impl:
-                continue
-            outcome = bench.verify(candidate)
-            verified += 1
-            if _tf32_refused_where_eager_is_exact(candidate, outcome):
-                refused += 1
-                refusal = (f"eager's own error here is {outcome['eager_error_rel']:.1e} (no TF32), one kernel's "
-                           f"{outcome['error_rel']:.1e}, eager's on TF32-rounded operands {outcome['tf32_error_rel']:.1e}")
-            elif outcome["status"] != "ok":
-                failures.append((name, candidate_key(candidate), outcome))
-        assert verified > 0, (name, impl)
-        print(name, plan.describe(), verified, f"{impl} variants verified")
-        if refused:
-            print(f"  {name}: {refused} TF32 candidates refused, as they should be: {refusal}")
-    assert chains > 0, f"no chain offers {impl}"
+    spec = SPECS[name]
+    plan = make_plan(spec)
+    (built,) = build_many([render(plan)], cache, arch=machine.capability)
+    assert built.ok, built.log
+    bench = GpuBenchmarker(plan, spec.shapes[0], cache, machine, worker, echo=print)
+    bench.prepare()
+    space = plan_space(plan)
+    from fusetune.search import shape_facts
+    facts = shape_facts(spec, plan, spec.shapes[0], machine.capability)
+    failures, verified, refused, refusal = [], 0, 0, ""
+    for candidate in _covering(space, facts):
+        if candidate["producer.impl"] != impl:
+            continue
+        outcome = bench.verify(candidate)
+        verified += 1
+        if _tf32_refused_where_eager_is_exact(candidate, outcome):
+            refused += 1
+            refusal = (f"eager's own error here is {outcome['eager_error_rel']:.1e} (no TF32), one kernel's "
+                       f"{outcome['error_rel']:.1e}, eager's on TF32-rounded operands {outcome['tf32_error_rel']:.1e}")
+        elif outcome["status"] != "ok":
+            failures.append((candidate_key(candidate), outcome))
+    print(name, plan.describe(), verified, f"{impl} variants verified")
+    if refused:
+        print(f"  {name}: {refused} TF32 candidates refused, as they should be: {refusal}")
+    assert verified > 0, (name, impl)
     assert not failures, failures[:5]
 
 

@@ -14,7 +14,9 @@ under two names (cuDNN's layout means nothing to a kernel that computes the conv
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
+from types import CodeType
 from typing import Any, Iterator, Mapping
 
 import yaml
@@ -23,6 +25,18 @@ from fusetune.errors import FusetuneError
 from fusetune.templates import find_template
 
 Candidate = dict[str, Any]
+
+
+@functools.lru_cache(maxsize=None)
+def _code(expr: str) -> CodeType:
+    """An expression compiled once: a search checks every candidate of a space against the same few
+    dozen (tens of thousands of candidates for the K-tiled worlds), and parsing them each time took
+    most of that."""
+    return compile(expr, "<space expression>", "eval")
+
+
+def _holds(expr: str, names: Mapping[str, Any]) -> bool:
+    return bool(eval(_code(expr), {"__builtins__": {}}, dict(names)))  # noqa: S307 - our own data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +69,7 @@ class FamilySpace:
     def compiles(self, variant: Mapping[str, Any], names: Mapping[str, Any]) -> bool:
         """Whether a compile-time variant is built for a plan (``names``: C and the plan's facts);
         the others break the family's constraints for every shape of that plan."""
-        return self.compile_if is None or bool(eval(self.compile_if, {"__builtins__": {}}, {**names, **variant}))  # noqa: S307
+        return self.compile_if is None or _holds(self.compile_if, {**names, **variant})
 
     @property
     def compile_params(self) -> tuple[ParamSpec, ...]:
@@ -145,11 +159,14 @@ class PlanSpace:
             firsts.setdefault(start.get("producer.impl"), start)
         return list(firsts.values()) + [s for s in starts.values() if s not in firsts.values()]
 
-    def all(self) -> Iterator[Candidate]:
+    def all(self, producer: Mapping[str, Any] | None = None) -> Iterator[Candidate]:
         """Every distinct canonical candidate, in a fixed order: for each choice of the producer,
-        the product of the choices that matter under it (the rest stay at their defaults)."""
+        the product of the choices that matter under it (the rest stay at their defaults). With
+        ``producer`` ({"producer.impl": "gemm_wide"}), only under the producer's choices that agree."""
         seen: set[str] = set()
         for choice in self._producer_combos():
+            if producer and any(choice.get(name, value) != value for name, value in producer.items()):
+                continue
             base = self.canonical({**self.default(), **choice})
             varying = [name for name in self.names() if name not in choice
                        and self.canonical({**base, name: "\0"})[name] == "\0"]  # the choices that matter here
@@ -175,7 +192,7 @@ class PlanSpace:
                 "layout": candidate.get("producer.layout", "contiguous")}
 
     def _matters(self, when: str | None, producer: Mapping[str, Any]) -> bool:
-        return when is None or bool(eval(when, {"__builtins__": {}}, dict(producer)))  # noqa: S307 - our own data
+        return when is None or _holds(when, producer)
 
     def canonical(self, candidate: Mapping[str, Any]) -> Candidate:
         """The candidate with every choice that does not matter under its producer set to its default."""
@@ -215,7 +232,7 @@ class PlanSpace:
         for f in self.active(candidate):
             names = {p.name: candidate[f"{f.family}.{p.name}"] for p in f.params}
             for c in f.constraints:
-                if not eval(c.expr, {"__builtins__": {}}, {**shared, **names}):  # noqa: S307 - our own data
+                if not _holds(c.expr, {**shared, **names}):
                     broken.append(f"{f.family}: {c.why} ({c.expr})")
         return broken
 

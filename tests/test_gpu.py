@@ -421,12 +421,12 @@ def test_every_world_has_chains_beyond_the_seeds():
     assert {impl for impl, _ in OFFERED} == set(IMPLS)
 
 
-def _covering(space, facts) -> list:
+def _covering(space, facts, impl: str | None = None) -> list:
     """Feasible candidates that between them run every compiled variant and every run-time choice
-    of every stage that can run here, in each world the plan offers (greedy: the sum of the stages'
-    spaces, not their product)."""
+    of every stage that can run here, in each world the plan offers or in ``impl``'s alone (greedy:
+    the sum of the stages' spaces, not their product)."""
     covered, out = set(), []
-    for candidate in space.all():
+    for candidate in space.all({"producer.impl": impl} if impl else None):
         if space.violations(candidate, facts):
             continue
         # Keyed by world: a stage shared by two worlds may run other code in each (gemm_stats also
@@ -468,9 +468,7 @@ def test_families_beyond_the_seeds(impl, name, cache, worker):
     from fusetune.search import shape_facts
     facts = shape_facts(spec, plan, spec.shapes[0], machine.capability)
     failures, verified, refused, refusal = [], 0, 0, ""
-    for candidate in _covering(space, facts):
-        if candidate["producer.impl"] != impl:
-            continue
+    for candidate in _covering(space, facts, impl):
         outcome = bench.verify(candidate)
         verified += 1
         if _tf32_refused_where_eager_is_exact(candidate, outcome):
@@ -502,7 +500,7 @@ def test_inside_kernels_at_seed_shapes(config, impl, cache, worker):
     space = plan_space(plan)
     bench = GpuBenchmarker(plan, shape, cache, machine, worker, echo=print)
     bench.prepare()
-    inside = [c for c in _covering(space, shape_facts(spec, plan, shape, machine.capability)) if c["producer.impl"] == impl]
+    inside = _covering(space, shape_facts(spec, plan, shape, machine.capability), impl)
     if not inside and impl == "gemm_cluster":  # offered by the plan, but a sample's output is too large here
         pytest.skip(f"{spec.name}: a sample's output at {shape} does not fit a cluster's shared memory")
     assert inside

@@ -76,12 +76,12 @@ def build(rendered: RenderedModule, cache: Cache, timeout: float = 900.0, arch: 
         if arch:
             env["TORCH_CUDA_ARCH_LIST"] = arch
         start = time.perf_counter()
-        ok, timed_out, log = _run_child([sys.executable, "-m", "fusetune.build", str(module_dir), str(build_dir)], env, timeout)
+        ok, stopped, log = _run_child([sys.executable, "-m", "fusetune.build", str(module_dir), str(build_dir)], env, timeout)
         seconds = time.perf_counter() - start
         if ok:
             marker.write_text(f"{seconds:.1f}\n")
             failed.unlink(missing_ok=True)
-        elif not timed_out:  # a compiler error is for good; a timeout may pass on a less busy machine
+        elif not stopped:  # a compiler error is for good; a timeout or a kill may pass another time
             failed.write_text(log)
         return BuildResult(rendered.name, ok, seconds, log, module_dir, build_dir)
 
@@ -135,7 +135,9 @@ def build_many(modules: list[RenderedModule], cache: Cache, timeout: float = 900
 
 
 def _run_child(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[bool, bool, str]:
-    """Run ``cmd`` in its own process group: (succeeded, timed out, the end of its output)."""
+    """Run ``cmd`` in its own process group: (succeeded, stopped from outside, the end of its output).
+    Stopped from outside: timed out, or killed by a signal (Ctrl-C in build_many kills every running
+    build; the kernel's OOM killer): not the sources' fault, so not to be remembered as a failure."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
     _LIVE.add(proc)
@@ -150,6 +152,8 @@ def _run_child(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[boo
         raise
     finally:
         _LIVE.discard(proc)
+    if proc.returncode < 0:
+        return False, True, f"build killed by signal {-proc.returncode}\n{out[-4000:]}"
     return proc.returncode == 0, False, out[-8000:]
 
 

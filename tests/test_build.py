@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from fusetune.build import BuildResult, load_kernels
+from fusetune.build import BuildResult, build, load_kernels
 from fusetune.cache import Cache
+from fusetune.codegen import RenderedModule
 from fusetune.config import load_config
 from fusetune.plan import make_plan
 from fusetune.runner import GpuBenchmarker
@@ -39,3 +40,26 @@ def test_worker_jobs_name_the_build_architecture(tmp_path):
                            worker=None)
     module = BuildResult("m", True, 0.0, "", Path(tmp_path / "m"), Path(tmp_path / "b"))
     assert bench._job("open", None, module)["arch"] == "9.0"
+
+
+def _module(name: str, load_kernels_body: str) -> RenderedModule:
+    """A module whose build (fusetune.build's child: import model.py, call load_kernels) runs the body."""
+    model = f"def load_kernels(build_directory):\n    import os, signal, sys\n    {load_kernels_body}\n"
+    return RenderedModule(name=name, files={"model.py": model}, source_hash=name)
+
+
+def test_a_build_failure_is_remembered_and_a_killed_build_is_not(tmp_path):
+    """A compiler error is the sources' for good: the next build of the same sources answers from the
+    cache. A build killed from outside (Ctrl-C kills every running build; the OOM killer) says nothing
+    about the sources: it must not be remembered as a failure, or the next search would skip them."""
+    cache = Cache(tmp_path)
+    failing = _module("ft_fails", "sys.exit(3)")
+    first = build(failing, cache)
+    assert not first.ok and not first.cached
+    again = build(failing, cache)
+    assert not again.ok and again.cached
+    killed = _module("ft_killed", "os.kill(os.getpid(), signal.SIGKILL)")
+    first = build(killed, cache)
+    assert not first.ok and "killed by signal 9" in first.log
+    again = build(killed, cache)
+    assert not again.ok and not again.cached  # built again, not answered from the cache

@@ -58,6 +58,9 @@ from fusetune.tiles import (BOX_HEIGHTS, WIDEST_BOX, direct_row_cells, gemm_fits
 CONV_STAGES = ("direct_stats", "direct_main", "gemm_stats", "gemm_main", "gemm_cluster", "wide_stats", "wide_main")
 #: The norms whose statistics lie within one sample, so that one thread-block cluster can hold them.
 SAMPLE_SCOPES = ("instance", "group")
+#: The main families whose ends wide_main implements (its epilogue's three branches); another main
+#: family (one a test injects, one added later) gets no wide_main until it learns that family's end.
+WIDE_MAIN_FAMILIES = ("window_map", "plane_reduce", "channel_reduce")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,7 +232,7 @@ class Plan:
         statistics, the convolution runs once (after eval-mode batch norm too: finalize's map from the
         running statistics first); after a norm that needs them, it runs again (recompute)."""
         one_class = all(axis.classes == 1 for axis in wide_axes(self.spec.producer.geometry()))
-        return self.family is not None and (self.pool is None or one_class) and self._wide_conv
+        return self.family in WIDE_MAIN_FAMILIES and (self.pool is None or one_class) and self._wide_conv
 
     @property
     def wide_kernels(self) -> bool:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import yaml
@@ -340,6 +341,8 @@ def test_wide_main_takes_whole_chains():
     running = _plan("groupnorm", [{"op": "batch_norm", "training": False}, relu], out_channels=72)
     assert running.wide_main and running.impl_stages["gemm_wide"] == ("finalize", "wide_main")
     assert running.conv_passes("gemm_wide") == 1 and "gemm_wide_recompute" not in running.impl_stages
+    # a main family whose end wide_main does not implement (the GPU fault test injects one): none
+    assert not dataclasses.replace(gap, family="fault_map").wide_main
     channels = _plan("maxpool_gap", [relu, {"op": "max", "dim": 1}])  # a transposed convolution, 16 channels
     assert channels.wide_main and channels.impl_stages["gemm_wide"] == ("wide_main",)
     # a norm: the stored output for the cuDNN world's main kernel, or the convolution again

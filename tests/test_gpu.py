@@ -1,6 +1,8 @@
 """GPU tests: end to end on the seeds, kernel correctness beyond them, fault injection.
 
-Skipped without a CUDA GPU. Run on the device with: pytest -m gpu tests/test_gpu.py
+Skipped without a CUDA GPU. Run on the device with: pytest -m gpu tests/test_gpu.py (about an
+hour on an H100). In parts: -k "gemm_wide-" (one world), -k conv2d_wide_bneval (one chain), with
+FUSETUNE_TEST_CACHE=DIR so that parts run one after another share their builds.
 """
 from __future__ import annotations
 

@@ -21,6 +21,10 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
+#: Raised whenever verification gets stricter: part of the cache key (search.key_fields), so winners
+#: verified the weaker way are searched again rather than trusted. 2: norm layers moved off their
+#: identity, running statistics compared by their change.
+VERIFICATION = 2
 #: A candidate's error may be this many times eager PyTorch's, plus the floor.
 ERROR_RATIO = 8.0
 ERROR_FLOOR = 1e-5
@@ -141,6 +145,7 @@ class Session:
         self.x = torch.rand(self.shape, device="cuda", generator=generator)
         with torch.no_grad():
             ref64 = self._fresh_reference().double()
+            self.stats_before = [b.double().clone() for b in _stat_buffers(ref64)]
             self.out64 = ref64(self.x.double())
             self.stats64 = [b.clone() for b in _stat_buffers(ref64)]
             # Eager PyTorch's error in either layout: cuDNN picks TF32 algorithms for some layouts
@@ -164,9 +169,12 @@ class Session:
         return self._compare(model(_round_tf32(self.x)), _stat_buffers(model))
 
     def _compare(self, out, stats) -> tuple[float, float]:
+        """Errors of the output and of each running statistic's change (batch norm's update is
+        momentum x the batch's statistic, a small part of a running value away from zero: compared
+        whole, an update gone wrong would hide in it; in eval mode the change must be none)."""
         rel, mx = _errors(out, self.out64)
-        for got, want in zip(stats, self.stats64):
-            r, m = _errors(got, want)
+        for got, want, before in zip(stats, self.stats64, self.stats_before):
+            r, m = _errors(got.double() - before, want - before)
             rel, mx = max(rel, r), max(mx, m)
         return rel, mx
 

@@ -20,6 +20,7 @@ from fusetune.cache import Cache, Entry, make_key
 from fusetune.codegen import CUDA_FLAGS, plan_facts, plan_space, render
 from fusetune.config import ProblemSpec
 from fusetune.errors import FusetuneError
+from fusetune.evaluate import VERIFICATION
 from fusetune.ops import Shape
 from fusetune.plan import Plan, make_plan
 from fusetune.space import Candidate, PlanSpace, candidate_key
@@ -112,8 +113,8 @@ def key_fields(spec: ProblemSpec, shape: Shape, machine: Machine, source_hash: s
     """Everything that can change the answer. Not the config's name or its search settings."""
     return {"problem": spec.canonical(), "shape": list(shape), "dtype": spec.dtype, "input_layout": "contiguous",
             "gpu": machine.gpu, "capability": machine.capability, "cuda": machine.cuda,
-            "torch": machine.torch, "fusetune": __version__, "cuda_flags": list(CUDA_FLAGS),
-            "sources": source_hash}
+            "torch": machine.torch, "fusetune": __version__, "verification": VERIFICATION,
+            "cuda_flags": list(CUDA_FLAGS), "sources": source_hash}
 
 
 def _study(cache: Cache, key: str, trials: int, seed: int) -> optuna.Study:

@@ -54,9 +54,9 @@ def test_make_key_of_real_fields_is_stable():
 
 
 @pytest.mark.parametrize("change", [
-    "gpu", "torch", "cuda", "capability", "sources", "shape", "problem", "problem_param",
+    "gpu", "torch", "cuda", "capability", "sources", "shape", "problem", "problem_param", "verification",
 ])
-def test_make_key_changes_with_every_field(change):
+def test_make_key_changes_with_every_field(change, monkeypatch):
     spec = load_config(SEEDS["groupnorm"])
     other_spec = load_config(SEEDS["instancenorm"])
     machine, sources, shape = MACHINE, "abc", spec.shapes[0]
@@ -82,6 +82,9 @@ def test_make_key_changes_with_every_field(change):
         raw = yaml.safe_load(SEEDS["groupnorm"].read_text())
         raw["epilogue"][0]["eps"] = 1e-6
         spec = parse_config(raw, str(SEEDS["groupnorm"]))
+    elif change == "verification":  # a stricter verification: winners verified the old way are not trusted
+        import fusetune.search
+        monkeypatch.setattr(fusetune.search, "VERIFICATION", fusetune.search.VERIFICATION + 1)
     assert make_key(key_fields(spec, shape, machine, sources)) != base
 
 

@@ -12,6 +12,7 @@ import concurrent.futures
 import dataclasses
 import importlib.util
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -134,10 +135,18 @@ def build_many(modules: list[RenderedModule], cache: Cache, timeout: float = 900
         pool.shutdown(wait=False)
 
 
+#: Signals that stop a build from outside (build_many's Ctrl-C kills every running build with SIGKILL;
+#: the OOM killer), unlike a crash of the child itself (SIGSEGV), which is remembered.
+STOP_SIGNALS = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: What a compiler killed under the build leaves in ninja's output: the OOM killer takes the largest
+#: process, cicc or ptxas, and the child then fails as on a compiler error (exit status 1).
+KILLED_COMPILER = re.compile(r"died due to signal (9|15)\b|Killed signal terminated program")
+
+
 def _run_child(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[bool, bool, str]:
     """Run ``cmd`` in its own process group: (succeeded, stopped from outside, the end of its output).
-    Stopped from outside: timed out, or killed by a signal (Ctrl-C in build_many kills every running
-    build; the kernel's OOM killer): not the sources' fault, so not to be remembered as a failure."""
+    Stopped from outside: timed out, or it or one of its compilers killed (STOP_SIGNALS,
+    KILLED_COMPILER): not the sources' fault, so not to be remembered as a failure."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
     _LIVE.add(proc)
@@ -152,8 +161,10 @@ def _run_child(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[boo
         raise
     finally:
         _LIVE.discard(proc)
-    if proc.returncode < 0:
+    if -proc.returncode in STOP_SIGNALS:
         return False, True, f"build killed by signal {-proc.returncode}\n{out[-4000:]}"
+    if proc.returncode != 0 and KILLED_COMPILER.search(out):
+        return False, True, f"a compiler of the build was killed\n{out[-4000:]}"
     return proc.returncode == 0, False, out[-8000:]
 
 

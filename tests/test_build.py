@@ -63,3 +63,9 @@ def test_a_build_failure_is_remembered_and_a_killed_build_is_not(tmp_path):
     assert not first.ok and "killed by signal 9" in first.log
     again = build(killed, cache)
     assert not again.ok and not again.cached  # built again, not answered from the cache
+    # the OOM killer takes a compiler under the build, which then fails with status 1
+    oom = _module("ft_oom", "print(\"nvcc error   : 'cicc' died due to signal 9 (Kill signal)\"); sys.exit(1)")
+    assert not build(oom, cache).ok and not build(oom, cache).cached
+    # a crash of the build's own process is its sources' (a loader fault, say): remembered
+    crash = _module("ft_crash", "os.kill(os.getpid(), signal.SIGSEGV)")
+    assert not build(crash, cache).ok and build(crash, cache).cached

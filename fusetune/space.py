@@ -165,9 +165,9 @@ class PlanSpace:
         ``producer`` ({"producer.impl": "gemm_wide"}), only under the producer's choices that agree."""
         seen: set[str] = set()
         for choice in self._producer_combos():
-            if producer and any(choice.get(name, value) != value for name, value in producer.items()):
-                continue
             base = self.canonical({**self.default(), **choice})
+            if producer and any(base.get(name) != value for name, value in producer.items()):
+                continue  # as canonical: a choice that does not matter here is its default
             varying = [name for name in self.names() if name not in choice
                        and self.canonical({**base, name: "\0"})[name] == "\0"]  # the choices that matter here
             for values in itertools.product(*(self.choices()[name] for name in varying)):

@@ -189,6 +189,19 @@ def test_candidates_are_canonical_where_a_choice_does_not_matter():
     assert [f.family for f in batchnorm.active(spectral)] == ["producer", "finalize", "spectral_stats"]
 
 
+def test_all_under_producer_choices_is_all_filtered():
+    """all({"producer.impl": x}) is the candidates of all() whose (canonical) choice agrees, in the
+    same order: what a test of one world enumerates without the others'."""
+    space = plan_space(make_plan(load_config(SEEDS["groupnorm"])))
+    every = list(space.all())
+    for impl in {c["producer.impl"] for c in every}:
+        assert list(space.all({"producer.impl": impl})) == [c for c in every if c["producer.impl"] == impl]
+    layout = {"producer.impl": "cudnn", "producer.layout": "channels_last"}
+    assert list(space.all(layout)) == [c for c in every if all(c[k] == v for k, v in layout.items())]
+    # a layout only cuDNN's world has: under the kernels' own worlds it is canonical "contiguous"
+    assert {c["producer.impl"] for c in space.all({"producer.layout": "channels_last"})} == {"cudnn"}
+
+
 def test_constraints_of_inactive_families_are_not_checked():
     plan = make_plan(load_config(SEEDS["groupnorm"]))
     space = plan_space(plan)

@@ -11,7 +11,7 @@ import dataclasses
 import functools
 import hashlib
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from fusetune import __version__
 from fusetune.cache import atomic_write_text
@@ -83,13 +83,9 @@ def _wide_facts(plan: Plan) -> dict[str, Any]:
     window = plan.pool_window if plan.pool is not None else None
     pools = functools.partial(wide_pool_fits, conv) if plan.pool is not None else lambda *variant: True
     # Memoized: every candidate of a space asks them again with one of a few dozen arguments.
-    return {**offered, "wide_depth": wide_depths(conv), "wide_pool_fits": _memo(pools),
-            "wide_rows_fit": _memo(functools.partial(wide_rows_fit, conv)),
-            "wide_main_rows_fit": _memo(functools.partial(wide_rows_fit, conv, window=window))}
-
-
-def _memo(fact: Callable[..., bool]) -> Callable[..., bool]:
-    return functools.lru_cache(maxsize=None)(fact)
+    return {**offered, "wide_depth": wide_depths(conv), "wide_pool_fits": functools.cache(pools),
+            "wide_rows_fit": functools.cache(functools.partial(wide_rows_fit, conv)),
+            "wide_main_rows_fit": functools.cache(functools.partial(wide_rows_fit, conv, window=window))}
 
 
 def _chain(ops: Sequence[Elementwise], v: str, slots: dict[str, int], plain: bool = False) -> str:

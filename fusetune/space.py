@@ -36,7 +36,7 @@ def _code(expr: str) -> CodeType:
 
 
 def _holds(expr: str, names: Mapping[str, Any]) -> bool:
-    return bool(eval(_code(expr), {"__builtins__": {}}, dict(names)))  # noqa: S307 - our own data
+    return bool(eval(_code(expr), {"__builtins__": {}}, names))  # noqa: S307 - our own data
 
 
 @dataclasses.dataclass(frozen=True)

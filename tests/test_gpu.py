@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -479,16 +480,20 @@ def test_families_beyond_the_seeds(impl, name, cache, worker):
     from fusetune.search import shape_facts
     facts = shape_facts(spec, plan, spec.shapes[0], machine.capability)
     failures, verified, refused, refusal = [], 0, 0, ""
+    started, in_worker = time.perf_counter(), 0.0
     for candidate in _covering(space, facts, impl):
         outcome = bench.verify(candidate)
         verified += 1
+        in_worker += outcome.get("verify_s", 0.0)
         if _tf32_refused_where_eager_is_exact(candidate, outcome):
             refused += 1
             refusal = (f"eager's own error here is {outcome['eager_error_rel']:.1e} (no TF32), one kernel's "
                        f"{outcome['error_rel']:.1e}, eager's on TF32-rounded operands {outcome['tf32_error_rel']:.1e}")
         elif outcome["status"] != "ok":
             failures.append((candidate_key(candidate), outcome))
-    print(name, plan.describe(), verified, f"{impl} variants verified")
+    # Where a test's time goes: the kernels' runs and comparisons in the worker, or around them.
+    print(name, plan.describe(), verified, f"{impl} variants verified in {time.perf_counter() - started:.1f} s, "
+          f"{in_worker:.1f} s of it verifying in the worker")
     if refused:
         print(f"  {name}: {refused} TF32 candidates refused, as they should be: {refusal}")
     assert verified > 0, (name, impl)

@@ -50,8 +50,8 @@ from typing import Sequence
 from fusetune.config import ProblemSpec
 from fusetune.errors import PlanError
 from fusetune.ops import Add, Div, Elementwise, Mul, Norm, Op, Pool, Reduce
-from fusetune.tiles import (BOX_HEIGHTS, WIDEST_BOX, direct_row_cells, gemm_fits, gemm_max_height, wide_axes,
-                           wide_fits)
+from fusetune.tiles import (BOX_HEIGHTS, WIDEST_BOX, direct_row_cells, gemm_fits, gemm_max_height, gemm_refusal,
+                           wide_axes, wide_fits)
 
 
 #: The stages that compute the convolution inside themselves.
@@ -231,8 +231,30 @@ class Plan:
         within every window. The convolution output never goes to memory: for a chain without
         statistics, the convolution runs once (after eval-mode batch norm too: finalize's map from the
         running statistics first); after a norm that needs them, it runs again (recompute)."""
-        one_class = all(axis.classes == 1 for axis in wide_axes(self.spec.producer.geometry()))
-        return self.family in WIDE_MAIN_FAMILIES and (self.pool is None or one_class) and self._wide_conv
+        return self._wide_main_refusal is None
+
+    @property
+    def _wide_main_refusal(self) -> str | None:
+        """Why wide_main does not take the chain (see wide_main), None where it does."""
+        if self.gemm:
+            return "the whole-weights tensor-core kernels (gemm) take this convolution"
+        if not self._wide_conv:
+            return "no variant within the shared memory"
+        if self.family not in WIDE_MAIN_FAMILIES:
+            return f"a chain that ends in {self.family or 'finalize'}, not a map or a reduction it implements"
+        if self.pool is not None and any(axis.classes > 1 for axis in wide_axes(self.spec.producer.geometry())):
+            return "a pool after a strided transposed convolution (its output classes interleave in every window)"
+        return None
+
+    @property
+    def unoffered(self) -> dict[str, str]:
+        """The worlds that run the convolution inside the kernels and are not offered, each with why:
+        what ``fusetune plan`` shows, so that a chain left to cuDNN says what stands in the way."""
+        why = {"direct": None if self.direct else _direct_refusal(self.spec, self.family),
+               "gemm": None if self.gemm else gemm_refusal(self.spec.producer.geometry(),
+                                                          [((1, 1, 1), (1, 1, 1)), self.pool_window]),
+               "gemm_wide": None if self.wide_stages else self._wide_main_refusal}
+        return {impl: reason for impl, reason in why.items() if reason is not None}
 
     @property
     def wide_kernels(self) -> bool:
@@ -384,13 +406,22 @@ def _affine(ops: Sequence[Op]) -> bool:
 
 
 def _direct_fits(spec: ProblemSpec, family: str | None) -> bool:
-    """Whether the direct kernels can take this producer: weights in constant memory, and for a
-    channel reduction every channel of a position in one thread's registers."""
+    return _direct_refusal(spec, family) is None
+
+
+def _direct_refusal(spec: ProblemSpec, family: str | None) -> str | None:
+    """Why the direct kernels do not take this producer, None where they do: weights in constant
+    memory, output channels in pairs, and for a channel reduction every channel of a position in one
+    thread's registers."""
     producer = spec.producer
     weights = producer.in_channels * producer.out_channels * math.prod(producer.kernel_size)
-    if weights > DIRECT_MAX_WEIGHTS or producer.out_channels % 2 != 0:
-        return False
-    return family != "channel_reduce" or producer.out_channels in DIRECT_CHANNEL_REDUCE_TILES
+    if weights > DIRECT_MAX_WEIGHTS:
+        return f"{weights} weights (constant memory holds {DIRECT_MAX_WEIGHTS})"
+    if producer.out_channels % 2 != 0:
+        return f"{producer.out_channels} output channels (an even count)"
+    if family == "channel_reduce" and producer.out_channels not in DIRECT_CHANNEL_REDUCE_TILES:
+        return f"a reduction over {producer.out_channels} channels (one of {DIRECT_CHANNEL_REDUCE_TILES})"
+    return None
 
 
 def _family(spec: ProblemSpec, norm: Norm | None, mid: list[Op], pool: Pool | None,

@@ -124,14 +124,24 @@ def gemm_max_height(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[
 
 
 def gemm_fits(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[int]]]) -> bool:
-    """Whether the tensor-core kernels take a convolution: not transposed (yet), channels in whole
-    MMA columns of 8 and few enough to keep a box's output on chip, weights small enough to stage,
-    and some box over each (window, stride) of cells within the shared memory."""
-    if conv["transposed"] or conv["cout"] % 8 != 0 or conv["cout"] > MAX_CHANNELS:
-        return False
-    if weight_words(conv["cout"], k_padded(conv["cin"], conv["kernel"])) > MAX_WEIGHT_FLOATS:
-        return False
-    return gemm_max_height(conv, windows) > 0
+    """Whether the tensor-core kernels take a convolution (gemm_refusal says why not)."""
+    return gemm_refusal(conv, windows) is None
+
+
+def gemm_refusal(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[int]]]) -> str | None:
+    """Why the tensor-core kernels do not take a convolution, None where they do: not transposed
+    (yet), channels in whole MMA columns of 8 and few enough to keep a box's output on chip, weights
+    small enough to stage, and some box over each (window, stride) of cells within the shared memory."""
+    if conv["transposed"]:
+        return "a transposed convolution"
+    if conv["cout"] % 8 != 0 or conv["cout"] > MAX_CHANNELS:
+        return f"{conv['cout']} output channels (a multiple of 8 up to {MAX_CHANNELS})"
+    words = weight_words(conv["cout"], k_padded(conv["cin"], conv["kernel"]))
+    if words > MAX_WEIGHT_FLOATS:
+        return f"weights of {words} staged words (at most {MAX_WEIGHT_FLOATS})"
+    if gemm_max_height(conv, windows) == 0:
+        return "no box of outputs (with its pooling windows) within the shared memory"
+    return None
 
 
 #: The box widths of the statistics kernels (gemm_stats.yaml's and gemm_cluster.yaml's tw).

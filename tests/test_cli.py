@@ -75,6 +75,8 @@ def test_plan_lists_every_stage(runner):
         assert f"stages={'+'.join(plan.cudnn_stages)}" in result.output
         if plan.direct:
             assert f"direct={'+'.join(plan.direct_stages)}" in result.output
+        for impl, reason in plan.unoffered.items():  # what stands in the way of each world not offered
+            assert f"  no {impl} world: {reason}" in result.output
         for family in space.families:
             for p in family.params:
                 assert f"  {family.family}.{p.name}: {list(p.choices)} default {p.default}" in result.output

@@ -9,7 +9,7 @@ import pytest
 
 from fusetune.config import load_config
 from fusetune.tiles import (FOOTPRINT_MAX, SMEM_LIMIT, WIDE_PAIR_LIMIT, cin_padded, direct_footprint, direct_row_cells,
-                            gemm_fits, gemm_max_height, gemm_tile, k_padded, weight_words, wide_axes, wide_brick,
+                            gemm_fits, gemm_max_height, gemm_refusal, gemm_tile, k_padded, weight_words, wide_axes, wide_brick,
                             wide_depth, wide_pool_fits, wide_stage_words, wide_row_words, wide_rows_fit, wide_slab_stride, wide_smem_bytes,
                             wide_staged_rows, wide_workspace_words)
 
@@ -95,6 +95,12 @@ def test_fits_takes_the_boxes_that_fit_every_window():
     assert big.smem_bytes > SMEM_LIMIT
     assert not gemm_fits(conv, [(ONE, ONE), ((1, 16, 16), (1, 16, 16))])
     assert not gemm_fits({**conv, "transposed": True}, [(ONE, ONE)])
+    # gemm_refusal names each reason gemm_fits says no for, and only those
+    assert gemm_refusal(conv, windows) is None
+    assert "shared memory" in gemm_refusal(conv, [(ONE, ONE), ((1, 16, 16), (1, 16, 16))])
+    assert gemm_refusal({**conv, "transposed": True}, [(ONE, ONE)]) == "a transposed convolution"
+    assert "72 output channels" in gemm_refusal({**conv, "cout": 72}, [(ONE, ONE)])
+    assert "staged words" in gemm_refusal({**conv, "cin": 240}, [(ONE, ONE)])
 
 
 @pytest.mark.parametrize("name", ["groupnorm", "instancenorm"])

@@ -251,8 +251,7 @@ class Plan:
         """The worlds that run the convolution inside the kernels and are not offered, each with why:
         what ``fusetune plan`` shows, so that a chain left to cuDNN says what stands in the way."""
         why = {"direct": None if self.direct else _direct_refusal(self.spec, self.family),
-               "gemm": None if self.gemm else gemm_refusal(self.spec.producer.geometry(),
-                                                          [((1, 1, 1), (1, 1, 1)), self.pool_window]),
+               "gemm": None if self.gemm else gemm_refusal(self.spec.producer.geometry(), self.gemm_windows),
                "gemm_wide": None if self.wide_stages else self._wide_main_refusal}
         return {impl: reason for impl, reason in why.items() if reason is not None}
 
@@ -326,6 +325,12 @@ class Plan:
         return pad + tuple(self.pool.kernel_size), pad + tuple(self.pool.stride)
 
     @property
+    def gemm_windows(self) -> list[tuple[tuple[int, int, int], tuple[int, int, int]]]:
+        """The (window, stride) cells the tensor-core kernels' boxes hold: single outputs (the
+        statistics pass), whole pooling windows (the main kernel)."""
+        return [((1, 1, 1), (1, 1, 1)), self.pool_window]
+
+    @property
     def param_names(self) -> tuple[str, ...]:
         """Learnable per-channel parameters the kernels read, in slot order."""
         names: list[str] = []
@@ -392,10 +397,8 @@ def make_plan(spec: ProblemSpec) -> Plan:
     plan = Plan(spec=spec, pre=pre, norm=norm, mid=tuple(groups["mid"]), pool=pool,
                 post=tuple(groups["post"]), reduce=reduce, final=tuple(groups["final"]),
                 family=family, drop_bias=drop_bias, direct=_direct_fits(spec, family))
-    # The tensor-core kernels' statistics pass tiles single outputs, their main kernel whole windows.
-    windows = [((1, 1, 1), (1, 1, 1)), plan.pool_window]
-    gemm = gemm_fits(spec.producer.geometry(), windows)
-    gemm_th = gemm_max_height(spec.producer.geometry(), windows) if gemm else 0
+    gemm = gemm_fits(spec.producer.geometry(), plan.gemm_windows)
+    gemm_th = gemm_max_height(spec.producer.geometry(), plan.gemm_windows) if gemm else 0
     direct_cells = direct_row_cells(spec.producer.geometry(), *plan.pool_window) if plan.direct else 1
     return dataclasses.replace(plan, gemm=gemm, gemm_th=gemm_th, direct_cells=direct_cells)
 

@@ -329,18 +329,16 @@ def test_every_world_not_offered_says_why():
     """A convolution-inside world is either offered or named in unoffered with a reason (what
     ``fusetune plan`` prints), never both and never neither."""
     relu, pool = {"op": "relu"}, {"op": "max_pool", "kernel_size": 2}
-    plans = [make_plan(load_config(path)) for path in SEEDS.values()]
-    plans += [_plan("maxpool_gap", [relu, pool], out_channels=64, kernel_size=5),  # strided transposed + pool
-              _plan("groupnorm", [relu, pool], out_channels=72),                   # the K-tiled world only
-              _plan("groupnorm", [relu, {"op": "sum", "dim": 1}], out_channels=30)]  # odd tiles for direct
-    for plan in plans:
+    strided = _plan("maxpool_gap", [relu, pool], out_channels=64, kernel_size=5)  # strided transposed + pool
+    wide_only = _plan("groupnorm", [relu, pool], out_channels=72)                    # the K-tiled world only
+    thirty = _plan("groupnorm", [relu, {"op": "sum", "dim": 1}], out_channels=30)    # no tile of direct's
+    for plan in [make_plan(load_config(path)) for path in SEEDS.values()] + [strided, wide_only, thirty]:
         for impl in ("direct", "gemm", "gemm_wide"):
             assert (impl in plan.impl_stages) != (impl in plan.unoffered), (plan.spec.name, impl)
-    strided = plans[-3].unoffered
-    assert strided["gemm"] == "a transposed convolution" and "weights" in strided["direct"]
-    assert "classes interleave" in strided["gemm_wide"]
-    assert "72 output channels" in plans[-2].unoffered["gemm"] and "gemm_wide" not in plans[-2].unoffered
-    assert "a reduction over 30 channels" in plans[-1].unoffered["direct"]
+    assert strided.unoffered["gemm"] == "a transposed convolution" and "weights" in strided.unoffered["direct"]
+    assert "classes interleave" in strided.unoffered["gemm_wide"]
+    assert "72 output channels" in wide_only.unoffered["gemm"] and "gemm_wide" not in wide_only.unoffered
+    assert "a reduction over 30 channels" in thirty.unoffered["direct"]
 
 
 def test_wide_main_takes_whole_chains():

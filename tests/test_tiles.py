@@ -9,9 +9,9 @@ import pytest
 
 from fusetune.config import load_config
 from fusetune.tiles import (FOOTPRINT_MAX, SMEM_LIMIT, WIDE_PAIR_LIMIT, cin_padded, direct_footprint, direct_row_cells,
-                            gemm_fits, gemm_max_height, gemm_refusal, gemm_tile, k_padded, weight_words, wide_axes, wide_brick,
-                            wide_depth, wide_pool_fits, wide_stage_words, wide_row_words, wide_rows_fit, wide_slab_stride, wide_smem_bytes,
-                            wide_staged_rows, wide_workspace_words)
+                            gemm_fits, gemm_max_height, gemm_refusal, gemm_tile, k_padded, weight_words, wide_axes,
+                            wide_brick, wide_depth, wide_pool_fits, wide_row_words, wide_rows_fit, wide_slab_stride,
+                            wide_smem_bytes, wide_stage_words, wide_staged_rows, wide_workspace_words)
 
 from conftest import SEEDS
 

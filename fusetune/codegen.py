@@ -20,8 +20,8 @@ from fusetune.plan import Plan
 from fusetune.space import PlanSpace, load_family
 from fusetune.templates import environment
 from fusetune.tiles import (FOOTPRINT_MAX, WIDE_BLOCK, WIDE_BN, cluster_boxes, gemm_k, gemm_tile, wide_axes,
-                            wide_channel_chunk, wide_cin_padded, wide_depth, wide_depths, wide_pool_fits, wide_rows_fit,
-                            wide_slab_stride, wide_workspace_words)
+                            wide_channel_chunk, wide_cin_padded, wide_depth, wide_depths, wide_folds, wide_pool_fits,
+                            wide_rows_fit, wide_slab_stride, wide_workspace_words)
 
 #: Flags for nvcc; part of every cache key. No fast-math: it changes rounding of rsqrt and division.
 CUDA_FLAGS = ("-O3", "-lineinfo", "-std=c++17")
@@ -178,13 +178,15 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         "gemm_tile": lambda variant, pooled: gemm_tile(conv, *(plan.pool_window if pooled else ((1, 1, 1),) * 2),
                                                        variant["tw"], variant["th"]),
         # The K-tiled kernels (wide_stats, wide_main): the convolution's axes as they compute it, a stage's input
-        # channels, and per variant its staged input's capacity per channel and its pipeline depth.
+        # channels, whether wide_main folds a pool's windows class by class, and per variant its staged
+        # input's capacity per channel and its pipeline depth (wide_main's beside that fold).
         "wide": {"axes": wide_axes(conv), "ck": wide_channel_chunk(conv["cin"]),
                  "cin_pad": wide_cin_padded(conv["cin"]), "block": WIDE_BLOCK, "bn_min": min(WIDE_BN),
-                 "workspace": wide_workspace_words(conv) if plan.wide_kernels else 0},
-        "wide_tile": lambda variant: {"cs": wide_slab_stride(conv, variant["bm"], variant["staging"]),
-                                      "depth": wide_depth(conv, variant["bm"], variant["bn"], variant["blocks"],
-                                                          variant["staging"])},
+                 "workspace": wide_workspace_words(conv) if plan.wide_kernels else 0,
+                 "folds": plan.pool is not None and wide_folds(conv)},
+        "wide_tile": lambda variant, fold=False: {"cs": wide_slab_stride(conv, variant["bm"], variant["staging"]),
+                                                  "depth": wide_depth(conv, variant["bm"], variant["bn"],
+                                                                      variant["blocks"], variant["staging"], fold)},
     }
     sources = _units(env, plan, variants, context)
     binding = env.get_template("binding.cpp.j2").render(**context)

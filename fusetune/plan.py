@@ -30,8 +30,8 @@ also offers them from spectra, the convolution never computed (``spectral``). Wh
 statistics and the convolution has too many channels for those kernels (or is a transposed one,
 split by output parity), a K-tiled implicit GEMM on the tensor cores takes the statistics, and
 writes the output once for the main kernel where the chain goes on (``gemm_wide``: see
-fusetune/tiles.py). The same K-tiled GEMM also runs a whole chain (``wide_main``; a pool only after a
-convolution of one output class, a box then whole windows): in the gemm_wide world where the chain
+fusetune/tiles.py). The same K-tiled GEMM also runs a whole chain (``wide_main``; where it pools, a box is
+whole windows): in the gemm_wide world where the chain
 has no norm, and after wide_stats with the convolution computed again, never written
 (``gemm_wide_recompute``). The search picks among the worlds (``producer.impl``).
 
@@ -50,8 +50,8 @@ from typing import Sequence
 from fusetune.config import ProblemSpec
 from fusetune.errors import PlanError
 from fusetune.ops import Add, Div, Elementwise, Mul, Norm, Op, Pool, Reduce
-from fusetune.tiles import (BOX_HEIGHTS, WIDEST_BOX, direct_row_cells, gemm_fits, gemm_max_height, gemm_refusal,
-                           wide_axes, wide_fits)
+from fusetune.tiles import (BOX_HEIGHTS, WIDE_BN, WIDEST_BOX, direct_row_cells, gemm_fits, gemm_max_height,
+                           gemm_refusal, wide_fits)
 
 
 #: The stages that compute the convolution inside themselves.
@@ -207,12 +207,28 @@ class Plan:
 
     @property
     def _wide_conv(self) -> bool:
-        """Whether the K-tiled tensor-core kernels take the convolution: one the whole-weights kernels
-        above do not take (more than 64 output channels, weights over their shared memory, or a
-        transposed convolution: that one as a plain convolution per output parity class). They stage
-        the weights a row or a plane of taps and a few input channels at a time, so any channel count
-        goes (tiles.wide_fits: some variant within the shared memory)."""
-        return not self.gemm and wide_fits(self.spec.producer.geometry())
+        """Whether the K-tiled tensor-core kernels take the convolution (see _wide_refusal)."""
+        return self._wide_refusal is None
+
+    @property
+    def _wide_refusal(self) -> str | None:
+        """Why the K-tiled tensor-core kernels do not take the convolution, None where they do: one
+        the whole-weights kernels above do not take (more than 64 output channels, weights over their
+        shared memory, or a transposed convolution: that one as a plain convolution per output parity
+        class). They stage the weights a row or a plane of taps and a few input channels at a time,
+        so any channel count goes (tiles.wide_fits: some variant within the shared memory). But not
+        where the direct kernels take a convolution of fewer output channels than the narrowest
+        tile of them (64): most of every MMA would multiply zero weights (the 3 -> 16 transposed
+        seed: 13.5 ms at best, against the direct kernel's 0.33, on an H200)."""
+        conv = self.spec.producer.geometry()
+        if self.gemm:
+            return "the whole-weights tensor-core kernels (gemm) take this convolution"
+        if self.direct and conv["cout"] < min(WIDE_BN):
+            return (f"{conv['cout']} output channels fill less than a tile of {min(WIDE_BN)}, and the direct "
+                    "kernels take the convolution")
+        if not wide_fits(conv):
+            return "no variant within the shared memory"
+        return None
 
     @property
     def wide(self) -> bool:
@@ -226,24 +242,21 @@ class Plan:
         """Whether the K-tiled kernel can also run the whole chain (wide_main): the convolution is one
         for the K-tiled kernels, and the chain ends in a map, a reduction over space, or one over the
         channels (each block over its tile of them, a small kernel over the tiles where there are
-        several). A pool needs a convolution of one output class (not a strided transposed one): a
-        box is then a brick of whole windows; a strided transposed convolution's classes interleave
-        within every window. The convolution output never goes to memory: for a chain without
-        statistics, the convolution runs once (after eval-mode batch norm too: finalize's map from the
-        running statistics first); after a norm that needs them, it runs again (recompute)."""
+        several). Where the chain pools, a box is a brick of whole windows (a strided transposed
+        convolution's output classes, which interleave within every window, multiplied one after
+        another and folded into the windows). The convolution output never goes to memory: for a
+        chain without statistics, the convolution runs once (after eval-mode batch norm too:
+        finalize's map from the running statistics first); after a norm that needs them, it runs
+        again (recompute)."""
         return self._wide_main_refusal is None
 
     @property
     def _wide_main_refusal(self) -> str | None:
         """Why wide_main does not take the chain (see wide_main), None where it does."""
-        if self.gemm:
-            return "the whole-weights tensor-core kernels (gemm) take this convolution"
-        if not self._wide_conv:
-            return "no variant within the shared memory"
+        if self._wide_refusal is not None:
+            return self._wide_refusal
         if self.family not in WIDE_MAIN_FAMILIES:
             return f"a chain that ends in {self.family or 'finalize'}, not a map or a reduction it implements"
-        if self.pool is not None and any(axis.classes > 1 for axis in wide_axes(self.spec.producer.geometry())):
-            return "a pool after a strided transposed convolution (its output classes interleave in every window)"
         return None
 
     @property

@@ -369,19 +369,23 @@ def wide_rows_fit(conv: dict, bm: int, height: int, width: int, staging: str = "
 
 
 def wide_brick(conv: dict, bm: int, staging: str, window: tuple, pooled: Sequence[int], width: int) -> tuple[int, int, int]:
-    """The pooling windows (pd, ph, pw) a box of wide_main takes where the chain pools (one class
-    only): a brick of whole windows, as many along w as fit (a whole pooled row, then rows of them,
-    then planes), within bm outputs and a staged channel (wide_geometry.h.j2's ft_wide_brick mirrors
-    it). ``window``: the pool's (kernel, stride), 3-D; ``pooled``: the pooled output (OD, OH, OW);
-    ``width``: the convolution output's. pw == 0: not even one window fits."""
+    """The pooling windows (pd, ph, pw) a box of wide_main takes where the chain pools: a brick of
+    whole windows, as many along w as fit (a whole pooled row, then rows of them, then planes)
+    (wide_geometry.h.j2's ft_wide_brick mirrors it). Each output class computes its own outputs in
+    the brick as one box: at most ceil(n / classes) of n consecutive outputs along each axis, so
+    those must fit bm outputs and a staged channel; and a strided transposed convolution's windows
+    must fit its fold (bm of them: wide_folds). ``window``: the pool's (kernel, stride), 3-D;
+    ``pooled``: the pooled output (OD, OH, OW); ``width``: the convolution output's. pw == 0: not
+    even one window fits."""
     (kd, kh, kw), (sd, sh, sw) = window
-    _, axis_h, _ = wide_axes(conv)
+    axis_d, axis_h, axis_w = wide_axes(conv)
     cap, row = wide_slab_stride(conv, bm, staging), wide_row_words(conv, width)
 
     def fits(pd: int, ph: int, pw: int) -> bool:
         nd, nh, nw = (pd - 1) * sd + kd, (ph - 1) * sh + kh, (pw - 1) * sw + kw
-        rows = nd * ((nh - 1) * axis_h.step + axis_h.max_taps) if staging == "plane" else nd * nh
-        return nd * nh * nw <= bm and rows * row <= cap
+        cd, ch, cw = (-(-n // axis.classes) for n, axis in ((nd, axis_d), (nh, axis_h), (nw, axis_w)))
+        rows = cd * ((ch - 1) * axis_h.step + axis_h.max_taps) if staging == "plane" else cd * ch
+        return pd * ph * pw <= bm and cd * ch * cw <= bm and rows * row <= cap
 
     od, oh, ow = pooled
     pd = ph = 1
@@ -395,6 +399,14 @@ def wide_brick(conv: dict, bm: int, staging: str, window: tuple, pooled: Sequenc
             while pd < od and fits(pd + 1, ph, pw):
                 pd += 1
     return pd, ph, pw
+
+
+def wide_folds(conv: dict) -> bool:
+    """Whether wide_main, where the chain pools, folds the values into their windows class by class:
+    a strided transposed convolution, whose output classes interleave in every window. Each class's
+    outputs in a brick are then one box multiplied in turn, and every window's running value (bm
+    windows by bn channels at most) stays in shared memory beside the stages until the last class."""
+    return any(axis.classes > 1 for axis in wide_axes(conv))
 
 
 def wide_row_words(conv: dict, width: int) -> int:
@@ -413,12 +425,13 @@ def wide_stage_words(conv: dict, bm: int, bn: int, staging: str = "row") -> int:
 
 
 def wide_pool_fits(conv: dict, bm: int, bn: int, wm: int, blocks: int = 1, staging: str = "row") -> bool:
-    """Whether wide_main can pool a box of this variant: its values of bn / passes channels at a time
-    (bm + 4 words a channel) fit the stages' buffers (free once every warp is past its MMAs), the
-    passes splitting each warp's nt n-tiles evenly (wide_main.cu.j2's ft_wide_pool_passes)."""
+    """Whether wide_main can pool a box of this variant: its stages fit beside the windows' fold
+    where it folds (wide_folds), and its values of bn / passes channels at a time (bm + 4 words a
+    channel) fit the stages' buffers (free once every warp is past its MMAs), the passes splitting
+    each warp's nt n-tiles evenly (wide_main.cu.j2's ft_wide_pool_passes)."""
     warps_n = WIDE_BLOCK // 32 // (bm // 16 // wm)
     nt = bn // 8 // warps_n
-    buffers = wide_depth(conv, bm, bn, blocks, staging) * wide_stage_words(conv, bm, bn, staging)
+    buffers = wide_depth(conv, bm, bn, blocks, staging, wide_folds(conv)) * wide_stage_words(conv, bm, bn, staging)
     return any((bn // passes) * (bm + 4) <= buffers for passes in (1, 2, 4, 8, 16) if passes <= nt)
 
 
@@ -429,19 +442,20 @@ def wide_table_words(conv: dict, bm: int, staging: str = "row") -> int:
     return _round_up(wide_slab_stride(conv, bm, staging) // 4, 2) + bm + 2
 
 
-def wide_smem_bytes(conv: dict, bm: int, bn: int, depth: int, staging: str = "row") -> int:
+def wide_smem_bytes(conv: dict, bm: int, bn: int, depth: int, staging: str = "row", fold: bool = False) -> int:
     """Shared memory of a variant with ``depth`` stages in flight, beside its per-box row tables, the
-    channels' pivots and the warps' per-channel sums (template: FtWide::smem_words)."""
+    channels' pivots and the warps' per-channel sums (template: FtWide::smem_words), and with
+    ``fold`` the windows' running values, bm x bn words (wide_main pooling class by class)."""
     warps_m = bm // 32  # at most: m-tiles of 16, at least two a warp
     return 4 * (depth * wide_stage_words(conv, bm, bn, staging) + wide_table_words(conv, bm, staging) + bn
-                + 2 * warps_m * bn)
+                + 2 * warps_m * bn + (bm * bn if fold else 0))
 
 
-def wide_depth(conv: dict, bm: int, bn: int, blocks: int = 1, staging: str = "row") -> int:
+def wide_depth(conv: dict, bm: int, bn: int, blocks: int = 1, staging: str = "row", fold: bool = False) -> int:
     """Stages in flight: three where they fit in a block's share of the shared memory (``blocks`` a
-    multiprocessor), else two, else 0 (not compiled)."""
+    multiprocessor; with ``fold``, beside the windows' fold), else two, else 0 (not compiled)."""
     limit = SMEM_LIMIT if blocks == 1 else WIDE_PAIR_LIMIT
-    return max((d for d in (3, 2) if wide_smem_bytes(conv, bm, bn, d, staging) <= limit), default=0)
+    return max((d for d in (3, 2) if wide_smem_bytes(conv, bm, bn, d, staging, fold) <= limit), default=0)
 
 
 def wide_depths(conv: dict) -> dict[tuple[int, int, int, str], int]:

@@ -108,6 +108,24 @@ EXTRA["conv2d_wide_bneval_relu_maxpool"] = {
     "epilogue": [{"op": "batch_norm", "training": False}, {"op": "relu"}, {"op": "max_pool", "kernel_size": 2}],
     "shapes": [[2, 24, 19, 23]],
 }
+# ... and where the chain pools after a strided transposed convolution (each class's outputs among a
+# brick's windows in turn, folded into the windows in shared memory): a max pool written, an
+# overlapping average pool then a spatial mean.
+EXTRA["convt3d_wide_stride2_relu_maxpool_scale"] = {
+    "name": "convt3d_wide_stride2_relu_maxpool_scale",
+    "producer": {"op": "conv_transpose3d", "in_channels": 24, "out_channels": 40, "kernel_size": 3, "stride": 2,
+                 "padding": 1, "output_padding": 1},
+    "parameters": {"s": {"init": "randn"}},
+    "epilogue": [{"op": "relu"}, {"op": "max_pool", "kernel_size": 2}, {"op": "mul", "by": "s"}],
+    "shapes": [[2, 24, 5, 6, 37]],
+}
+EXTRA["convt3d_wide_stride2_avgpool_overlap_gap"] = {
+    "name": "convt3d_wide_stride2_avgpool_overlap_gap",
+    "producer": {"op": "conv_transpose3d", "in_channels": 16, "out_channels": 72, "kernel_size": 4, "stride": 2,
+                 "padding": 1},
+    "epilogue": [{"op": "avg_pool", "kernel_size": 3, "stride": 2}, {"op": "adaptive_avg_pool"}, {"op": "add", "by": 0.1}],
+    "shapes": [[2, 16, 5, 7, 6]],
+}
 EXPECTED_EXTRA = {  # name: (stages, reduce mode or None, pool mode or None, norm scope or None)
     "conv2d_bneval_relu_avgpool_gap": (("finalize", "plane_reduce"), "mean", "avg", "running"),
     "conv3d_relu_sum_channels": (("channel_reduce",), "sum", None, None),
@@ -120,6 +138,8 @@ EXPECTED_EXTRA = {  # name: (stages, reduce mode or None, pool mode or None, nor
     "conv3d_wide_relu_maxpool": (("window_map",), None, "max", None),
     "conv2d_wide_scale_avgpool_overlap_gap": (("plane_reduce",), "mean", "avg", None),
     "conv2d_wide_bneval_relu_maxpool": (("finalize", "window_map"), None, "max", "running"),
+    "convt3d_wide_stride2_relu_maxpool_scale": (("window_map",), None, "max", None),
+    "convt3d_wide_stride2_avgpool_overlap_gap": (("plane_reduce",), "mean", "avg", None),
 }
 NAMES = sorted(SEEDS) + sorted(EXTRA)
 
@@ -337,3 +357,58 @@ def test_wide_geometry_header_agrees_with_tiles(tmp_path):
                                                                       axis.pad(r), axis.first(r))], (GEOMETRY_AXES[i], out)
         rows += 1
     assert rows == 60 * len(GEOMETRY_AXES)
+
+
+@pytest.mark.skipif(GXX is None, reason="g++ not found")
+def test_wide_classes_among_windows_place_every_output_once(tmp_path):
+    """Where wide_main pools after a strided transposed convolution, each class computes its outputs
+    among a brick's windows as one box (FtWideAxisOf::among), and the fold finds each window's
+    outputs in the boxes (FtWideAxisOf::place). Along every test axis, at outputs 1 to 40 long, for
+    every run of 1 to 9 outputs: the classes' counts add up to the run, and each output is exactly one
+    class's, at a place within that class's count whose output is that output."""
+    from fusetune.templates import environment
+    from fusetune.tiles import wide_axes
+
+    template = environment().get_template("wide_geometry.h.j2")
+    parts, checks = ["#include <cstdint>\n#include <cstdio>\n"], []
+    for i, (k, s, p, transposed) in enumerate(GEOMETRY_AXES):
+        conv = {"kernel": (1, k, k), "stride": (1, s, s), "padding": (0, p, p), "transposed": transposed}
+        header = template.render(wide={"axes": wide_axes(conv), "ck": 16, "cin_pad": 16, "workspace": 0})
+        parts.append(f"namespace c{i} {{\n{header}\n}}\n")
+        checks.append(f"""
+  for (int out = 1; out <= 40; ++out)
+    for (int o0 = 0; o0 < out; ++o0)
+      for (int n = 1; n <= 9 && o0 + n <= out; ++n) {{
+        using A = c{i}::FtWideW;
+        int total = 0, q0[8], count[8];
+        for (int r = 0; r < A::CLASSES; ++r) {{
+          count[r] = A::among(A::of(r, out), r, o0, n, q0[r]);
+          total += count[r];
+        }}
+        if (total != n) {{ printf("BAD %d %d %d %d total %d\\n", {i}, out, o0, n, total); ++bad; }}
+        for (int o = o0; o < o0 + n; ++o) {{
+          int owners = 0;
+          for (int r = 0; r < A::CLASSES; ++r) {{
+            const c{i}::FtWideAxis ax = A::of(r, out);
+            const int at = A::place(ax, r, q0[r], o);
+            if (at < 0) continue;
+            ++owners;
+            if (at >= count[r] || A::output(ax, r, q0[r] + at) != o) {{
+              printf("BAD %d %d %d %d o %d r %d at %d\\n", {i}, out, o0, n, o, r, at);
+              ++bad;
+            }}
+          }}
+          if (owners != 1) {{ printf("BAD %d %d %d %d o %d owners %d\\n", {i}, out, o0, n, o, owners); ++bad; }}
+          ++checked;
+        }}
+      }}""")
+    main = "int main() {\n  long bad = 0, checked = 0;" + "".join(checks) + '\n  printf("checked %ld\\n", checked);\n  return bad != 0;\n}\n'
+    source = tmp_path / "among.cpp"
+    source.write_text("".join(parts) + main)
+    build = subprocess.run([GXX, "-std=c++17", "-Wall", "-Werror", str(source), "-o", str(tmp_path / "among")],
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(tmp_path / "among")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-3000:]
+    outputs = sum(n for out in range(1, 41) for o0 in range(out) for n in range(1, min(9, out - o0) + 1))
+    assert run.stdout.split()[-1] == str(outputs * len(GEOMETRY_AXES)), run.stdout[-500:]

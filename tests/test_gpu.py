@@ -416,6 +416,33 @@ EXTRA["convt3d_wide_stride2_bneval_min_channels"] = {
                  "padding": 1, "output_padding": 1},
     "epilogue": [{"op": "batch_norm", "training": False}, {"op": "clamp", "min": -0.5}, {"op": "min", "dim": 1}],
     "shapes": [[2, 24, 5, 6, 7]]}
+# wide_main where the chain pools after a strided transposed convolution: each class's outputs among a
+# brick's windows multiplied in turn and folded into the windows in shared memory. A max pool whose
+# windows hold one output of each of the 8 classes, its pooled rows (37 windows) longer than some
+# bricks hold, a learnable scale after it; an overlapping average pool (windows of 3 at stride 2:
+# each class 1 to 4 times in a window) then a spatial mean; strides 2, 1 and 3 under overlapping max
+# windows of 3 at stride 2 (along w, 1 or 2 outputs of a class in a window, or none) and a scale of
+# either sign before them. After instance norm of mixed strides (gemm_wide_recompute):
+# convt3d_wide_mixed_strides_instancenorm_maxpool above, whose classes (1 x 3 x 2) leave windows
+# with none of some.
+EXTRA["convt3d_wide_stride2_relu_maxpool_scale"] = {
+    "producer": {"op": "conv_transpose3d", "in_channels": 24, "out_channels": 40, "kernel_size": 3, "stride": 2,
+                 "padding": 1, "output_padding": 1},
+    "epilogue": [{"op": "relu"}, {"op": "max_pool", "kernel_size": 2}, {"op": "mul", "by": "s"}],
+    "parameters": {"s": {"init": "randn"}},
+    "shapes": [[2, 24, 5, 6, 37]]}
+EXTRA["convt3d_wide_stride2_avgpool_overlap_gap"] = {
+    "producer": {"op": "conv_transpose3d", "in_channels": 16, "out_channels": 72, "kernel_size": 4, "stride": 2,
+                 "padding": 1},
+    "epilogue": [{"op": "avg_pool", "kernel_size": 3, "stride": 2}, {"op": "adaptive_avg_pool"}, {"op": "add", "by": 0.1}],
+    "shapes": [[2, 16, 5, 7, 6]]}
+EXTRA["convt3d_wide_stride213_maxpool3_gap"] = {
+    "producer": {"op": "conv_transpose3d", "in_channels": 16, "out_channels": 72, "kernel_size": [2, 3, 4],
+                 "stride": [2, 1, 3], "padding": [0, 1, 1]},
+    "epilogue": [{"op": "mul", "by": "s"}, {"op": "max_pool", "kernel_size": 3, "stride": 2},
+                 {"op": "adaptive_avg_pool"}, {"op": "add", "by": 0.25}],
+    "parameters": {"s": {"init": "randn"}},
+    "shapes": [[2, 16, 5, 9, 4]]}
 
 SPECS = {name: parse_config({"name": name, **raw}, f"<{name}>") for name, raw in EXTRA.items()}
 IMPLS = ["cudnn", "direct", "gemm", "gemm_extrema", "gemm_store", "gemm_cluster", "gemm_wide", "gemm_wide_recompute",
@@ -430,7 +457,7 @@ def test_every_world_has_chains_beyond_the_seeds():
     # the chains written for a world still reach it (a plan that stopped offering it drops the test)
     assert {("gemm_wide", name) for name in EXTRA if "_wide_" in name} <= set(OFFERED)
     assert {("gemm_wide_recompute", name) for name in ("conv3d_wide_bn_relu_map", "conv3d_wide_bn_maxpool_gap",
-            "convt3d_wide_stride1_groupnorm_maxpool_clamp")} <= set(OFFERED)
+            "convt3d_wide_stride1_groupnorm_maxpool_clamp", "convt3d_wide_mixed_strides_instancenorm_maxpool")} <= set(OFFERED)
 
 
 def _covering(space, facts, impl: str | None = None) -> list:

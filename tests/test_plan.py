@@ -57,7 +57,8 @@ def test_seed_plans(key):
     # The K-tiled tensor-core kernel where a norm needs statistics of a convolution the others do not take.
     wide = ("wide_stats", "finalize") if key == "batchnorm" else ()
     assert plan.wide is bool(wide) and plan.wide_stages == wide
-    # ... whose main kernel takes no seed: each has a pool, a main kernel of its own, or none at all.
+    # ... whose main kernel takes no seed: none left for it, the gemm world's convolutions, and the
+    # transposed max-pool seed's 16 channels, the direct kernels' (a tile of 64 would multiply zeros)
     assert not plan.wide_main and plan.wide_recompute_stages == ()
     assert plan.stages == tuple(dict.fromkeys(stages + direct + gemm + extrema + cluster + wide + spectral))  # finalize serves every world
     # The convolution once, written out (gemm_store), wherever the gemm world has two passes.
@@ -308,7 +309,8 @@ def test_cluster_only_where_a_sample_holds_the_statistics():
 
 def test_wide_kernel_where_the_others_do_not_take_it():
     """gemm_wide (the K-tiled tensor-core statistics pass) is offered where a norm needs statistics and the
-    whole-weights kernels do not take the convolution: plain or transposed, any stride."""
+    whole-weights kernels do not take the convolution: plain or transposed, any stride; at fewer output
+    channels than its narrowest tile, only where the direct kernels do not take it either."""
     seed = make_plan(load_config(SEEDS["batchnorm"]))
     assert seed.wide and not seed.gemm and seed.impl_stages["gemm_wide"] == ("wide_stats", "finalize")
     # more than 64 output channels: the whole-weights kernels cannot keep a box's output; the stored
@@ -321,22 +323,28 @@ def test_wide_kernel_where_the_others_do_not_take_it():
     # no statistics to take: not offered
     assert not _plan("groupnorm", [{"op": "relu"}], out_channels=128).wide
     # a transposed convolution of stride 2: a plain convolution per output parity class
-    strided = _plan("maxpool_gap", [{"op": "batch_norm"}, {"op": "adaptive_avg_pool"}])
+    strided = _plan("maxpool_gap", [{"op": "batch_norm"}, {"op": "adaptive_avg_pool"}], out_channels=64)
     assert strided.wide and strided.wide_stages == ("wide_stats", "finalize")
+    # ... but at fewer output channels than a tile of 64, where the direct kernels take it: not offered
+    few = _plan("maxpool_gap", [{"op": "batch_norm"}, {"op": "adaptive_avg_pool"}])
+    assert few.direct and not few.wide and "fill less than a tile of 64" in few.unoffered["gemm_wide"]
+    # ... nor is it where they do not (more weights than constant memory holds)
+    alone = _plan("maxpool_gap", [{"op": "batch_norm"}, {"op": "adaptive_avg_pool"}], out_channels=40, kernel_size=5)
+    assert not alone.direct and alone.wide
 
 
 def test_every_world_not_offered_says_why():
     """A convolution-inside world is either offered or named in unoffered with a reason (what
     ``fusetune plan`` prints), never both and never neither."""
     relu, pool = {"op": "relu"}, {"op": "max_pool", "kernel_size": 2}
-    strided = _plan("maxpool_gap", [relu, pool], out_channels=64, kernel_size=5)  # strided transposed + pool
+    strided = _plan("maxpool_gap", [relu, pool], out_channels=64, kernel_size=5)  # strided transposed + pool: gemm_wide
     wide_only = _plan("groupnorm", [relu, pool], out_channels=72)                    # the K-tiled world only
     thirty = _plan("groupnorm", [relu, {"op": "sum", "dim": 1}], out_channels=30)    # no tile of direct's
     for plan in [make_plan(load_config(path)) for path in SEEDS.values()] + [strided, wide_only, thirty]:
         for impl in ("direct", "gemm", "gemm_wide"):
             assert (impl in plan.impl_stages) != (impl in plan.unoffered), (plan.spec.name, impl)
     assert strided.unoffered["gemm"] == "a transposed convolution" and "weights" in strided.unoffered["direct"]
-    assert "classes interleave" in strided.unoffered["gemm_wide"]
+    assert "gemm_wide" in strided.impl_stages
     assert "72 output channels" in wide_only.unoffered["gemm"] and "gemm_wide" not in wide_only.unoffered
     assert "a reduction over 30 channels" in thirty.unoffered["direct"]
 
@@ -344,7 +352,7 @@ def test_every_world_not_offered_says_why():
 def test_wide_main_takes_whole_chains():
     """wide_main (the K-tiled kernel with the chain on its accumulators) takes the convolutions gemm_wide
     does, where the chain ends in a map, a spatial reduction, or a reduction over the channels (any
-    count: one tile of them a block), with a pool only after a convolution of one output class: alone
+    count: one tile of them a block), pooled or not: alone
     where no statistics are needed (the convolution once), and after wide_stats (recompute: twice)
     beside the stored output where a norm needs them."""
     relu = {"op": "relu"}
@@ -359,7 +367,7 @@ def test_wide_main_takes_whole_chains():
     assert running.conv_passes("gemm_wide") == 1 and "gemm_wide_recompute" not in running.impl_stages
     # a main family whose end wide_main does not implement (the GPU fault test injects one): none
     assert not dataclasses.replace(gap, family="fault_map").wide_main
-    channels = _plan("maxpool_gap", [relu, {"op": "max", "dim": 1}])  # a transposed convolution, 16 channels
+    channels = _plan("maxpool_gap", [relu, {"op": "max", "dim": 1}], out_channels=40, kernel_size=5)  # transposed, 40 channels
     assert channels.wide_main and channels.impl_stages["gemm_wide"] == ("wide_main",)
     # a norm: the stored output for the cuDNN world's main kernel, or the convolution again
     norm = _plan("groupnorm", [{"op": "group_norm", "groups": 8}, relu, {"op": "sum", "dim": 1}], out_channels=96)
@@ -374,10 +382,11 @@ def test_wide_main_takes_whole_chains():
                                                                           "stride": 2}, {"op": "adaptive_avg_pool"}],
                         out_channels=96)
     assert pooled_norm.impl_stages["gemm_wide_recompute"] == ("wide_stats", "finalize", "wide_main")
-    # not offered: a pool after a strided transposed convolution (its classes interleave in every
-    # window), nothing left for a main kernel, the whole-weights kernels' convolutions
+    # a pool after a strided transposed convolution: each class's outputs among a brick's windows in
+    # turn, folded into the windows
     strided_pool = _plan("maxpool_gap", [relu, {"op": "max_pool", "kernel_size": 2}, {"op": "adaptive_avg_pool"}],
                          out_channels=96)
-    assert strided_pool._wide_conv and not strided_pool.wide_main and "gemm_wide" not in strided_pool.impl_stages
+    assert strided_pool.wide_main and strided_pool.impl_stages["gemm_wide"] == ("wide_main",)
+    # not offered: nothing left for a main kernel, the whole-weights kernels' convolutions
     assert not make_plan(load_config(SEEDS["batchnorm"])).wide_main
     assert not _plan("groupnorm", [relu, {"op": "adaptive_avg_pool"}]).wide_main  # 8 -> 64: gemm_main's

@@ -10,7 +10,7 @@ import pytest
 from fusetune.config import load_config
 from fusetune.tiles import (FOOTPRINT_MAX, SMEM_LIMIT, WIDE_PAIR_LIMIT, cin_padded, direct_footprint, direct_row_cells,
                             gemm_fits, gemm_max_height, gemm_refusal, gemm_tile, k_padded, weight_words, wide_axes,
-                            wide_brick, wide_depth, wide_pool_fits, wide_row_words, wide_rows_fit, wide_slab_stride,
+                            wide_brick, wide_depth, wide_folds, wide_pool_fits, wide_row_words, wide_rows_fit, wide_slab_stride,
                             wide_smem_bytes, wide_stage_words, wide_staged_rows, wide_workspace_words)
 
 from conftest import SEEDS
@@ -256,6 +256,28 @@ def test_wide_brick_is_the_largest_brick_of_whole_windows_that_fits(staging, win
                 assert not fits(pd + 1, ph, pw)
     # the seed-like case: 2 x 2 x 2 windows of a 32-wide output, 256 outputs a box: two pooled rows of 16
     assert wide_brick(conv, 256, "row", ((2, 2, 2), (2, 2, 2)), (8, 16, 16), 32) == (1, 2, 16)
+
+
+def test_wide_brick_folds_a_strided_transposed_convolutions_classes():
+    """After a stride-2 transposed convolution (the bench's 32 -> 64, k 4) every 2 x 2 x 2 window holds
+    one output of each of 8 classes: a brick's class box takes at most ceil(n / 2) of n outputs along
+    each axis, so a brick holds bm windows (the fold's bound too): whole pooled rows of 32, 4 of them
+    at bm 128 and 8 at 256. The windows' running values (bm x bn words) stay in shared memory beside
+    the stages: at 256 x 128 they take 128 KB, and no variant of that tile pools (wide_pool_fits)."""
+    conv = {"cin": 32, "cout": 64, "kernel": (4, 4, 4), "stride": (2, 2, 2), "padding": (1, 1, 1), "transposed": True}
+    window = ((2, 2, 2), (2, 2, 2))
+    assert wide_folds(conv) and not wide_folds({**conv, "stride": (1, 1, 1)})
+    for bm, rows in ((128, 4), (256, 8)):
+        for staging in ("row", "plane"):
+            assert wide_brick(conv, bm, staging, window, (16, 32, 32), 64) == (1, rows, 32)
+    assert wide_depth(conv, 256, 128, 1, "row") == 3 and wide_depth(conv, 256, 128, 1, "row", fold=True) == 0
+    assert not any(wide_pool_fits(conv, 256, 128, wm, 1, staging) for wm in (2, 4) for staging in ("row", "plane"))
+    assert wide_depth(conv, 128, 128, 1, "plane", fold=True) == 2 and wide_pool_fits(conv, 128, 128, 2, 1, "plane")
+    # stride 3 along w under windows of 2: a class takes at most ceil(n / 3) of n outputs, so at bm 128
+    # the fold's bound stops the brick (128 windows, 86 outputs a class); at 256, the pooled row's end
+    thirds = {**conv, "kernel": (1, 1, 4), "stride": (1, 1, 3), "padding": (0, 0, 1)}
+    assert wide_brick(thirds, 128, "row", ((1, 1, 2), (1, 1, 2)), (1, 1, 200), 400) == (1, 1, 128)
+    assert wide_brick(thirds, 256, "row", ((1, 1, 2), (1, 1, 2)), (1, 1, 200), 400) == (1, 1, 200)
 
 
 def test_wide_pool_fits_the_stages_buffers():

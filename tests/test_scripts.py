@@ -1,0 +1,45 @@
+"""scripts/gpu-tests-split's dealing of the GPU tests over cards (the part that needs no GPU)."""
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _split_module():
+    loader = importlib.machinery.SourceFileLoader("gpu_tests_split", str(ROOT / "scripts" / "gpu-tests-split"))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+FILE = "tests/test_gpu.py::"
+NODES = [FILE + "test_seed_end_to_end[convt3d_scale_maxpool_gap_clamp]",
+         FILE + "test_inside_kernels_at_seed_shapes[convt3d_scale_maxpool_gap_clamp-direct]",
+         FILE + "test_families_beyond_the_seeds[cudnn-conv2d_wide_bneval_relu_maxpool]",
+         FILE + "test_families_beyond_the_seeds[gemm_wide-conv2d_wide_bneval_relu_maxpool]",
+         FILE + "test_families_beyond_the_seeds[gemm_wide-conv3d_wide_relu_maxpool_long_rows]",
+         FILE + "test_fault_injection"]
+
+
+def test_a_chains_tests_are_one_group():
+    split = _split_module()
+    groups = [split.group(node) for node in NODES]
+    assert groups[:5] == ["convt3d_scale_maxpool_gap_clamp"] * 2 + ["conv2d_wide_bneval_relu_maxpool"] * 2 + [
+        "conv3d_wide_relu_maxpool_long_rows"]
+    assert groups[5] == NODES[5]  # no parameters: a group of its own
+
+
+def test_shares_keep_groups_on_one_card_and_balance():
+    split = _split_module()
+    shares = split.shares(NODES, 2)
+    assert sorted(node for share in shares for node in share) == sorted(NODES)  # each test once
+    for share in shares:
+        for node in share:  # a group's other tests are on the same card
+            assert all(other in share for other in NODES if split.group(other) == split.group(node))
+    assert sorted(len(share) for share in shares) == [3, 3]
+    many = split.shares(NODES, 8)
+    assert len(many) == 4 and all(many)  # four groups: four cards get work, none an empty share

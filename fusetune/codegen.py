@@ -178,12 +178,15 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         "gemm_tile": lambda variant, pooled: gemm_tile(conv, *(plan.pool_window if pooled else ((1, 1, 1),) * 2),
                                                        variant["tw"], variant["th"]),
         # The K-tiled kernels (wide_stats, wide_main): the convolution's axes as they compute it, a stage's input
-        # channels, whether wide_main folds a pool's windows class by class, and per variant its staged
-        # input's capacity per channel and its pipeline depth (wide_main's beside that fold).
+        # channels, whether wide_main folds a pool's windows class by class (aligned: each window one output
+        # of each class, its window and stride the classes' stride on every axis), and per variant its
+        # staged input's capacity per channel and its pipeline depth (wide_main's beside that fold).
         "wide": {"axes": wide_axes(conv), "ck": wide_channel_chunk(conv["cin"]),
                  "cin_pad": wide_cin_padded(conv["cin"]), "block": WIDE_BLOCK, "bn_min": min(WIDE_BN),
                  "workspace": wide_workspace_words(conv) if plan.wide_kernels else 0,
-                 "folds": plan.pool is not None and wide_folds(conv)},
+                 "folds": plan.pool is not None and wide_folds(conv),
+                 "fold_aligned": plan.pool is not None and wide_folds(conv) and all(
+                     k == s == axis.classes for k, s, axis in zip(*plan.pool_window, wide_axes(conv)))},
         "wide_tile": lambda variant, fold=False: {"cs": wide_slab_stride(conv, variant["bm"], variant["staging"]),
                                                   "depth": wide_depth(conv, variant["bm"], variant["bn"],
                                                                       variant["blocks"], variant["staging"], fold)},

@@ -20,8 +20,8 @@ from fusetune.plan import Plan
 from fusetune.space import PlanSpace, load_family
 from fusetune.templates import environment
 from fusetune.tiles import (FOOTPRINT_MAX, WIDE_BLOCK, WIDE_BN, cluster_boxes, gemm_k, gemm_tile, wide_axes,
-                            wide_channel_chunk, wide_cin_padded, wide_depth, wide_depths, wide_folds, wide_pool_fits,
-                            wide_rows_fit, wide_slab_stride, wide_workspace_words)
+                            wide_channel_chunk, wide_cin_padded, wide_depth, wide_depths, wide_folds,
+                            wide_folds_aligned, wide_pool_fits, wide_rows_fit, wide_slab_stride, wide_workspace_words)
 
 #: Flags for nvcc; part of every cache key. No fast-math: it changes rounding of rsqrt and division.
 CUDA_FLAGS = ("-O3", "-lineinfo", "-std=c++17")
@@ -185,8 +185,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
                  "cin_pad": wide_cin_padded(conv["cin"]), "block": WIDE_BLOCK, "bn_min": min(WIDE_BN),
                  "workspace": wide_workspace_words(conv) if plan.wide_kernels else 0,
                  "folds": plan.pool is not None and wide_folds(conv),
-                 "fold_aligned": plan.pool is not None and wide_folds(conv) and all(
-                     k == s == axis.classes for k, s, axis in zip(*plan.pool_window, wide_axes(conv)))},
+                 "fold_aligned": plan.pool is not None and wide_folds_aligned(conv, plan.pool_window)},
         "wide_tile": lambda variant, fold=False: {"cs": wide_slab_stride(conv, variant["bm"], variant["staging"]),
                                                   "depth": wide_depth(conv, variant["bm"], variant["bn"],
                                                                       variant["blocks"], variant["staging"], fold)},

@@ -409,6 +409,15 @@ def wide_folds(conv: dict) -> bool:
     return any(axis.classes > 1 for axis in wide_axes(conv))
 
 
+def wide_folds_aligned(conv: dict, window: tuple) -> bool:
+    """Whether every pooling window holds exactly one output of each class (wide_folds): the pool's
+    window and stride equal the classes' stride along every axis (``window``: its kernel and stride,
+    3-D), as a 2 x 2 x 2 pool after a stride-2 upsampling. A class box's m-th output then lies in the
+    brick's window m, and wide_main folds its accumulators into the windows as they are."""
+    kernel, stride = window
+    return wide_folds(conv) and all(k == s == axis.classes for k, s, axis in zip(kernel, stride, wide_axes(conv)))
+
+
 def wide_row_words(conv: dict, width: int) -> int:
     """Words of a padded input row for outputs ``width`` wide: the columns any class reads through
     any tap, rounded up to 16 bytes (wide_geometry.h.j2's IWP)."""

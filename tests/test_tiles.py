@@ -10,8 +10,9 @@ import pytest
 from fusetune.config import load_config
 from fusetune.tiles import (FOOTPRINT_MAX, SMEM_LIMIT, WIDE_PAIR_LIMIT, cin_padded, direct_footprint, direct_row_cells,
                             gemm_fits, gemm_max_height, gemm_refusal, gemm_tile, k_padded, weight_words, wide_axes,
-                            wide_brick, wide_depth, wide_folds, wide_pool_fits, wide_row_words, wide_rows_fit, wide_slab_stride,
-                            wide_smem_bytes, wide_stage_words, wide_staged_rows, wide_workspace_words)
+                            wide_brick, wide_depth, wide_folds, wide_folds_aligned, wide_pool_fits, wide_row_words,
+                            wide_rows_fit, wide_slab_stride, wide_smem_bytes, wide_stage_words, wide_staged_rows,
+                            wide_workspace_words)
 
 from conftest import SEEDS
 
@@ -267,6 +268,12 @@ def test_wide_brick_folds_a_strided_transposed_convolutions_classes():
     conv = {"cin": 32, "cout": 64, "kernel": (4, 4, 4), "stride": (2, 2, 2), "padding": (1, 1, 1), "transposed": True}
     window = ((2, 2, 2), (2, 2, 2))
     assert wide_folds(conv) and not wide_folds({**conv, "stride": (1, 1, 1)})
+    # one output of each class a window: the pool's window and stride are the classes' stride on every axis
+    assert wide_folds_aligned(conv, window)
+    assert not wide_folds_aligned(conv, ((3, 3, 3), (2, 2, 2))) and not wide_folds_aligned(conv, ((2, 2, 2), (1, 1, 1)))
+    mixed = {**conv, "stride": (1, 3, 2)}
+    assert not wide_folds_aligned(mixed, window) and wide_folds_aligned(mixed, ((1, 3, 2), (1, 3, 2)))
+    assert not wide_folds_aligned({**conv, "stride": (1, 1, 1)}, ((1, 1, 1), (1, 1, 1)))  # no classes to fold
     for bm, rows in ((128, 4), (256, 8)):
         for staging in ("row", "plane"):
             assert wide_brick(conv, bm, staging, window, (16, 32, 32), 64) == (1, rows, 32)

@@ -88,6 +88,8 @@ def plan(configs: tuple[str, ...]) -> None:
         plan_ = make_plan(spec)
         space = plan_space(plan_)
         click.echo(f"{spec.name}: {plan_.describe()}")
+        for line in plan_.regions():
+            click.echo(f"  {line}")
         for impl, reason in plan_.unoffered.items():
             click.echo(f"  no {impl} world: {reason}")
         for family in space.families:

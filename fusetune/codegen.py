@@ -17,6 +17,7 @@ from fusetune import __version__
 from fusetune.cache import atomic_write_text
 from fusetune.ops import Elementwise
 from fusetune.plan import Plan
+from fusetune.regions import reference_attr
 from fusetune.space import PlanSpace, load_family
 from fusetune.templates import environment
 from fusetune.tiles import (FOOTPRINT_MAX, WIDE_BLOCK, WIDE_BN, cluster_boxes, gemm_k, gemm_tile, wide_axes,
@@ -64,7 +65,9 @@ def plan_facts(plan: Plan) -> dict[str, Any]:
             "spectral": int(plan.spectral), "cluster": int(plan.cluster),
             "cluster_boxes": cluster_boxes(plan.spec.producer.geometry()) if plan.cluster else {},
             "pool_sh": plan.pool_window[1][1], "pool_sw": plan.pool_window[1][2],
-            "forward_form": int(plan.spec.producer.has_forward_form), **_wide_facts(plan)}
+            "forward_form": int(plan.spec.producer.has_forward_form),
+            "spatial_dims": plan.spec.producer.spatial_dims,  # 1: torch has no channels-last format
+            **_wide_facts(plan)}
 
 
 def _wide_facts(plan: Plan) -> dict[str, Any]:
@@ -112,13 +115,12 @@ def _reference_code(plan: Plan) -> tuple[list[tuple[str, str]], list[str], str]:
     lines: list[str] = []
     norm_attr = ""
     for i, op in enumerate(spec.epilogue):
-        attr = f"{op.kind}_{i}"
-        code = op.module_code(spec.producer.out_channels, spec.producer.spatial_dims)
-        if code is not None:
-            submodules.append((attr, code))
+        attr = reference_attr(spec, i)
+        if attr is not None:
+            submodules.append((attr, op.module_code(spec.producer.out_channels, spec.producer.spatial_dims)))
         if op is plan.norm:
             norm_attr = attr
-        lines.append(op.forward_code("x", attr if code is not None else None))
+        lines.append(op.forward_code("x", attr))
     return submodules, lines, norm_attr
 
 
@@ -169,6 +171,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         "chain_plain": lambda ops, v: _chain(ops, v, slots, plain=True),
         "pool": _pool_window(plan), "strategy_id": STRATEGIES.__getitem__,
         "norm": norm,
+        "pre_reads_producer": any(op.uses_producer() for op in plan.pre),
         "channels_per_group": norm.groups_of(plan.spec.producer.out_channels) if norm else 1,
         "cuda_flags": list(CUDA_FLAGS),
         "conv": conv,
@@ -197,7 +200,9 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
     submodules, lines, norm_attr = _reference_code(plan)
     model = env.get_template("model.py.j2").render(
         module_name=name, variants=variants, default_variant=space.stage_values(space.default()),
-        submodules=submodules, forward_lines=lines, norm_attr=norm_attr, cuda_sources=list(sources), **context)
+        submodules=submodules, forward_lines=lines, norm_attr=norm_attr, cuda_sources=list(sources),
+        tail_lines=[step.op.forward_code("x", step.attr) for step in plan.tail],
+        reads_producer=any(op.uses_producer() for op in plan.spec.epilogue), **context)
     files = {**sources, "binding.cpp": binding, "model.py": model}
     full = hashlib.sha256("".join(files[k] for k in sorted(files)).encode()).hexdigest()[:16]
     return RenderedModule(name=name, files=files, source_hash=full)

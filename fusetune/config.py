@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import yaml
 
 from fusetune.errors import ConfigError
-from fusetune.ops import REGISTRY, Op, OpContext, ParamDecl, Shape
+from fusetune.ops import REGISTRY, LayerNorm, Op, OpContext, ParamDecl, Shape
 from fusetune.producers import Producer
 
 DTYPES = ("float32",)
@@ -154,13 +154,14 @@ def _reserved(name: str) -> bool:
 def _parse_shapes(raw: Any, producer: Producer, path: str) -> tuple[Shape, ...]:
     rank = 2 + producer.spatial_dims
     if not isinstance(raw, list) or not raw:
-        raise ConfigError(path, "shapes", f"expected a non-empty list of input shapes [N, C, {'D, ' if rank == 5 else ''}H, W]")
+        raise ConfigError(path, "shapes", f"expected a non-empty list of input shapes {producer.shape_names}")
     shapes: list[Shape] = []
     for i, shape in enumerate(raw):
         key = f"shapes[{i}]"
         if (not isinstance(shape, list) or len(shape) != rank
                 or any(isinstance(s, bool) or not isinstance(s, int) for s in shape)):
-            raise ConfigError(path, key, f"expected a list of {rank} integers for {producer.kind}, got {shape!r}")
+            raise ConfigError(path, key, f"expected a list of {rank} integers for {producer.kind} "
+                                         f"{producer.shape_names}, got {shape!r}")
         if any(s < 1 for s in shape):
             raise ConfigError(path, key, f"expected positive sizes, got {shape}")
         if shape[1] != producer.in_channels:
@@ -180,11 +181,14 @@ def _parse_shapes(raw: Any, producer: Producer, path: str) -> tuple[Shape, ...]:
 
 def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, ParamDecl],
                     shapes: tuple[Shape, ...], path: str) -> tuple[Op, ...]:
+    """Every op PyTorch would run on its input is valid: whether the kernels take it is the planner's
+    question (fusetune/regions.py), not the config's. What is checked here is what PyTorch itself
+    would refuse, or what would silently mean something else (a per-channel parameter or a norm
+    after the channel structure is gone)."""
     if not isinstance(raw, list) or not raw:
         raise ConfigError(path, "epilogue", "expected a non-empty list of ops, e.g. [{op: relu}]")
     ops: list[Op] = []
     current = [producer.out_shape(s) for s in shapes]
-    reduced_by: str | None = None  # set once a reduction over a dim has dropped the (N, C, spatial) structure
     for i, entry in enumerate(raw):
         key = f"epilogue[{i}]"
         if not isinstance(entry, Mapping) or "op" not in entry:
@@ -192,12 +196,16 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
         kind = entry["op"]
         if not isinstance(kind, str) or kind not in REGISTRY:
             raise ConfigError(path, f"{key}.op", f"unknown op {kind!r}; expected one of: {', '.join(sorted(REGISTRY))}")
-        if reduced_by and REGISTRY[kind].role != "elementwise":
-            raise ConfigError(path, f"{key}.op", f"'{kind}' needs (N, C, spatial) input, but {reduced_by} "
-                                                 f"has already reduced it to {list(current[0])}")
-        if reduced_by and isinstance(entry.get("by"), str):
-            raise ConfigError(path, f"{key}.by", f"a per-channel parameter cannot apply after {reduced_by} "
-                                                 f"has reduced the input to {list(current[0])}")
+        structured = _structured(current[0], producer)
+        if _needs_spatial(REGISTRY[kind]) and len(current[0]) != 2 + producer.spatial_dims:
+            raise ConfigError(path, f"{key}.op", f"'{kind}' needs an (N, C, spatial) input of rank "
+                                                 f"{2 + producer.spatial_dims}, but {structured}")
+        if _needs_channels(REGISTRY[kind]) and structured is not None:
+            raise ConfigError(path, f"{key}.op", f"'{kind}' needs the (N, {producer.out_channels}, spatial) "
+                                                 f"input the convolution makes, but {structured}")
+        if isinstance(entry.get("by"), str) and entry["by"] in parameters and structured is not None:
+            raise ConfigError(path, f"{key}.by", f"a per-channel parameter of shape ({producer.out_channels}, 1, ...) "
+                                                 f"cannot apply here: {structured}")
         ctx = OpContext(path=path, key=key, in_shape=current[0], spatial_dims=producer.spatial_dims,
                         parameters=parameters)
         op = REGISTRY[kind].parse(entry, ctx)
@@ -207,9 +215,27 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
             op.check_shape(shape, error)
         current = [op.out_shape(s) for s in current]
         ops.append(op)
-        if op.role == "reduce" and getattr(op, "over", "") == "dim":
-            reduced_by = f"epilogue[{i}] ({kind} over dim {op.dim})"
     return tuple(ops)
+
+
+def _needs_spatial(cls: type[Op]) -> bool:
+    """Whether an op works on the spatial dims of an (N, C, spatial) input: the pools."""
+    return cls.role in ("pool", "adaptive")
+
+
+def _needs_channels(cls: type[Op]) -> bool:
+    """Whether an op needs the convolution's channels as well: the per-channel norms, whose modules
+    hold one value per channel (a layer norm names its own dims)."""
+    return cls.role == "norm" and not issubclass(cls, LayerNorm)
+
+
+def _structured(shape: Shape, producer: Producer) -> str | None:
+    """None where ``shape`` still has the convolution's (N, C, spatial) structure, else what changed it."""
+    if len(shape) != 2 + producer.spatial_dims:
+        return f"the input is now {list(shape)}, of rank {len(shape)}"
+    if shape[1] != producer.out_channels:
+        return f"the input now has {shape[1]} channels: {list(shape)}"
+    return None
 
 
 def _parse_search(raw: Any, path: str) -> SearchSettings:

@@ -49,13 +49,18 @@ from typing import Sequence
 
 from fusetune.config import ProblemSpec
 from fusetune.errors import PlanError
-from fusetune.ops import Add, Div, Elementwise, Mul, Norm, Op, Pool, Reduce
+from fusetune.ops import Add, DimReduce, Div, Elementwise, Mul, Norm, Op, Pool, Reduce
+from fusetune.ops.reduce import KERNEL_MODES
+from fusetune.regions import Step, rewrite
 from fusetune.tiles import (BOX_HEIGHTS, WIDE_BN, WIDEST_BOX, direct_row_cells, gemm_fits, gemm_max_height,
                            gemm_refusal, wide_fits)
 
 
 #: The stages that compute the convolution inside themselves.
 CONV_STAGES = ("direct_stats", "direct_main", "gemm_stats", "gemm_main", "gemm_cluster", "wide_stats", "wide_main")
+#: The norms the kernels compute: statistics per (sample, channel) sums (batch, group, instance) or none
+#: (eval-mode batch norm's running ones).
+KERNEL_SCOPES = ("batch", "group", "instance", "running")
 #: The norms whose statistics lie within one sample, so that one thread-block cluster can hold them.
 SAMPLE_SCOPES = ("instance", "group")
 #: The main families whose ends wide_main implements (its epilogue's three branches); another main
@@ -79,6 +84,9 @@ class Plan:
     gemm: bool = False  # ... and as implicit GEMMs on the tensor cores (gemm_* stages)
     gemm_th: int = 0  # the tallest box of the gemm kernels within the shared memory (tiles.gemm_max_height)
     direct_cells: int = 1  # the most pooling windows in a row a direct_main thread takes (tiles.direct_row_cells)
+    head: tuple[Step, ...] = ()  # the fused region's ops, as rewritten (fusetune/regions.py)
+    tail: tuple[Step, ...] = ()  # the ops after it, run in PyTorch inside ModelNew
+    ends: str | None = None  # why the fused region ends before the tail (None: no tail)
 
     @property
     def bias_in_epilogue(self) -> bool:
@@ -196,9 +204,11 @@ class Plan:
         sum is bin 0. Where the chain is an affine pre chain, a norm, and the spatial mean that
         finalize takes from the statistics (family None), those sums are the whole output: the
         product per bin costs N * CIN * C complex multiply-adds (1.8 G for the 64->128 seed, 7.2 G
-        real ones, against its 268 G in space) and the output is never computed."""
-        return (self.spec.producer.is_full_transposed and self.needs_stats and self.family is None
-                and self.pre_scale is not None)
+        real ones, against its 268 G in space) and the output is never computed. Not with dilation or
+        groups: spectral_stats builds the weights' spectrum from contiguous taps of every channel pair
+        (producers.geometry_refusal)."""
+        return (self.spec.producer.is_full_transposed and self.spec.producer.inside_refusal() is None
+                and self.needs_stats and self.family is None and self.pre_scale is not None)
 
     @property
     def spectral_stages(self) -> tuple[str, ...]:
@@ -221,6 +231,9 @@ class Plan:
         tile of them (64): most of every MMA would multiply zero weights (the 3 -> 16 transposed
         seed: 13.5 ms at best, against the direct kernel's 0.33, on an H200)."""
         conv = self.spec.producer.geometry()
+        refusal = self.spec.producer.inside_refusal()  # dilation, groups, asymmetric padding
+        if refusal is not None:
+            return refusal
         if self.gemm:
             return "the whole-weights tensor-core kernels (gemm) take this convolution"
         if self.direct and conv["cout"] < min(WIDE_BN):
@@ -353,6 +366,20 @@ class Plan:
                     names.append(name)
         return tuple(names)
 
+    def regions(self) -> list[str]:
+        """What runs where, region by region, as ``fusetune plan`` prints it: the fused region (the
+        convolution and the ops the kernels take) and, where the chain goes on, what runs in PyTorch
+        after it and why the kernels stop there."""
+        producer = self.spec.producer.kind
+        fused = ", ".join(step.where for step in self.head) or "the convolution alone"
+        lines = [f"region 0 (fused kernels): {producer} -> {fused}"]
+        if self.tail:
+            views = all(step.op.role == "view" for step in self.tail)
+            lines.append(f"region 1 (PyTorch{', a view: free' if views else ''}): "
+                         + ", ".join(step.where for step in self.tail))
+            lines.append(f"  why: {self.ends.split(': ', 1)[-1] if self.ends else ''}")
+        return lines
+
     def describe(self) -> str:
         def names(ops: Sequence[Op]) -> str:
             return ",".join(op.kind for op in ops) or "-"
@@ -381,19 +408,64 @@ _ROLE_SLOT = {"norm": 1, "pool": 3, "reduce": 5}
 
 
 def make_plan(spec: ProblemSpec) -> Plan:
-    """Sort the chain into the canonical slots; raise ``PlanError`` for chains we cannot fuse."""
+    """The fused region and what runs after it in PyTorch. Never raises for a valid config.
+
+    After the exact rewrites (fusetune/regions.py), the longest prefix of the chain that the kernels
+    take is the fused region; the rest (``tail``) runs in PyTorch inside the generated ModelNew, and
+    ``ends`` says why the region stops where it does. A prefix may be empty: the kernels then compute
+    the convolution (and its bias) alone, which is still a region to tune (the worlds that compute it
+    inside the kernels may beat cuDNN), and its output is the convolution's, so a later op may read it
+    (``by: producer``)."""
+    steps = rewrite(spec)
+    ends = None
+    for cut in range(len(steps), -1, -1):
+        head, tail = steps[:cut], steps[cut:]
+        try:
+            readers = [s for s in tail if s.op.uses_producer()]
+            if cut and readers:
+                raise PlanError(f"{spec.path}: {readers[0].where} reads the convolution's output (by: producer), "
+                                "which the kernels keep only up to the first norm, pool or reduction")
+            plan = _plan_region(spec, head)
+        except PlanError as exc:
+            ends = str(exc)
+            continue
+        return dataclasses.replace(plan, head=head, tail=tail, ends=_why_tail(spec, head, tail, ends))
+    raise AssertionError("the empty region is always planned")  # pragma: no cover
+
+
+def _why_tail(spec: ProblemSpec, head: tuple[Step, ...], tail: tuple[Step, ...], ends: str | None) -> str | None:
+    """Why the kernels stop before the tail: where it starts with views (free), why its first op
+    that does work could not join the region."""
+    work = [i for i, step in enumerate(tail) if step.op.role != "view"]
+    if not work or work[0] == 0:
+        return ends
+    try:
+        _plan_region(spec, head + (tail[work[0]],))
+    except PlanError as exc:
+        return str(exc)
+    return ends
+
+
+def _plan_region(spec: ProblemSpec, steps: Sequence[Step]) -> Plan:
+    """Sort a region's ops into the canonical slots; ``PlanError`` where the kernels cannot take them."""
     groups: dict[str, list[Op]] = {slot: [] for slot in _SLOTS}
     position = 0  # index into _SLOTS of the latest filled slot
-    for i, op in enumerate(spec.epilogue):
+    for step in steps:
+        op = step.op
+        refusal = _kernel_refusal(op)
+        if refusal is not None:
+            raise PlanError(f"{spec.path}: {step.where}: {refusal}")
         if op.role == "elementwise":
             position = position if _SLOTS[position] in ("pre", "mid", "post", "final") else position + 1
+            if op.uses_producer() and _SLOTS[position] != "pre":
+                raise PlanError(f"{spec.path}: {step.where} reads the convolution's output (by: producer) after a "
+                                "norm, pool or reduction; the kernels have it only before them")
             groups[_SLOTS[position]].append(op)
             continue
         target = _ROLE_SLOT[op.role]
         if target < position or (target == position and groups[_SLOTS[target]]):
-            raise PlanError(f"{spec.path}: epilogue[{i}] ({op.kind}): fusetune fuses chains of the form "
-                            "elementwise* [norm] elementwise* [pool] elementwise* [reduce] elementwise*; "
-                            f"a {op.role} cannot come here")
+            raise PlanError(f"{spec.path}: {step.where}: the kernels fuse chains of the form elementwise* [norm] "
+                            f"elementwise* [pool] elementwise* [reduce] elementwise*; a {op.role} cannot come here")
         position = target
         groups[_SLOTS[target]].append(op)
     norm = groups["norm"][0] if groups["norm"] else None
@@ -401,7 +473,7 @@ def make_plan(spec: ProblemSpec) -> Plan:
     reduce = groups["reduce"][0] if groups["reduce"] else None
     family = _family(spec, norm, groups["mid"], pool, reduce)
     pre = tuple(groups["pre"])
-    plan_params = {name for op in spec.epilogue if op.role == "elementwise" for name in op.params()}
+    plan_params = {name for step in steps if step.op.role == "elementwise" for name in step.op.params()}
     if len(plan_params) > MAX_PARAMS:
         raise PlanError(f"{spec.path}: the chain reads {len(plan_params)} learnable parameters; the kernels take "
                         f"at most {MAX_PARAMS}")
@@ -416,9 +488,35 @@ def make_plan(spec: ProblemSpec) -> Plan:
     return dataclasses.replace(plan, gemm=gemm, gemm_th=gemm_th, direct_cells=direct_cells)
 
 
+#: Why the kernels do not take an op of a role, where no kernel family computes that role at all.
+_ROLE_REFUSALS = {
+    "softmax": "a softmax needs every value of its dim before it writes any; it runs in PyTorch",
+    "view": "a view of the kernels' output, free in PyTorch",
+    "adaptive": "adaptive pooling to a size other than 1 has windows that depend on the input's size; "
+                "it runs in PyTorch",
+}
+
+
+def _kernel_refusal(op: Op) -> str | None:
+    """Why no kernel family takes this op wherever it stands, None where one may."""
+    if op.role in _ROLE_REFUSALS:
+        return _ROLE_REFUSALS[op.role]
+    if isinstance(op, Norm) and op.scope not in KERNEL_SCOPES:
+        return f"the kernels' norms are per channel ({', '.join(KERNEL_SCOPES)}); a {op.kind} runs in PyTorch"
+    if isinstance(op, Pool) and op.padding is not None:
+        return "the kernels pool windows without padding; a padded pool runs in PyTorch"
+    if isinstance(op, Reduce) and op.mode not in KERNEL_MODES:
+        return f"the kernels reduce by {', '.join(KERNEL_MODES)}; {op.mode} runs in PyTorch"
+    if isinstance(op, DimReduce) and op.dims != (1,) and op.dims != (op.dim,):
+        return (f"the kernels reduce over the channel dim or over every spatial dim, not dims {list(op.dims)}; "
+                "it runs in PyTorch")
+    return None
+
+
 def _affine(ops: Sequence[Op]) -> bool:
-    """Whether a chain of elementwise ops is an affine map per channel (mul, div and add only)."""
-    return all(isinstance(op, (Mul, Div, Add)) for op in ops)
+    """Whether a chain of elementwise ops is an affine map per channel (mul, div and add by numbers or
+    per-channel parameters; not by the convolution's own output)."""
+    return all(isinstance(op, (Mul, Div, Add)) and not op.uses_producer() for op in ops)
 
 
 def _direct_fits(spec: ProblemSpec, family: str | None) -> bool:
@@ -428,8 +526,11 @@ def _direct_fits(spec: ProblemSpec, family: str | None) -> bool:
 def _direct_refusal(spec: ProblemSpec, family: str | None) -> str | None:
     """Why the direct kernels do not take this producer, None where they do: weights in constant
     memory, output channels in pairs, and for a channel reduction every channel of a position in one
-    thread's registers."""
+    thread's registers; dilation 1, one group, symmetric padding (producers.geometry_refusal)."""
     producer = spec.producer
+    refusal = producer.inside_refusal()
+    if refusal is not None:
+        return refusal
     weights = producer.in_channels * producer.out_channels * math.prod(producer.kernel_size)
     if weights > DIRECT_MAX_WEIGHTS:
         return f"{weights} weights (constant memory holds {DIRECT_MAX_WEIGHTS})"
@@ -450,8 +551,8 @@ def _family(spec: ProblemSpec, norm: Norm | None, mid: list[Op], pool: Pool | No
         return "plane_reduce"
     if reduce.dim == 1:
         if pool is not None:
-            raise PlanError(f"{spec.path}: a channel reduction after pooling is not fused yet; "
-                            "put the pooling after the reduction or drop one")
+            raise PlanError(f"{spec.path}: the kernels do not reduce over channels after a pool; the reduction "
+                            "runs in PyTorch")
         return "channel_reduce"
-    raise PlanError(f"{spec.path}: reducing over dim {reduce.dim} is not fused yet; fusetune fuses reductions "
-                    "over the channel dim (dim: 1) and over all spatial dims (adaptive_avg_pool)")
+    raise PlanError(f"{spec.path}: the kernels reduce over the channel dim or over every spatial dim, not over "
+                    f"dim {reduce.dim}; the reduction runs in PyTorch")

@@ -131,7 +131,13 @@ def gemm_fits(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[int]]]
 def gemm_refusal(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[int]]]) -> str | None:
     """Why the tensor-core kernels do not take a convolution, None where they do: not transposed
     (yet), channels in whole MMA columns of 8 and few enough to keep a box's output on chip, weights
-    small enough to stage, and some box over each (window, stride) of cells within the shared memory."""
+    small enough to stage, and some box over each (window, stride) of cells within the shared memory;
+    dilation 1, one group, symmetric padding (producers.geometry_refusal)."""
+    from fusetune.producers import geometry_refusal
+
+    refusal = geometry_refusal(conv)
+    if refusal is not None:
+        return refusal
     if conv["transposed"]:
         return "a transposed convolution"
     if conv["cout"] % 8 != 0 or conv["cout"] > MAX_CHANNELS:
@@ -475,8 +481,11 @@ def wide_depths(conv: dict) -> dict[tuple[int, int, int, str], int]:
 
 def wide_fits(conv: dict) -> bool:
     """Whether the wide kernels take a convolution (plain or transposed, any stride): whether some
-    variant is within the shared memory."""
-    return any(wide_depths(conv).values())
+    variant is within the shared memory; and dilation 1, one group, symmetric padding
+    (producers.geometry_refusal)."""
+    from fusetune.producers import geometry_refusal
+
+    return geometry_refusal(conv) is None and any(wide_depths(conv).values())
 
 
 def wide_workspace_words(conv: dict) -> int:

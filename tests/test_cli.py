@@ -25,7 +25,7 @@ BAD = Path(__file__).resolve().parent / "bad_configs"
 BAD_CASES = [  # file, key the error must name
     ("group_norm_groups_not_dividing.yaml", "epilogue[0].groups"),
     ("search_trials_zero.yaml", "search.trials"),
-    ("producer_unknown_key.yaml", "producer.dilation"),
+    ("producer_unknown_key.yaml", "producer.padding_mode"),
 ]
 ALL_CONFIGS = sorted(CONFIGS.glob("*.yaml"))
 

@@ -123,35 +123,51 @@ def test_seed_slots():
     plan = make_plan(load_config(SEEDS["maxpool_gap"]))
     assert [op.kind for op in plan.pre] == ["mul"] and plan.norm is None
     assert plan.pool.kind == "max_pool" and plan.post == ()
-    assert plan.reduce.kind == "adaptive_avg_pool" and [op.kind for op in plan.final] == ["clamp"]
+    assert plan.reduce.kind == "spatial_reduce" and plan.reduce.mode == "mean"
+    assert [op.kind for op in plan.final] == ["clamp"]
     assert plan.param_names == ()
 
     plan = make_plan(load_config(SEEDS["batchnorm"]))
     assert [op.kind for op in plan.pre] == ["mul"] and plan.norm.kind == "batch_norm"
-    assert plan.mid == () and plan.pool is None and plan.reduce.kind == "adaptive_avg_pool"
+    assert plan.mid == () and plan.pool is None and plan.reduce.kind == "spatial_reduce"
 
 
-@pytest.mark.parametrize("key, epilogue, fragment", [
-    ("groupnorm", [{"op": "group_norm", "groups": 16}, {"op": "instance_norm"}], "epilogue[1] (instance_norm)"),
-    ("groupnorm", [{"op": "batch_norm"}, {"op": "relu"}, {"op": "batch_norm"}], "epilogue[2] (batch_norm)"),
-    ("groupnorm", [{"op": "max_pool", "kernel_size": 2}, {"op": "group_norm", "groups": 16}], "epilogue[1] (group_norm)"),
-    ("groupnorm", [{"op": "max_pool", "kernel_size": 2}, {"op": "max_pool", "kernel_size": 2}], "epilogue[1] (max_pool)"),
-    ("batchnorm", [{"op": "adaptive_avg_pool"}, {"op": "batch_norm"}], "epilogue[1] (batch_norm)"),
-    ("groupnorm", [{"op": "max", "dim": 2}], "reducing over dim 2"),
-    ("instancenorm", [{"op": "sum", "dim": -1}], "reducing over dim 4"),
-    ("groupnorm", [{"op": "max_pool", "kernel_size": 2}, {"op": "max", "dim": 1}], "channel reduction after pooling"),
+@pytest.mark.parametrize("key, epilogue, tail, fragment", [
+    ("groupnorm", [{"op": "group_norm", "groups": 16}, {"op": "instance_norm"}], ["instance_norm"],
+     "epilogue[1] (instance_norm)"),
+    ("groupnorm", [{"op": "batch_norm"}, {"op": "relu"}, {"op": "batch_norm"}], ["batch_norm"],
+     "epilogue[2] (batch_norm)"),
+    ("groupnorm", [{"op": "max_pool", "kernel_size": 2}, {"op": "group_norm", "groups": 16}], ["group_norm"],
+     "epilogue[1] (group_norm)"),
+    ("groupnorm", [{"op": "max_pool", "kernel_size": 2}, {"op": "max_pool", "kernel_size": 3, "stride": 2}],
+     ["max_pool"], "epilogue[1] (max_pool)"),
+    ("batchnorm", [{"op": "adaptive_avg_pool"}, {"op": "batch_norm"}], ["batch_norm"], "epilogue[1] (batch_norm)"),
+    ("groupnorm", [{"op": "max", "dim": 2}, {"op": "relu"}], ["reduce", "relu"], "not over dim 2"),
+    ("instancenorm", [{"op": "sum", "dim": -1}], ["reduce"], "not over dim 4"),
+    ("groupnorm", [{"op": "max_pool", "kernel_size": 2}, {"op": "max", "dim": 1}], ["reduce"],
+     "do not reduce over channels after a pool"),
     ("instancenorm", [{"op": "instance_norm"}, {"op": "avg_pool", "kernel_size": 2}, {"op": "mean", "dim": 1}],
-     "channel reduction after pooling"),
+     ["reduce"], "do not reduce over channels after a pool"),
+    ("groupnorm", [{"op": "relu"}, {"op": "softmax", "dim": 1}, {"op": "relu"}], ["softmax", "relu"],
+     "epilogue[1] (softmax): a softmax needs every value"),
+    ("groupnorm", [{"op": "avg_pool", "kernel_size": 3, "padding": 1}], ["avg_pool"], "without padding"),
+    ("groupnorm", [{"op": "gelu"}, {"op": "layer_norm", "normalized_shape": [35, 43]}], ["layer_norm"],
+     "a layer_norm runs in PyTorch"),
+    ("groupnorm", [{"op": "logsumexp", "dim": 1}], ["reduce"], "logsumexp runs in PyTorch"),
+    ("groupnorm", [{"op": "group_norm", "num_groups": 4}, {"op": "add", "by": "producer"}], ["group_norm", "add"],
+     "epilogue[1] (add) reads the convolution's output"),
 ])
-def test_unfusable_chains_raise_plan_error(key, epilogue, fragment):
+def test_chains_the_kernels_do_not_take_whole_run_their_tail_in_pytorch(key, epilogue, tail, fragment):
+    """A valid chain is always planned: the longest prefix the kernels take is fused, the rest runs in
+    PyTorch, and the plan says why the kernels stop where they do."""
     raw = _raw(key)
     raw["epilogue"] = epilogue
-    spec = parse_config(raw, "x.yaml")  # a valid config...
-    with pytest.raises(PlanError) as info:
-        make_plan(spec)  # ...that no family fuses
-    assert fragment in str(info.value)
-    assert str(info.value).startswith("x.yaml: ")
-    assert info.value.exit_code == 2
+    raw["shapes"] = raw["shapes"][-1:]
+    plan = make_plan(parse_config(raw, "x.yaml"))
+    assert [step.op.kind for step in plan.tail] == tail
+    assert fragment in plan.ends
+    assert plan.ends.startswith("x.yaml: ")
+    assert any(line.startswith("region 1 (PyTorch") for line in plan.regions())
 
 
 def test_eval_mode_batch_norm_has_no_stats_stage():
@@ -210,7 +226,7 @@ def test_other_norms_keep_the_bias(norm):
     assert _plan("instancenorm", [norm, {"op": "max", "dim": 1}]).drop_bias is False
 
 
-def test_too_many_parameters_is_a_plan_error():
+def test_too_many_parameters_end_the_fused_region():
     """The kernels take at most MAX_PARAMS per-channel parameters; say so before building."""
     from fusetune.plan import MAX_PARAMS
 
@@ -219,11 +235,12 @@ def test_too_many_parameters_is_a_plan_error():
            "parameters": {f"p{i}": {"init": "ones"} for i in range(count)},
            "epilogue": [{"op": "mul", "by": f"p{i}"} for i in range(count)] + [{"op": "relu"}],
            "shapes": [[1, 3, 8, 8]]}
-    with pytest.raises(PlanError, match=f"reads {count} learnable parameters"):
-        make_plan(parse_config(raw, "many.yaml"))
+    plan = make_plan(parse_config(raw, "many.yaml"))  # the last parameter's op and what follows run in PyTorch
+    assert f"reads {count} learnable parameters" in plan.ends
+    assert [step.where for step in plan.tail] == [f"epilogue[{count - 1}] (mul)", f"epilogue[{count}] (relu)"]
     raw["parameters"].pop(f"p{count - 1}")
     raw["epilogue"].pop(count - 1)
-    make_plan(parse_config(raw, "many.yaml"))
+    assert make_plan(parse_config(raw, "many.yaml")).tail == ()
 
 
 def test_pool_at_extremes_and_rising_chains():

@@ -441,6 +441,7 @@ def test_shape_facts(seed, shape):
                      "pool_sh": plan.pool_window[1][1], "pool_sw": plan.pool_window[1][2],
                      "spectral": int(seed == "batchnorm"),  # the one seed whose output is its norm's statistics alone
                      "family": plan.family or "none", "sm": 90, "forward_form": int(seed == "batchnorm"),  # stride 1: the other convT has 2
+                     "spatial_dims": spec.producer.spatial_dims,
                      "cluster": int(plan.cluster), "cluster_boxes": cluster_boxes(spec.producer.geometry()) if plan.cluster else {},
                      **WIDE_FACTS.get(seed, {"wide": 0, "wide_main": 0, "wide_depth": {}})}
     assert facts["cluster"] == (seed in ("groupnorm", "instancenorm"))  # instance and group norm on the tensor cores

@@ -71,6 +71,10 @@ class Op:
         """Python expression applying the op to tensor expression ``x``."""
         raise NotImplementedError
 
+    def uses_producer(self) -> bool:
+        """Whether the op reads the convolution's own output (``by: producer``) beside its input."""
+        return False
+
     def canonical(self) -> dict[str, Any]:
         """Everything that changes the op's result, for cache keys."""
         return {"kind": self.kind, **dataclasses.asdict(self)}

@@ -1,4 +1,5 @@
-"""Ops that map each value to one value, optionally through a per-channel parameter."""
+"""Ops that map each value to one value, optionally through a per-channel parameter or the producer's
+value at the same element; the activations are in fusetune/ops/activations.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -36,16 +37,32 @@ class Elementwise(Op):
         alone (plan.pool_increasing). False unless an op says otherwise."""
         return False
 
+    def uses_producer(self) -> bool:
+        """Whether the op reads the producer's output at the element as an operand (``by: producer``):
+        the generated forward binds it as ``y``, the kernels' chains as ``ft_y``. Such an op is not a
+        per-channel map of its value: neither monotone nor affine."""
+        return False
+
     def cuda(self, v: str, load: ParamLoader) -> str:
         raise NotImplementedError
 
 
+#: The ``by:`` value naming the convolution's own output at the element (bias included), for residual
+#: chains such as ``y = conv(x); x = (y + b) * y + y``. Config parameters cannot take this name.
+PRODUCER = "producer"
+#: Its name in the generated PyTorch forward (bound there before the chain) and in the kernels' chains.
+PRODUCER_PY = "y"
+PRODUCER_CUDA = "ft_y"
+
+
 @dataclasses.dataclass(frozen=True)
 class _Binary(Elementwise):
-    """x (op) operand, where the operand is a Python scalar or a named per-channel parameter."""
+    """x (op) operand, where the operand is a Python scalar, a named per-channel parameter or the
+    producer's output at the element (``by: producer``)."""
 
     scalar: float | None = None
     param: str | None = None
+    producer: bool = False
     symbol: ClassVar[str] = "*"
 
     @classmethod
@@ -54,37 +71,59 @@ class _Binary(Elementwise):
         if "by" not in raw:
             raise ctx.error("by", "missing; expected a number or the name of a declared parameter")
         by = raw["by"]
+        if by == PRODUCER:  # reserved: never a parameter name, so it is looked at first
+            return cls(producer=True)
         if isinstance(by, str):
             if by not in ctx.parameters:
                 declared = ", ".join(sorted(ctx.parameters)) or "none declared"
-                raise ctx.error("by", f"unknown parameter '{by}'; declared parameters: {declared}")
+                raise ctx.error("by", f"unknown parameter '{by}'; declared parameters: {declared}, "
+                                      f"or '{PRODUCER}'")
             return cls(param=by)
         value = take_number(raw, "by", ctx)
         if cls.symbol == "/" and value == 0:
             raise ctx.error("by", "division by zero")
         return cls(scalar=float(value))
 
+    def canonical(self) -> dict[str, Any]:
+        # The field came after the cache keys of the first ops: left out where False, they stay as they were.
+        out = super().canonical()
+        if not self.producer:
+            del out["producer"]
+        return out
+
+    def uses_producer(self) -> bool:
+        return self.producer
+
     def params(self) -> tuple[str, ...]:
         return (self.param,) if self.param else ()
 
     def monotone(self) -> bool:
         # By a per-channel constant: monotone, in either direction. Not a division by a learnable
-        # parameter, which may be 0 (0 / 0 is NaN inside a window whose ends are +-inf).
-        return not (self.symbol == "/" and self.param)
+        # parameter, which may be 0 (0 / 0 is NaN inside a window whose ends are +-inf); nothing by the
+        # producer's value, which varies inside a window.
+        return not self.producer and not (self.symbol == "/" and self.param)
 
     def increasing(self) -> bool:
         # Adding anything; multiplying or dividing by a positive constant (a parameter may be negative).
-        return self.symbol == "+" or (self.param is None and self.scalar is not None and self.scalar > 0)
+        if self.producer:
+            return False
+        return self.symbol in ("+", "-") or (self.param is None and self.scalar is not None and self.scalar > 0)
 
     def _operand_py(self) -> str:
+        if self.producer:
+            return PRODUCER_PY
         return f"self.{self.param}" if self.param else repr(self.scalar)
+
+    def _operand_cuda(self, load: ParamLoader) -> str:
+        if self.producer:
+            return PRODUCER_CUDA
+        return load(self.param) if self.param else _float_literal(self.scalar)
 
     def forward_code(self, x: str, attr: str | None) -> str:
         return f"({x} {self.symbol} {self._operand_py()})"
 
     def cuda(self, v: str, load: ParamLoader) -> str:
-        operand = load(self.param) if self.param else _float_literal(self.scalar)
-        return f"({v} {self.symbol} {operand})"
+        return f"({v} {self.symbol} {self._operand_cuda(load)})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +142,94 @@ class Div(_Binary):
 class Add(_Binary):
     kind: ClassVar[str] = "add"
     symbol: ClassVar[str] = "+"
+
+
+@dataclasses.dataclass(frozen=True)
+class Sub(_Binary):
+    kind: ClassVar[str] = "sub"
+    symbol: ClassVar[str] = "-"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Extremum(_Binary):
+    """torch.minimum / torch.maximum against the operand, NaN from either side propagated, as torch
+    does; against a number, torch.clamp (the same values, NaN included). Non-decreasing in x whatever
+    the operand holds, unless it is the producer's value, which varies inside a window."""
+
+    helper: ClassVar[str] = "ft_min_nan"
+    torch_name: ClassVar[str] = "minimum"
+    clamp_key: ClassVar[str] = "max"
+
+    def monotone(self) -> bool:
+        return not self.producer
+
+    def increasing(self) -> bool:
+        return not self.producer
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        if self.scalar is not None:
+            return f"torch.clamp({x}, {self.clamp_key}={self.scalar!r})"
+        return f"torch.{self.torch_name}({x}, {self._operand_py()})"
+
+    def cuda(self, v: str, load: ParamLoader) -> str:
+        return f"{self.helper}({v}, {self._operand_cuda(load)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Minimum(_Extremum):
+    kind: ClassVar[str] = "minimum"
+    helper: ClassVar[str] = "ft_min_nan"
+    torch_name: ClassVar[str] = "minimum"
+    clamp_key: ClassVar[str] = "max"
+
+
+@dataclasses.dataclass(frozen=True)
+class Maximum(_Extremum):
+    kind: ClassVar[str] = "maximum"
+    helper: ClassVar[str] = "ft_max_nan"
+    torch_name: ClassVar[str] = "maximum"
+    clamp_key: ClassVar[str] = "min"
+
+
+#: Exponents torch.pow computes without pow (its scalar special cases), and the helper of
+#: templates/elementwise.cuh that does the same; 0 and 1 are constants and copies.
+_POW_HELPERS: dict[float, str] = {2.0: "ft_pow2", 3.0: "ft_pow3", 4.0: "ft_pow4", -1.0: "ft_pow_m1",
+                                  -2.0: "ft_pow_m2", 0.5: "ft_pow_half", -0.5: "ft_pow_mhalf"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Pow(_Binary):
+    """torch.pow(x, by). A number exponent: products or a square root where torch uses them, powf
+    otherwise (NaN for a negative base and a non-integer exponent, as torch)."""
+
+    kind: ClassVar[str] = "pow"
+    symbol: ClassVar[str] = "**"
+
+    def monotone(self) -> bool:
+        # x ** odd positive integer: increasing. x ** 0.5 (a square root): increasing where defined, NaN
+        # below 0, so at a window's smallest value if anywhere. Not other non-integer exponents:
+        # powf(-inf, 1.5) is +inf beside NaN for finite negatives. Not x ** 0 (NaN -> 1), even or negative
+        # powers, or a per-channel or per-element exponent.
+        return self.scalar is not None and (self._odd_positive() or self.scalar == 0.5)
+
+    def increasing(self) -> bool:
+        return self.scalar is not None and self._odd_positive()
+
+    def _odd_positive(self) -> bool:
+        return self.scalar is not None and self.scalar > 0 and self.scalar.is_integer() and self.scalar % 2 == 1
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        return f"torch.pow({x}, {self._operand_py()})"
+
+    def cuda(self, v: str, load: ParamLoader) -> str:
+        if self.scalar is None:
+            return f"powf({v}, {self._operand_cuda(load)})"
+        if self.scalar == 0.0:
+            return "1.0f"  # torch.pow(x, 0) is 1 for every x, NaN included
+        if self.scalar == 1.0:
+            return v
+        helper = _POW_HELPERS.get(self.scalar)
+        return f"{helper}({v})" if helper else f"powf({v}, {_float_literal(self.scalar)})"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -69,11 +69,15 @@ class GroupNorm(Norm):
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
-        reject_unknown(raw, ["groups", "eps", "affine"], ctx)
-        groups = take_int(raw, "groups", ctx, minimum=1)
+        """``num_groups`` as nn.GroupNorm names it; ``groups`` is kept as an alias."""
+        reject_unknown(raw, ["num_groups", "groups", "eps", "affine"], ctx)
+        if "num_groups" in raw and "groups" in raw:
+            raise ctx.error("groups", "give num_groups or its alias groups, not both")
+        key = "groups" if "groups" in raw else "num_groups"
+        groups = take_int(raw, key, ctx, minimum=1)
         channels = ctx.in_shape[1]
         if channels % groups:
-            raise ctx.error("groups", f"expected a divisor of the {channels} channels, got {groups}")
+            raise ctx.error(key, f"expected a divisor of the {channels} channels, got {groups}")
         return cls(groups=groups, eps=float(take_number(raw, "eps", ctx, default=1e-5, positive=True)),
                    affine=take_bool(raw, "affine", ctx, default=True))
 
@@ -119,3 +123,38 @@ def _spatial_size(shape: Shape) -> int:
     for s in shape[2:]:
         size *= s
     return size
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerNorm(Norm):
+    """nn.LayerNorm over the trailing dims ``normalized_shape`` names (their sizes, as PyTorch takes
+    them): statistics per sample over those dims, an affine map per element of them. The kernels'
+    norms are per channel; a layer norm runs in PyTorch (fusetune/regions.py)."""
+
+    kind: ClassVar[str] = "layer_norm"
+    scope: ClassVar[str] = "layer"
+    normalized_shape: tuple[int, ...] = ()
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, ["normalized_shape", "eps", "elementwise_affine"], ctx)
+        value = raw.get("normalized_shape")
+        sizes = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+        if (not isinstance(sizes, list) or not sizes or len(sizes) >= len(ctx.in_shape)
+                or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes)):
+            raise ctx.error("normalized_shape", f"expected the sizes of the input's trailing dims (at most "
+                                                f"{len(ctx.in_shape) - 1}), got {value!r}")
+        return cls(normalized_shape=tuple(sizes), eps=float(take_number(raw, "eps", ctx, default=1e-5, positive=True)),
+                   affine=take_bool(raw, "elementwise_affine", ctx, default=True))
+
+    def check_shape(self, shape: Shape, error) -> None:
+        trailing = tuple(shape[len(shape) - len(self.normalized_shape):])
+        if trailing != self.normalized_shape:
+            error("normalized_shape", f"{list(self.normalized_shape)} is not the trailing sizes of the input "
+                                      f"{list(shape)}")
+
+    def module_code(self, channels: int, spatial_dims: int) -> str:
+        return f"nn.LayerNorm({list(self.normalized_shape)}, eps={self.eps!r}, elementwise_affine={self.affine})"
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        return f"self.{attr}({x})"

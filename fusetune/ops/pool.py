@@ -1,4 +1,6 @@
-"""Window pooling: stride defaults to the kernel size, no padding, floor mode (PyTorch's defaults)."""
+"""Window pooling: stride defaults to the kernel size, padding to none, floor mode (PyTorch's defaults).
+
+The kernels pool windows without padding; a padded pool runs in PyTorch (fusetune/regions.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,28 +16,52 @@ class Pool(Op):
     torch_name: ClassVar[str]
     kernel_size: tuple[int, ...] = (1,)
     stride: tuple[int, ...] = (1,)
+    padding: tuple[int, ...] | None = None  # None: no padding (kept out of the cache key, as before)
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
-        reject_unknown(raw, ["kernel_size", "stride"], ctx)
+        reject_unknown(raw, ["kernel_size", "stride", "padding"], ctx)
         kernel = take_window(raw, "kernel_size", ctx)
         stride = take_window(raw, "stride", ctx, default=list(kernel))
-        return cls(kernel_size=kernel, stride=stride)
+        padding = take_window(raw, "padding", ctx, default=0, minimum=0)
+        for p, k in zip(padding, kernel):
+            if 2 * p > k:
+                raise ctx.error("padding", f"expected at most half the kernel size {list(kernel)} (as PyTorch), "
+                                           f"got {list(padding)}")
+        return cls(kernel_size=kernel, stride=stride, padding=padding if any(padding) else None)
+
+    @property
+    def pads(self) -> tuple[int, ...]:
+        return self.padding or (0,) * len(self.kernel_size)
 
     def check_shape(self, shape: Shape, error) -> None:
-        for size, k in zip(shape[2:], self.kernel_size):
-            if size < k:
-                error("kernel_size", f"window {list(self.kernel_size)} is larger than the input's spatial size {list(shape[2:])}")
+        for size, k, p in zip(shape[2:], self.kernel_size, self.pads):
+            if size + 2 * p < k:
+                error("kernel_size", f"window {list(self.kernel_size)} is larger than the input's spatial size "
+                                     f"{list(shape[2:])}")
 
     def out_shape(self, shape: Shape) -> Shape:
-        spatial = tuple((s - k) // st + 1 for s, k, st in zip(shape[2:], self.kernel_size, self.stride))
+        spatial = tuple((s + 2 * p - k) // st + 1
+                        for s, k, st, p in zip(shape[2:], self.kernel_size, self.stride, self.pads))
         return shape[:2] + spatial
 
     def module_code(self, channels: int, spatial_dims: int) -> str:
-        return f"nn.{self.torch_name}{spatial_dims}d(kernel_size={self.kernel_size}, stride={self.stride})"
+        padding = f", padding={self.padding}" if self.padding else ""
+        return f"nn.{self.torch_name}{spatial_dims}d(kernel_size={self.kernel_size}, stride={self.stride}{padding})"
+
+    def functional_code(self, x: str) -> str:
+        """The pool without a module, for windows the planner composed (fusetune/regions.py)."""
+        return (f"F.{self.mode}_pool{len(self.kernel_size)}d({x}, kernel_size={self.kernel_size}, "
+                f"stride={self.stride}, padding={self.pads})")
 
     def forward_code(self, x: str, attr: str | None) -> str:
-        return f"self.{attr}({x})"
+        return f"self.{attr}({x})" if attr else self.functional_code(x)
+
+    def canonical(self) -> dict[str, Any]:
+        out = super().canonical()
+        if self.padding is None:
+            del out["padding"]
+        return out
 
 
 @dataclasses.dataclass(frozen=True)

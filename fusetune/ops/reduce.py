@@ -1,10 +1,22 @@
-"""Reductions that drop dimensions: global average pooling and max/min/sum/mean over a dim."""
+"""Reductions, channel-wise softmax and views: ops that drop, keep or reshape dimensions.
+
+A reduction is ``torch.<mode>(x, dim, keepdim)`` over any dims but the batch. The kernels reduce
+over all spatial dims (``over == "spatial"``: the dims kept with size 1, as adaptive pooling to 1
+leaves them) or over the channel dim (``over == "dim"``, dim 1, dropped); the planner's rewrites
+(fusetune/regions.py) bring a reduction into one of those forms where that is exact, and a view
+after it (dropping or keeping the dims) runs in PyTorch for free.
+"""
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, ClassVar, Mapping
 
-from fusetune.ops.base import Op, OpContext, Shape, reject_unknown, take_int
+from fusetune.ops.base import Op, OpContext, Shape, reject_unknown, take_bool, take_int
+
+#: Reduction modes torch names; amax/amin are max/min without indices, which the values equal.
+REDUCE_MODES = ("max", "min", "sum", "mean", "amax", "amin", "logsumexp")
+#: The modes the kernels compute (over space or over channels).
+KERNEL_MODES = ("max", "min", "sum", "mean")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,54 +30,275 @@ class Reduce(Op):
 
 
 @dataclasses.dataclass(frozen=True)
-class AdaptiveAvgPool(Reduce):
-    kind: ClassVar[str] = "adaptive_avg_pool"
-    mode: str = "mean"
+class SpatialReduce(Reduce):
+    """A reduction over every spatial dim that keeps them with size 1: ``adaptive_avg_pool`` and
+    ``adaptive_max_pool`` to 1, and what the planner rewrites ``mean(dim=[2, 3])`` and the like to."""
+
+    kind: ClassVar[str] = "spatial_reduce"
     over: str = "spatial"
     dim: int = -1
+
+    def out_shape(self, shape: Shape) -> Shape:
+        return shape[:2] + (1,) * (len(shape) - 2)
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        dims = f"tuple(range(2, {x}.dim()))"
+        if self.mode in ("max", "min"):
+            return f"torch.a{self.mode}({x}, dim={dims}, keepdim=True)"
+        return f"torch.{self.mode}({x}, dim={dims}, keepdim=True)"
+
+    def canonical(self) -> dict[str, Any]:
+        # A mean over space is the adaptive average pool the cache has always keyed it as.
+        return {"kind": "adaptive_avg_pool" if self.mode == "mean" else f"spatial_{self.mode}"}
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptivePool(Op):
+    """``adaptive_avg_pool`` / ``adaptive_max_pool``: output_size 1 is a spatial reduction the kernels
+    take; any other size (windows that depend on the input's size) runs in PyTorch."""
+
+    role: ClassVar[str] = "adaptive"
+    mode: ClassVar[str]
+    output_size: tuple[int, ...] = (1,)
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
         reject_unknown(raw, ["output_size"], ctx)
         size = raw.get("output_size", 1)
-        if isinstance(size, bool) or (size != 1 and size != [1] * ctx.spatial_dims):
-            raise ctx.error("output_size", f"only output_size 1 is supported, got {size!r}")
-        return cls()
+        dims = len(ctx.in_shape) - 2
+        if isinstance(size, int) and not isinstance(size, bool):
+            sizes = (size,) * dims
+        elif isinstance(size, list) and len(size) == dims and all(
+                isinstance(s, int) and not isinstance(s, bool) for s in size):
+            sizes = tuple(size)
+        else:
+            raise ctx.error("output_size", f"expected a positive integer or a list of {dims}, got {size!r}")
+        if any(s < 1 for s in sizes):
+            raise ctx.error("output_size", f"expected positive sizes, got {size!r}")
+        return cls(output_size=sizes)
+
+    @property
+    def global_(self) -> bool:
+        return all(s == 1 for s in self.output_size)
 
     def out_shape(self, shape: Shape) -> Shape:
-        return shape[:2] + (1,) * (len(shape) - 2)
-
-    def module_code(self, channels: int, spatial_dims: int) -> str:
-        return f"nn.AdaptiveAvgPool{spatial_dims}d(1)"
+        return shape[:2] + self.output_size
 
     def forward_code(self, x: str, attr: str | None) -> str:
-        return f"self.{attr}({x})"
+        dims = len(self.output_size)
+        return f"F.adaptive_{self.mode}_pool{dims}d({x}, {self.output_size})"
+
+    def as_reduce(self) -> SpatialReduce:
+        return SpatialReduce(mode="mean" if self.mode == "avg" else "max")
+
+    def canonical(self) -> dict[str, Any]:
+        if self.global_ and self.mode == "avg":
+            return {"kind": "adaptive_avg_pool"}  # as it has always been keyed
+        return {"kind": self.kind, "output_size": list(self.output_size)}
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveAvgPool(AdaptivePool):
+    kind: ClassVar[str] = "adaptive_avg_pool"
+    mode: ClassVar[str] = "avg"
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveMaxPool(AdaptivePool):
+    kind: ClassVar[str] = "adaptive_max_pool"
+    mode: ClassVar[str] = "max"
+
+
+def take_dims(raw: Mapping[str, Any], key: str, ctx: OpContext, *, default: Any) -> tuple[int, ...]:
+    """An int or a non-empty list of distinct ints, each a dim of the input (negatives from the end),
+    normalised to sorted non-negative dims; the batch dim (0) is refused."""
+    rank = len(ctx.in_shape)
+    value = raw.get(key, default)
+    values = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+    if (not isinstance(values, list) or not values
+            or any(isinstance(v, bool) or not isinstance(v, int) for v in values)):
+        raise ctx.error(key, f"expected a dim or a list of dims of the rank-{rank} input, got {value!r}")
+    dims = []
+    for v in values:
+        if not -rank <= v < rank:
+            raise ctx.error(key, f"expected dims in [{-rank}, {rank - 1}] for an input of rank {rank}, got {v}")
+        dims.append(v % rank)
+    if len(set(dims)) != len(dims):
+        raise ctx.error(key, f"a dim is named twice in {value!r}")
+    if 0 in dims:
+        raise ctx.error(key, "reducing over the batch dim (0) is not supported: a sample's output would "
+                             "depend on the other samples")
+    return tuple(sorted(dims))
 
 
 @dataclasses.dataclass(frozen=True)
 class DimReduce(Reduce):
-    """torch.max/min(x, dim)[0], torch.sum/mean(x, dim): values only, the dim dropped."""
+    """torch.<mode>(x, dim, keepdim): values only (torch.max/min's indices are not kept).
+
+    ``dims`` are the input's dims, sorted; ``dim`` (the first) keeps the single-dim form the kernels
+    and the cache key have always used."""
 
     kind: ClassVar[str] = "reduce"
+    dims: tuple[int, ...] = (1,)
+    keepdim: bool = False
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, ["dim", "keepdim"], ctx)
+        dims = take_dims(raw, "dim", ctx, default=1)
+        keepdim = take_bool(raw, "keepdim", ctx, default=False)
+        return cls(mode=str(raw["op"]), over="dim", dim=dims[0], dims=dims, keepdim=keepdim)
+
+    def out_shape(self, shape: Shape) -> Shape:
+        if self.keepdim:
+            return tuple(1 if i in self.dims else s for i, s in enumerate(shape))
+        return tuple(s for i, s in enumerate(shape) if i not in self.dims)
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        dim = self.dims[0] if len(self.dims) == 1 else self.dims
+        keep = ", keepdim=True" if self.keepdim else ""
+        if self.mode in ("max", "min") and len(self.dims) == 1:
+            return f"torch.{self.mode}({x}, dim={dim}{keep})[0]"
+        mode = {"max": "amax", "min": "amin"}.get(self.mode, self.mode)
+        return f"torch.{mode}({x}, dim={dim}{keep})"
+
+    def canonical(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.mode, "dim": self.dim}
+        if len(self.dims) > 1:
+            out["dims"] = list(self.dims)
+        if self.keepdim:
+            out["keepdim"] = True
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Softmax(Op):
+    """softmax / log_softmax over one dim: every value of a row is needed before any is written."""
+
+    role: ClassVar[str] = "softmax"
+    log: ClassVar[bool]
+    dim: int = 1
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
         reject_unknown(raw, ["dim"], ctx)
+        if "dim" not in raw:
+            raise ctx.error("dim", "missing; expected the dim to normalise over (1 for channels), as PyTorch asks")
         rank = len(ctx.in_shape)
-        dim = take_int(raw, "dim", ctx, default=1)
+        dim = take_int(raw, "dim", ctx)
         if not -rank <= dim < rank:
             raise ctx.error("dim", f"expected a dim in [{-rank}, {rank - 1}] for an input of rank {rank}, got {dim}")
-        if dim % rank == 0:
-            raise ctx.error("dim", "reducing over the batch dim (0) is not supported")
-        return cls(mode=str(raw["op"]), over="dim", dim=dim % rank)
-
-    def out_shape(self, shape: Shape) -> Shape:
-        return shape[: self.dim] + shape[self.dim + 1:]
+        return cls(dim=dim % rank)
 
     def forward_code(self, x: str, attr: str | None) -> str:
-        if self.mode in ("max", "min"):
-            return f"torch.{self.mode}({x}, dim={self.dim})[0]"
-        return f"torch.{self.mode}({x}, dim={self.dim})"
+        return f"torch.{'log_softmax' if self.log else 'softmax'}({x}, dim={self.dim})"
 
-    def canonical(self) -> dict[str, Any]:
-        return {"kind": self.mode, "dim": self.dim}
+
+@dataclasses.dataclass(frozen=True)
+class SoftmaxOp(Softmax):
+    kind: ClassVar[str] = "softmax"
+    log: ClassVar[bool] = False
+
+
+@dataclasses.dataclass(frozen=True)
+class LogSoftmax(Softmax):
+    kind: ClassVar[str] = "log_softmax"
+    log: ClassVar[bool] = True
+
+
+@dataclasses.dataclass(frozen=True)
+class View(Op):
+    """Ops that only reshape: free in PyTorch (a view of the kernels' output)."""
+
+    role: ClassVar[str] = "view"
+
+
+@dataclasses.dataclass(frozen=True)
+class Flatten(View):
+    kind: ClassVar[str] = "flatten"
+    start_dim: int = 1
+    end_dim: int = -1
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, ["start_dim", "end_dim"], ctx)
+        rank = len(ctx.in_shape)
+        start = take_int(raw, "start_dim", ctx, default=1)
+        end = take_int(raw, "end_dim", ctx, default=-1)
+        for key, d in (("start_dim", start), ("end_dim", end)):
+            if not -rank <= d < rank:
+                raise ctx.error(key, f"expected a dim in [{-rank}, {rank - 1}] for an input of rank {rank}, got {d}")
+        if start % rank > end % rank:
+            raise ctx.error("start_dim", f"start_dim {start} comes after end_dim {end}")
+        return cls(start_dim=start % rank, end_dim=end % rank)
+
+    def out_shape(self, shape: Shape) -> Shape:
+        start, end = self.start_dim % len(shape), self.end_dim % len(shape)
+        merged = 1
+        for s in shape[start:end + 1]:
+            merged *= s
+        return shape[:start] + (merged,) + shape[end + 1:]
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        return f"torch.flatten({x}, {self.start_dim}, {self.end_dim})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Squeeze(View):
+    """torch.squeeze(x, dim): drop the given dims where their size is 1 (all size-1 dims without one)."""
+
+    kind: ClassVar[str] = "squeeze"
+    dims: tuple[int, ...] | None = None
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, ["dim"], ctx)
+        if "dim" not in raw:
+            return cls(dims=None)
+        rank = len(ctx.in_shape)
+        value = raw["dim"]
+        values = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+        if not isinstance(values, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in values):
+            raise ctx.error("dim", f"expected a dim or a list of dims, got {value!r}")
+        for v in values:
+            if not -rank <= v < rank:
+                raise ctx.error("dim", f"expected dims in [{-rank}, {rank - 1}] for an input of rank {rank}, got {v}")
+        return cls(dims=tuple(sorted({v % rank for v in values})))
+
+    def check_shape(self, shape: Shape, error) -> None:
+        if self.dims and 0 in self.dims and shape[0] == 1:
+            error("dim", "squeezing the batch dim would change the output's rank with the batch size")
+        if self.dims is None and shape[0] == 1:
+            error("dim", "a squeeze of every size-1 dim would drop the batch dim at batch 1; name the dims")
+
+    def out_shape(self, shape: Shape) -> Shape:
+        dims = self.dims if self.dims is not None else tuple(range(len(shape)))
+        return tuple(s for i, s in enumerate(shape) if not (i in dims and s == 1))
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        if self.dims is None:
+            return f"torch.squeeze({x})"
+        return f"torch.squeeze({x}, {self.dims[0] if len(self.dims) == 1 else self.dims})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Unsqueeze(View):
+    """torch.unsqueeze(x, dim): what a reduction's keepdim leaves where the kernels dropped the dim."""
+
+    kind: ClassVar[str] = "unsqueeze"
+    dim: int = 1
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, ["dim"], ctx)
+        rank = len(ctx.in_shape) + 1
+        dim = take_int(raw, "dim", ctx)
+        if not -rank <= dim < rank:
+            raise ctx.error("dim", f"expected a dim in [{-rank}, {rank - 1}], got {dim}")
+        return cls(dim=dim % rank)
+
+    def out_shape(self, shape: Shape) -> Shape:
+        return shape[:self.dim] + (1,) + shape[self.dim:]
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        return f"torch.unsqueeze({x}, {self.dim})"

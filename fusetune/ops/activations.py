@@ -1,0 +1,320 @@
+"""PyTorch's pointwise activations and math functions as elementwise ops.
+
+Config names and argument names are PyTorch's (``op: leaky_relu, negative_slope: 0.2``). The
+parameter-free ops are rows of one table, ``UNARY``: the CUDA expression (a helper of
+templates/elementwise.cuh or a libm function), the PyTorch reference and the two facts the planner
+reads (monotone, increasing; see Elementwise). The ops with arguments are a class each.
+
+Flags, for the planner's max-pool shortcuts (plan.pool_at_extremes, plan.pool_increasing): an op
+whose NaN outputs for non-NaN inputs lie at the low end (log, sqrt: below 0) is monotone (a window's
+smallest value then gives NaN wherever any does) but not increasing (its largest value alone would
+miss the NaN that torch's max pool propagates).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar, Mapping, NamedTuple
+
+from fusetune.ops.base import Op, OpContext, reject_unknown, take_number
+from fusetune.ops.elementwise import Elementwise, ParamLoader, _float_literal
+
+
+class UnaryFacts(NamedTuple):
+    """One parameter-free op: ``cuda`` and ``torch`` are format strings of ``{v}`` / ``{x}``."""
+
+    cuda: str
+    torch: str
+    monotone: bool
+    increasing: bool
+
+
+#: Op name -> facts. Monotone and increasing hold for the real function and its NaN behaviour:
+#: hardswish, silu, mish and abs have a minimum inside; neg decreases; log and sqrt are NaN below 0.
+UNARY: dict[str, UnaryFacts] = {
+    "relu6": UnaryFacts("ft_relu6({v})", "F.relu6({x})", True, True),
+    "selu": UnaryFacts("ft_selu({v})", "F.selu({x})", True, True),
+    "silu": UnaryFacts("ft_silu({v})", "F.silu({x})", False, False),
+    "mish": UnaryFacts("ft_mish({v})", "F.mish({x})", False, False),
+    "sigmoid": UnaryFacts("ft_sigmoid({v})", "torch.sigmoid({x})", True, True),
+    "hardsigmoid": UnaryFacts("ft_hardsigmoid({v})", "F.hardsigmoid({x})", True, True),
+    "hardswish": UnaryFacts("ft_hardswish({v})", "F.hardswish({x})", False, False),
+    "tanh": UnaryFacts("tanhf({v})", "torch.tanh({x})", True, True),
+    "exp": UnaryFacts("expf({v})", "torch.exp({x})", True, True),
+    "log": UnaryFacts("logf({v})", "torch.log({x})", True, False),
+    "abs": UnaryFacts("fabsf({v})", "torch.abs({x})", False, False),
+    "neg": UnaryFacts("(-({v}))", "torch.neg({x})", True, False),
+    "sqrt": UnaryFacts("sqrtf({v})", "torch.sqrt({x})", True, False),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unary(Elementwise):
+    """A parameter-free op whose facts are its row of UNARY (subclasses only name it)."""
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, [], ctx)
+        return cls()
+
+    @property
+    def facts(self) -> UnaryFacts:
+        return UNARY[self.kind]
+
+    def monotone(self) -> bool:
+        return self.facts.monotone
+
+    def increasing(self) -> bool:
+        return self.facts.increasing
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        return self.facts.torch.format(x=x)
+
+    def cuda(self, v: str, load: ParamLoader) -> str:
+        return self.facts.cuda.format(v=v)
+
+
+@dataclasses.dataclass(frozen=True)
+class Relu6(_Unary):
+    kind: ClassVar[str] = "relu6"
+
+
+@dataclasses.dataclass(frozen=True)
+class Selu(_Unary):
+    kind: ClassVar[str] = "selu"
+
+
+@dataclasses.dataclass(frozen=True)
+class Silu(_Unary):
+    kind: ClassVar[str] = "silu"
+
+
+@dataclasses.dataclass(frozen=True)
+class Mish(_Unary):
+    kind: ClassVar[str] = "mish"
+
+
+@dataclasses.dataclass(frozen=True)
+class Sigmoid(_Unary):
+    kind: ClassVar[str] = "sigmoid"
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardsigmoid(_Unary):
+    kind: ClassVar[str] = "hardsigmoid"
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardswish(_Unary):
+    kind: ClassVar[str] = "hardswish"
+
+
+@dataclasses.dataclass(frozen=True)
+class Tanh(_Unary):
+    kind: ClassVar[str] = "tanh"
+
+
+@dataclasses.dataclass(frozen=True)
+class Exp(_Unary):
+    kind: ClassVar[str] = "exp"
+
+
+@dataclasses.dataclass(frozen=True)
+class Log(_Unary):
+    kind: ClassVar[str] = "log"
+
+
+@dataclasses.dataclass(frozen=True)
+class Abs(_Unary):
+    kind: ClassVar[str] = "abs"
+
+
+@dataclasses.dataclass(frozen=True)
+class Neg(_Unary):
+    kind: ClassVar[str] = "neg"
+
+
+@dataclasses.dataclass(frozen=True)
+class Sqrt(_Unary):
+    kind: ClassVar[str] = "sqrt"
+
+
+@dataclasses.dataclass(frozen=True)
+class LeakyRelu(Elementwise):
+    """F.leaky_relu: x where x > 0, else negative_slope * x. Non-decreasing for a slope > 0; a
+    negative slope makes a V, monotone in neither direction. A slope of 0 is monotone but gives NaN
+    at -inf (-inf * 0), at the low end, where a window's largest value alone would miss it."""
+
+    kind: ClassVar[str] = "leaky_relu"
+    negative_slope: float = 0.01
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, ["negative_slope"], ctx)
+        return cls(negative_slope=float(take_number(raw, "negative_slope", ctx, default=0.01)))
+
+    def monotone(self) -> bool:
+        return self.negative_slope >= 0
+
+    def increasing(self) -> bool:
+        return self.negative_slope > 0
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        return f"F.leaky_relu({x}, negative_slope={self.negative_slope!r})"
+
+    def cuda(self, v: str, load: ParamLoader) -> str:
+        return f"ft_leaky_relu({v}, {_float_literal(self.negative_slope)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Elu(Elementwise):
+    """F.elu: x where x > 0, else alpha * (exp(x) - 1). Non-decreasing for alpha >= 0; a negative
+    alpha falls from -alpha at -inf to 0, then rises."""
+
+    kind: ClassVar[str] = "elu"
+    alpha: float = 1.0
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, ["alpha"], ctx)
+        return cls(alpha=float(take_number(raw, "alpha", ctx, default=1.0)))
+
+    def monotone(self) -> bool:
+        return self.alpha >= 0
+
+    def increasing(self) -> bool:
+        return self.alpha >= 0
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        return f"F.elu({x}, alpha={self.alpha!r})"
+
+    def cuda(self, v: str, load: ParamLoader) -> str:
+        return f"ft_elu({v}, {_float_literal(self.alpha)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Celu(Elementwise):
+    """F.celu: max(0, x) + min(0, alpha * (exp(x / alpha) - 1)). Its slope below 0 is exp(x / alpha)
+    > 0 for either sign of alpha: non-decreasing always. alpha = 0 is refused, as torch refuses it."""
+
+    kind: ClassVar[str] = "celu"
+    alpha: float = 1.0
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, ["alpha"], ctx)
+        alpha = float(take_number(raw, "alpha", ctx, default=1.0))
+        if alpha == 0:
+            raise ctx.error("alpha", "alpha cannot be 0 for celu (it divides by alpha)")
+        return cls(alpha=alpha)
+
+    def monotone(self) -> bool:
+        return True
+
+    def increasing(self) -> bool:
+        return True
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        return f"F.celu({x}, alpha={self.alpha!r})"
+
+    def cuda(self, v: str, load: ParamLoader) -> str:
+        return f"ft_celu({v}, {_float_literal(self.alpha)})"
+
+
+#: F.gelu's approximations and their helpers in templates/elementwise.cuh.
+GELU_APPROXIMATIONS: dict[str, str] = {"none": "ft_gelu", "tanh": "ft_gelu_tanh"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Gelu(Elementwise):
+    """F.gelu, exact (approximate: none) or with tanh. It dips below 0 for negative x: not monotone."""
+
+    kind: ClassVar[str] = "gelu"
+    approximate: str = "none"
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, ["approximate"], ctx)
+        approximate = raw.get("approximate", "none")
+        if not isinstance(approximate, str) or approximate not in GELU_APPROXIMATIONS:
+            expected = " or ".join(f"'{name}'" for name in GELU_APPROXIMATIONS)
+            raise ctx.error("approximate", f"expected {expected}, got {approximate!r}")
+        return cls(approximate=approximate)
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        return f"F.gelu({x}, approximate={self.approximate!r})"
+
+    def cuda(self, v: str, load: ParamLoader) -> str:
+        return f"{GELU_APPROXIMATIONS[self.approximate]}({v})"
+
+
+#: F.softplus's default threshold. Where beta * x passes the threshold, softplus returns x, a step
+#: down by log1p(exp(-threshold)) / |beta| from the curve just before it: non-decreasing in float32
+#: only where that step is below half a float32 ulp of the point (threshold / beta); see
+#: Softplus.increasing.
+SOFTPLUS_THRESHOLD = 20.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Softplus(Elementwise):
+    """F.softplus: x where beta * x > threshold, else log(1 + exp(beta * x)) / beta. Both pieces
+    rise (slope sigmoid(beta * x) > 0, for either sign of beta); the switch between them steps down."""
+
+    kind: ClassVar[str] = "softplus"
+    beta: float = 1.0
+    threshold: float = SOFTPLUS_THRESHOLD
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, ["beta", "threshold"], ctx)
+        beta = float(take_number(raw, "beta", ctx, default=1.0))
+        if beta == 0:
+            raise ctx.error("beta", "beta cannot be 0 (softplus divides by beta)")
+        threshold = float(take_number(raw, "threshold", ctx, default=SOFTPLUS_THRESHOLD))
+        return cls(beta=beta, threshold=threshold)
+
+    def monotone(self) -> bool:
+        return self.increasing()
+
+    def increasing(self) -> bool:
+        # The step at the switch, relative to the point where it happens: log1p(exp(-t)) / t, which
+        # must stay under 2^-25 (half the least relative float32 ulp) to vanish in rounding; true from
+        # t ~ 15.5 on, so for the default 20.
+        t = self.threshold
+        return t > 0 and math.log1p(math.exp(-t)) < 2.0 ** -25 * t
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        return f"F.softplus({x}, beta={self.beta!r}, threshold={self.threshold!r})"
+
+    def cuda(self, v: str, load: ParamLoader) -> str:
+        return f"ft_softplus({v}, {_float_literal(self.beta)}, {_float_literal(self.threshold)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardtanh(Elementwise):
+    """F.hardtanh: x clamped to [min_val, max_val], NaN kept. Non-decreasing."""
+
+    kind: ClassVar[str] = "hardtanh"
+    min_val: float = -1.0
+    max_val: float = 1.0
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, ["min_val", "max_val"], ctx)
+        lo = float(take_number(raw, "min_val", ctx, default=-1.0))
+        hi = float(take_number(raw, "max_val", ctx, default=1.0))
+        if lo > hi:
+            raise ctx.error("min_val", f"expected min_val <= max_val, got min_val={lo}, max_val={hi}")
+        return cls(min_val=lo, max_val=hi)
+
+    def monotone(self) -> bool:
+        return True
+
+    def increasing(self) -> bool:
+        return True
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        return f"F.hardtanh({x}, min_val={self.min_val!r}, max_val={self.max_val!r})"
+
+    def cuda(self, v: str, load: ParamLoader) -> str:
+        return f"ft_hardtanh({v}, {_float_literal(self.min_val)}, {_float_literal(self.max_val)})"

@@ -1,0 +1,170 @@
+"""Exact rewrites of a config's chain, before the planner splits it into regions.
+
+The planner (fusetune/plan.py) fuses the longest prefix of the chain that the kernels take, as one
+region of the form ``pre* [norm] mid* [pool] post* [reduce] final*``, and runs the rest in PyTorch
+inside the generated ModelNew. Before that, these rules bring the chain into the forms the kernels
+know wherever that is exact, so that what a user writes the PyTorch way (``x.mean(dim=[2, 3],
+keepdim=True)``, ``torch.amax(x, 1, keepdim=True)``, two 2x2 max pools, ``nn.Dropout`` in eval mode)
+lands in the kernels rather than in PyTorch:
+
+  * dropout that is the identity (eval mode, or p = 0) is dropped;
+  * reductions of one mode in a row, over disjoint dims, merge into one over all of them;
+  * a reduction over every spatial dim (and a global adaptive pool) is the kernels' spatial
+    reduction, which keeps the dims with size 1; a view drops them where ``keepdim`` is false;
+  * a reduction over the channel dim with ``keepdim`` is the kernels' channel reduction and a view
+    that puts the dim back; ``amax``/``amin`` are ``max``/``min`` (the same values);
+  * a view before an op that maps each value alone moves after it (the values are the same);
+  * non-overlapping pools of one mode in a row compose into one pool of the product window
+    (floor mode: floor(floor(s / a) / b) = floor(s / ab) windows, each the same inputs).
+
+Each rewritten op remembers the reference model's attribute it reads (a norm's module), so that the
+part that runs in PyTorch uses the very modules of the reference.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+from fusetune.config import ProblemSpec
+from fusetune.ops import (AdaptivePool, DimReduce, Flatten, Op, Pool, Shape, SpatialReduce, Unsqueeze)
+from fusetune.ops.reduce import KERNEL_MODES
+
+#: amax/amin hold the same values as max/min without indices.
+_SAME_MODE = {"amax": "max", "amin": "min"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One op of the rewritten chain: the op, the reference model's attribute it applies (None where
+    it needs no module), and the config entries it stands for (for messages)."""
+
+    op: Op
+    attr: str | None
+    entries: tuple[int, ...]
+
+    @property
+    def where(self) -> str:
+        """The config entries this step stands for, as a user finds them: ``epilogue[3] (max_pool)``."""
+        return " + ".join(f"epilogue[{i}]" for i in self.entries) + f" ({self.op.kind})"
+
+
+def reference_attr(spec: ProblemSpec, i: int) -> str | None:
+    """The attribute of the reference model that holds epilogue op ``i``'s module, None if it has none."""
+    op = spec.epilogue[i]
+    return f"{op.kind}_{i}" if op.module_code(spec.producer.out_channels, spec.producer.spatial_dims) else None
+
+
+def rewrite(spec: ProblemSpec) -> tuple[Step, ...]:
+    """The config's chain after every rule, each applied until nothing changes."""
+    steps = [Step(op, reference_attr(spec, i), (i,)) for i, op in enumerate(spec.epilogue)]
+    rank = 2 + spec.producer.spatial_dims
+    for rule in (_drop_identity, _merge_reductions, _kernel_reductions, _sink_views, _compose_pools):
+        steps = rule(steps, rank)
+    return tuple(steps)
+
+
+def shapes_of(steps: Sequence[Step], shape: Shape) -> list[Shape]:
+    """The shape after each step (the first: its input)."""
+    shapes = [shape]
+    for step in steps:
+        shapes.append(step.op.out_shape(shapes[-1]))
+    return shapes
+
+
+def _drop_identity(steps: list[Step], rank: int) -> list[Step]:
+    return [s for s in steps if s.op.role != "identity"]
+
+
+def _pairwise(steps: list[Step], merge: Callable[[Step, Step, int], list[Step] | None], rank: int) -> list[Step]:
+    """Apply ``merge`` to neighbours until it merges nothing more; ``rank`` is the first's input rank."""
+    out: list[Step] = []
+    ranks = [rank]
+    for step in steps:
+        if out:
+            merged = merge(out[-1], step, ranks[-2])
+            if merged is not None:
+                out.pop()
+                ranks.pop()
+                for m in merged:
+                    out.append(m)
+                    ranks.append(_rank_after(m.op, ranks[-1]))
+                continue
+        out.append(step)
+        ranks.append(_rank_after(step.op, ranks[-1]))
+    return out
+
+
+def _rank_after(op: Op, rank: int) -> int:
+    return len(op.out_shape((2,) * rank))
+
+
+def _merge_reductions(steps: list[Step], rank: int) -> list[Step]:
+    """torch.sum(torch.sum(x, 2), 2) is torch.sum(x, (2, 3)): reductions of one mode (not logsumexp)
+    with the same keepdim, in a row, over disjoint dims of the input."""
+    def merge(a: Step, b: Step, in_rank: int) -> list[Step] | None:
+        if not (isinstance(a.op, DimReduce) and isinstance(b.op, DimReduce)):
+            return None
+        mode_a, mode_b = (_SAME_MODE.get(s.op.mode, s.op.mode) for s in (a, b))
+        if mode_a != mode_b or mode_a == "logsumexp" or a.op.keepdim != b.op.keepdim:
+            return None
+        kept = list(range(in_rank)) if a.op.keepdim else [d for d in range(in_rank) if d not in a.op.dims]
+        dims = tuple(sorted(set(a.op.dims) | {kept[d] for d in b.op.dims}))
+        op = DimReduce(mode=mode_a, over="dim", dim=dims[0], dims=dims, keepdim=a.op.keepdim)
+        return [Step(op, None, a.entries + b.entries)]
+    return _pairwise(steps, merge, rank)
+
+
+def _kernel_reductions(steps: list[Step], rank: int) -> list[Step]:
+    """Reductions into the two forms the kernels compute, each with the view that restores the
+    shape PyTorch gives."""
+    out: list[Step] = []
+    current = rank
+    for step in steps:
+        op = step.op
+        if isinstance(op, AdaptivePool) and op.global_ and current == rank:
+            out.append(Step(op.as_reduce(), None, step.entries))
+        elif isinstance(op, DimReduce) and _SAME_MODE.get(op.mode, op.mode) in KERNEL_MODES and current == rank:
+            mode = _SAME_MODE.get(op.mode, op.mode)
+            if op.dims == tuple(range(2, rank)):
+                out.append(Step(SpatialReduce(mode=mode), None, step.entries))
+                if not op.keepdim:
+                    out.append(Step(Flatten(start_dim=1, end_dim=-1), None, step.entries))
+            elif op.dims == (1,):
+                out.append(Step(DimReduce(mode=mode, over="dim", dim=1, dims=(1,)), None, step.entries))
+                if op.keepdim:
+                    out.append(Step(Unsqueeze(dim=1), None, step.entries))
+            else:
+                out.append(step)
+        else:
+            out.append(step)
+        current = _rank_after(step.op, current)
+    return out
+
+
+def _sink_views(steps: list[Step], rank: int) -> list[Step]:
+    """A view, then an op that maps each value alone (no per-channel parameter, not the convolution's
+    output): the same values either way round, and with the op first the kernels may take it."""
+    out = list(steps)
+    moved = True
+    while moved:
+        moved = False
+        for i in range(len(out) - 1):
+            view, op = out[i].op, out[i + 1].op
+            if view.role == "view" and op.role == "elementwise" and not op.params() and not op.uses_producer():
+                out[i], out[i + 1] = out[i + 1], out[i]
+                moved = True
+    return out
+
+
+def _compose_pools(steps: list[Step], rank: int) -> list[Step]:
+    """Two pools of one mode whose windows neither overlap nor skip (stride = window) nor pad compose
+    into one pool of the product window."""
+    def plain(op: Op) -> bool:
+        return isinstance(op, Pool) and op.padding is None and tuple(op.stride) == tuple(op.kernel_size)
+
+    def merge(a: Step, b: Step, in_rank: int) -> list[Step] | None:
+        if not (plain(a.op) and plain(b.op) and a.op.mode == b.op.mode):
+            return None
+        window = tuple(x * y for x, y in zip(a.op.kernel_size, b.op.kernel_size))
+        return [Step(type(a.op)(kernel_size=window, stride=window), None, a.entries + b.entries)]
+    return _pairwise(steps, merge, rank)

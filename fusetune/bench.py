@@ -41,7 +41,7 @@ def epilogue_bytes(spec: ProblemSpec, plan: Plan, shape: Shape) -> int:
     """The fewest bytes the fused epilogue must move: each pass reads the producer output once,
     the output is written once (per-(n, c) statistics and maps are negligible and left out)."""
     y = math.prod(spec.producer.out_shape(shape)) * 4
-    out = math.prod(spec.output_shape(shape)) * 4
+    out = math.prod(plan.fused_output_shape(shape)) * 4
     passes = int(plan.needs_stats) + int(plan.family is not None)
     return passes * y + out
 
@@ -53,15 +53,15 @@ MAIN_KERNELS = {f"ft_{family}{layout}_kernel": True for family in ("window_map",
                 for layout in ("", "_cl")}
 
 
-def kernel_bytes(name: str, spec: ProblemSpec, shape: Shape) -> int | None:
+def kernel_bytes(name: str, plan: Plan, shape: Shape) -> int | None:
     """The fewest bytes one of the epilogue's kernels must move: a pass over the producer output
     reads it once (and the main pass writes the output); None for the kernels that move only
     per-(sample, channel) values (finalize, the combine of a split plane reduction)."""
     kind = {**PASS_KERNELS, **MAIN_KERNELS}.get(name)
     if kind is None:
         return None
-    y = math.prod(spec.producer.out_shape(shape)) * 4
-    return y + (math.prod(spec.output_shape(shape)) * 4 if kind else 0)
+    y = math.prod(plan.spec.producer.out_shape(shape)) * 4
+    return y + (math.prod(plan.fused_output_shape(shape)) * 4 if kind else 0)
 
 
 def kernel_base_name(profiled: str) -> str:
@@ -70,12 +70,12 @@ def kernel_base_name(profiled: str) -> str:
     return match.group(1) if match else profiled
 
 
-def kernel_rows(times_ms: dict[str, float], spec: ProblemSpec, shape: Shape, bandwidth_gbs: float) -> list[dict[str, Any]]:
+def kernel_rows(times_ms: dict[str, float], plan: Plan, shape: Shape, bandwidth_gbs: float) -> list[dict[str, Any]]:
     """Per fused kernel: its time per forward, the bytes it must move and the fraction of the copy
     floor it reaches (None where it moves only per-channel values)."""
     rows = []
     for name, ms in sorted(times_ms.items(), key=lambda item: -item[1]):
-        nbytes = kernel_bytes(name, spec, shape)
+        nbytes = kernel_bytes(name, plan, shape)
         floor = nbytes / (bandwidth_gbs * 1e9) * 1e3 if nbytes is not None else None
         rows.append({"kernel": name, "ms": ms, "bytes": nbytes, "floor_ms": floor,
                      "floor_fraction": floor / ms if floor is not None and ms > 0 else None})
@@ -105,10 +105,11 @@ def profile_kernels_ms(fn: Callable[[], Any], reps: int = 10) -> dict[str, float
 
 def conv_flops(spec: ProblemSpec, shape: Shape) -> int:
     """Useful floating-point operations of the convolution (2 per multiply-add, no zero taps):
-    every output of a convolution, every input of a transposed one, meets every tap once."""
+    every output of a convolution, every input of a transposed one, meets every tap once (of its
+    group's channels: the geometry's weight count)."""
     producer = spec.producer
     points = math.prod(shape[2:]) if producer.transposed else math.prod(producer.out_shape(shape)[2:])
-    return 2 * shape[0] * points * producer.in_channels * producer.out_channels * math.prod(producer.kernel_size)
+    return 2 * shape[0] * points * producer.geometry()["weights"]
 
 
 def spectral_flops(spec: ProblemSpec, shape: Shape) -> int:
@@ -182,7 +183,9 @@ def run_bench(spec: ProblemSpec, shape: Shape, cache: Cache, *, reps: int = 50, 
     bandwidth = copy_bandwidth_gbs()
     result["copy_gbs"] = bandwidth
     impl = entry.winner["candidate"].get("producer.impl", "cudnn")
-    if impl != "cudnn":
+    if impl == "eager":
+        result["impl"] = "eager"  # nothing beat PyTorch's own forward: no kernels to measure
+    elif impl != "cudnn":
         # The convolution runs inside the kernels: no producer output, so no epilogue to time alone.
         # What bounds it is arithmetic: the convolution's FMAs, once per pass that computes it (or,
         # spectral, the products of spectra that stand for it).
@@ -203,7 +206,7 @@ def run_bench(spec: ProblemSpec, shape: Shape, cache: Cache, *, reps: int = 50, 
         nbytes = epilogue_bytes(spec, plan, shape)
         result.update(epilogue_bytes=nbytes, epilogue_floor_ms=nbytes / (bandwidth * 1e9) * 1e3)
         result["epilogue_floor_fraction"] = result["epilogue_floor_ms"] / result["epilogue_ms"]
-        result["kernels"] = kernel_rows(profile_kernels_ms(lambda: fused.epilogue(y)), spec, shape, bandwidth)
+        result["kernels"] = kernel_rows(profile_kernels_ms(lambda: fused.epilogue(y)), plan, shape, bandwidth)
     result["speedup_vs_eager"] = result["eager_ms"] / result["fusetune_ms"]
     for mode in compile_modes:
         result[f"speedup_vs_compile_{mode}"] = result[f"compile_{mode}_ms"] / result["fusetune_ms"]
@@ -228,15 +231,17 @@ def table(results: list[dict[str, Any]]) -> str:
               "epilogue", "floor", "of floor", "conv TFLOP/s", "of peak")
     rows = [header]
     for r in results:
-        direct = r.get("impl", "cudnn") != "cudnn"
+        direct = r.get("impl", "cudnn") not in ("cudnn", "eager")
+        eager = r.get("impl") == "eager"
         rows.append((r["config"], "x".join(map(str, r["shape"])), f"{r['eager_ms']:.3f}",
                      f"{r.get('compile_default_ms', float('nan')):.3f}",
                      f"{r.get('compile_max-autotune-no-cudagraphs_ms', float('nan')):.3f}",
                      f"{r['fusetune_ms']:.3f}", f"{r['speedup_vs_eager']:.2f}x",
                      f"{r.get('speedup_vs_compile_max-autotune-no-cudagraphs', float('nan')):.2f}x",
                      r.get("impl", "cudnn"),
-                     "-" if direct else f"{r['epilogue_ms']:.3f}", "-" if direct else f"{r['epilogue_floor_ms']:.3f}",
-                     "-" if direct else f"{100 * r['epilogue_floor_fraction']:.0f}%",
+                     "-" if direct or eager else f"{r['epilogue_ms']:.3f}",
+                     "-" if direct or eager else f"{r['epilogue_floor_ms']:.3f}",
+                     "-" if direct or eager else f"{100 * r['epilogue_floor_fraction']:.0f}%",
                      f"{r['conv_tflops']:.1f} ({_work(r)})" if direct else "-",
                      f"{100 * r['peak_fraction']:.0f}% {r['peak_kind']}" if direct and "peak_fraction" in r else "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

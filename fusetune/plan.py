@@ -305,12 +305,14 @@ class Plan:
 
     @property
     def impl_stages(self) -> dict[str, tuple[str, ...]]:
-        """producer.impl -> its stages in launch order, for every impl the plan offers."""
+        """producer.impl -> its stages in launch order, for every impl the plan offers (eager, the
+        reference as PyTorch runs it, always, with none)."""
         offered = {"cudnn": self.cudnn_stages, "direct": self.direct_stages, "gemm": self.gemm_stages,
                    "gemm_extrema": self.gemm_extrema_stages, "gemm_store": self.gemm_store_stages,
                    "gemm_cluster": self.cluster_stages, "gemm_wide": self.wide_stages,
                    "gemm_wide_recompute": self.wide_recompute_stages, "spectral": self.spectral_stages}
-        return {impl: stages for impl, stages in offered.items() if impl == "cudnn" or stages}
+        offered = {impl: stages for impl, stages in offered.items() if impl == "cudnn" or stages}
+        return {**offered, "eager": ()}  # PyTorch's own forward, no kernels: the search's floor
 
     def conv_passes(self, impl: str) -> int:
         """How many of an impl's stages compute the convolution (0 for cuDNN: it computes it once,
@@ -365,6 +367,14 @@ class Plan:
                 if name not in names:
                     names.append(name)
         return tuple(names)
+
+    def fused_output_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape the kernels write for an input shape: the convolution's output through the fused
+        region (the whole chain's output where nothing runs after it in PyTorch)."""
+        out = self.spec.producer.out_shape(shape)
+        for step in self.head:
+            out = step.op.out_shape(out)
+        return out
 
     def regions(self) -> list[str]:
         """What runs where, region by region, as ``fusetune plan`` prints it: the fused region (the

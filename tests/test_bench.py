@@ -6,10 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fusetune.bench import (PEAK_FLOPS_PER_SM_CLOCK, compute_units, conv_flops, epilogue_bytes, kernel_base_name,
                             kernel_bytes, kernel_rows, spectral_flops, table)
-from fusetune.config import load_config
+from fusetune.config import load_config, parse_config
 from fusetune.plan import make_plan
 from fusetune.space import load_family
 
@@ -39,7 +40,7 @@ def test_epilogue_bytes_read_the_conv_output_once_per_pass():
 def test_peaks_are_hopper_dense_rates_of_each_worlds_units():
     assert PEAK_FLOPS_PER_SM_CLOCK == {"FP32": 256, "TF32": 2048}
     impls = load_family("producer").params[0].choices
-    units = {impl: compute_units(impl) for impl in impls if impl != "cudnn"}
+    units = {impl: compute_units(impl) for impl in impls if impl not in ("cudnn", "eager")}  # no kernels of their own
     assert units == {"direct": "FP32", "gemm": "TF32", "gemm_extrema": "TF32", "gemm_store": "TF32",
                      "gemm_cluster": "TF32", "gemm_wide": "TF32", "gemm_wide_recompute": "TF32",
                      "spectral": "FP32"}
@@ -80,12 +81,13 @@ def test_profiled_kernel_names_and_the_bytes_each_must_move():
     assert kernel_base_name("ft_finalize_kernel(FtArgs)") == "ft_finalize_kernel"
     assert kernel_base_name("void ft_window_map_cl_kernel<256, 2>(FtArgs, FtClGeom)") == "ft_window_map_cl_kernel"
     spec = load_config(SEEDS["groupnorm"])
+    plan = make_plan(spec)
     shape = spec.shapes[0]
     y, out = 128 * 64 * 126 * 126 * 4, 128 * 64 * 31 * 31 * 4
-    assert kernel_bytes("ft_stats_cl_kernel", spec, shape) == y  # reads the producer output once
-    assert kernel_bytes("ft_window_map_kernel", spec, shape) == y + out  # and writes the output
-    assert kernel_bytes("ft_finalize_kernel", spec, shape) is None  # per-(sample, channel) values only
-    rows = kernel_rows({"ft_finalize_kernel": 0.005, "ft_stats_kernel": 0.2}, spec, shape, bandwidth_gbs=3000.0)
+    assert kernel_bytes("ft_stats_cl_kernel", plan, shape) == y  # reads the producer output once
+    assert kernel_bytes("ft_window_map_kernel", plan, shape) == y + out  # and writes the output
+    assert kernel_bytes("ft_finalize_kernel", plan, shape) is None  # per-(sample, channel) values only
+    rows = kernel_rows({"ft_finalize_kernel": 0.005, "ft_stats_kernel": 0.2}, plan, shape, bandwidth_gbs=3000.0)
     assert [r["kernel"] for r in rows] == ["ft_stats_kernel", "ft_finalize_kernel"]  # slowest first
     assert rows[0]["floor_ms"] == pytest.approx(y / 3e12 * 1e3)
     assert rows[0]["floor_fraction"] == pytest.approx(rows[0]["floor_ms"] / 0.2)
@@ -96,3 +98,18 @@ def test_profiled_kernel_names_and_the_bytes_each_must_move():
     text = table([result])
     assert "ft_stats_kernel" in text and f"{100 * rows[0]['floor_fraction']:.0f}% of it" in text
     assert "per-channel values only" in text
+
+
+def test_the_floor_counts_what_the_kernels_write_not_what_pytorch_does_after_them():
+    """With a tail in PyTorch (here a softmax over channels after the pool), the kernels write the
+    pooled tensor; the floor is theirs, not the whole chain's output."""
+    raw = yaml.safe_load(SEEDS["groupnorm"].read_text())
+    raw["epilogue"].append({"op": "softmax", "dim": 1})
+    raw["epilogue"].append({"op": "amax", "dim": [2, 3]})
+    spec = parse_config(raw, "x.yaml")
+    plan = make_plan(spec)
+    shape = spec.shapes[0]
+    y, pooled = 128 * 64 * 126 * 126 * 4, 128 * 64 * 31 * 31 * 4
+    assert spec.output_shape(shape) == (128, 64) and plan.fused_output_shape(shape) == (128, 64, 31, 31)
+    assert kernel_bytes("ft_window_map_kernel", plan, shape) == y + pooled
+    assert epilogue_bytes(spec, plan, shape) == 2 * y + pooled

@@ -67,7 +67,7 @@ def test_seed_plans(key):
     assert list(plan.impl_stages) == (["cudnn"] + ["direct"] * bool(direct) + ["gemm"] * bool(gemm)
                                       + ["gemm_extrema"] * bool(extrema) + ["gemm_store"] * bool(store)
                                       + ["gemm_cluster"] * bool(cluster) + ["gemm_wide"] * bool(wide)
-                                      + ["spectral"] * bool(spectral))
+                                      + ["spectral"] * bool(spectral) + ["eager"])
     assert plan.family == family
     assert plan.drop_bias is drop_bias
     assert plan.needs_stats is ("stats" in stages)

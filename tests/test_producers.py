@@ -238,13 +238,13 @@ def test_plain_1d_and_2d_producers_go_inside(kind, offered):
 ])
 def test_inside_worlds_refuse_dilation_and_groups(kind, producer, reason):
     plan = _plan(kind, **producer)
-    assert set(plan.impl_stages) == {"cudnn"}  # cuDNN takes every producer
+    assert set(plan.impl_stages) == {"cudnn", "eager"}  # cuDNN takes every producer
     assert plan.unoffered == {"direct": reason, "gemm": reason, "gemm_wide": reason}
 
 
 def test_inside_worlds_refuse_asymmetric_same_and_take_symmetric():
     plan = _plan("conv1d", kernel_size=2, padding="same")
-    assert set(plan.impl_stages) == {"cudnn"}
+    assert set(plan.impl_stages) == {"cudnn", "eager"}
     assert set(plan.unoffered) == {"direct", "gemm", "gemm_wide"}
     assert all(r.startswith("padding 'same' of 0 before and 1 after") for r in plan.unoffered.values())
     plan = _plan("conv1d", kernel_size=3, padding="same")

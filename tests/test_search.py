@@ -250,17 +250,17 @@ def test_large_space_spends_exactly_the_budget(cache):
     # ... then one start per other world: the direct kernels' default, or (its two windows a thread
     # being more inputs than this convolution's fit in registers) the feasible direct candidate
     # nearest to it, and the
-    # tensor-core kernels' default in each of their worlds; then cuDNN's other layout. A budget of 5
-    # reaches every world.
+    # tensor-core kernels' default in each of their worlds, and eager PyTorch (the floor a winner must
+    # beat); then cuDNN's other layout. A budget of 6 reaches every world.
     entry = cache.load(result.key)
     by_key = {k: o["candidate"] for k, o in entry.outcomes.items()}
-    first = [by_key[k] for k in evaluated[:6]]
+    first = [by_key[k] for k in evaluated[:7]]
     assert [(c["producer.impl"], c["producer.layout"]) for c in first] == [
         ("cudnn", "contiguous"), ("direct", "contiguous"), ("gemm", "contiguous"), ("gemm_extrema", "contiguous"),
-        ("gemm_store", "contiguous"), ("cudnn", "channels_last")]
-    for i, impl in ((2, "gemm"), (3, "gemm_extrema"), (4, "gemm_store")):
+        ("gemm_store", "contiguous"), ("eager", "contiguous"), ("cudnn", "channels_last")]
+    for i, impl in ((2, "gemm"), (3, "gemm_extrema"), (4, "gemm_store"), (5, "eager")):
         assert first[i] == space.canonical({**space.default(), "producer.impl": impl})
-    assert first[5] == space.canonical({**space.default(), "producer.layout": "channels_last"})
+    assert first[6] == space.canonical({**space.default(), "producer.layout": "channels_last"})
     direct_default = space.canonical({**space.default(), "producer.impl": "direct"})
     assert space.violations(direct_default, shape_facts(spec, make_plan(spec), LARGE[1], MACHINE.capability))
     assert {k for k in first[1] if first[1][k] != direct_default[k]} == {"direct_main.cells"}
@@ -462,11 +462,11 @@ def test_producer_starts_cover_every_cudnn_choice_once():
     assert all(s == space.canonical({**space.default(), "producer.layout": s["producer.layout"],
                                      "producer.form": s["producer.form"]}) for s in cudnn)
     others = {s["producer.impl"]: s for s in starts if s["producer.impl"] != "cudnn"}
-    assert sorted(others) == ["direct", "gemm", "gemm_cluster", "gemm_extrema", "gemm_store", "gemm_wide",
+    assert sorted(others) == ["direct", "eager", "gemm", "gemm_cluster", "gemm_extrema", "gemm_store", "gemm_wide",
                               "gemm_wide_recompute", "spectral"]
     spec = load_config(SEEDS["batchnorm"])
     facts = shape_facts(spec, make_plan(spec), spec.shapes[0], "9.0")
-    assert [impl for impl, s in others.items() if not space.violations(s, facts)] == ["spectral"]
+    assert [impl for impl, s in others.items() if not space.violations(s, facts)] == ["spectral", "eager"]
     # gemm_wide's default stages a plane of taps, whose weights do not fit at 5 x 5 taps: the search
     # starts that world from the nearest feasible candidate, the same variant a row of taps a stage
     feasible = [c for c in space.all() if not space.violations(c, facts)]
@@ -490,7 +490,7 @@ def test_tensor_core_kernels_are_not_offered_before_sm80(cache):
                         echo=quiet)
     outcomes = cache.load(result.key).outcomes.values()
     ran = {o["candidate"]["producer.impl"] for o in outcomes if o["status"] != "infeasible"}
-    assert ran == {"cudnn", "direct"} and len(bench.search_evaluations()) == 12
+    assert ran == {"cudnn", "direct", "eager"} and len(bench.search_evaluations()) == 12
 
 
 def test_renamed_config_shares_module_and_key(tmp_path):
@@ -531,3 +531,14 @@ def test_check_memory_counts_the_largest_workspace():
     assert plan.wide and not plan.spectral
     n, cin, d, h, w = relu.shapes[0]
     assert workspace_words(plan, relu.shapes[0]) > n * cin * (d + 8) * (h + 8) * (w + 8) + cin * 128 * 125
+
+
+def test_where_nothing_beats_pytorch_the_winner_is_eager(cache):
+    """eager, the reference as PyTorch runs it, is a world of every plan, tried among the first: where
+    every kernel candidate is slower (a chain whose fused region is small beside its PyTorch tail),
+    the search hands back eager rather than something slower than what the user started from."""
+    spec = load_config(LARGE[0])
+    bench = FakeBench(times=lambda c: 0.5 if c["producer.impl"] == "eager" else fake_time(c))
+    result = tune_shape(spec, LARGE[1], cache, MACHINE, bench.factory, trials=6, echo=quiet)
+    assert result.candidate["producer.impl"] == "eager"
+    assert result.time_ms == 0.5

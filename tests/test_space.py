@@ -156,8 +156,9 @@ def test_plan_space_of_seeds():
     # spectral, gemm_wide and gemm_wide_recompute: not offered for this chain (their constraints refuse
     # them), so nothing varies under them: one candidate each.
     spectral = gemm_wide = gemm_wide_recompute = 1
+    eager = 1  # PyTorch's own forward: no kernel choices
     assert sum(1 for _ in space.all()) == (cudnn + direct + gemm + gemm_extrema + gemm_store + gemm_cluster + gemm_wide
-                                           + gemm_wide_recompute + spectral)
+                                           + gemm_wide_recompute + spectral + eager)
 
 
 def test_candidates_are_canonical_where_a_choice_does_not_matter():
@@ -183,7 +184,7 @@ def test_candidates_are_canonical_where_a_choice_does_not_matter():
     assert any("direct kernels do not take" in v for v in batchnorm.violations(asked, {"sm": 90, **batchnorm.plan_facts}))
     assert {c["producer.impl"] for c in batchnorm.all()} == {"cudnn", "direct", "gemm", "gemm_extrema", "gemm_store",
                                                              "gemm_cluster", "gemm_wide", "gemm_wide_recompute",
-                                                             "spectral"}
+                                                             "spectral", "eager"}
     spectral = batchnorm.canonical({**batchnorm.default(), "producer.impl": "spectral", "stats.block": 512})
     assert spectral["stats.block"] == batchnorm.default()["stats.block"]  # cuDNN's statistics pass does not run
     assert [f.family for f in batchnorm.active(spectral)] == ["producer", "finalize", "spectral_stats"]

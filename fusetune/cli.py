@@ -65,7 +65,7 @@ def _cache(ctx: click.Context) -> Cache:
     return Cache(ctx.obj["cache_dir"])
 
 
-@click.group()
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--cache-dir", type=click.Path(file_okay=False), envvar="FUSETUNE_CACHE_DIR", default=None,
               help=f"Cache directory (default: $FUSETUNE_CACHE_DIR or {default_root()}).")
 @click.version_option(package_name="fusetune")

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from fusetune.errors import ConfigError
+from fusetune.errors import ConfigError, did_you_mean
 from fusetune.ops import REGISTRY, LayerNorm, Op, OpContext, ParamDecl, Shape
 from fusetune.producers import Producer
 
@@ -90,7 +90,8 @@ def parse_config(raw: Any, path: str = "<config>") -> ProblemSpec:
         raise ConfigError(path, "", f"expected a mapping of keys ({', '.join(TOP_KEYS)}), got {type(raw).__name__}")
     for key in raw:
         if key not in TOP_KEYS:
-            raise ConfigError(path, str(key), f"unknown key; expected one of: {', '.join(TOP_KEYS)}")
+            raise ConfigError(path, str(key), f"unknown key{did_you_mean(key, TOP_KEYS)} (expected one of: "
+                                              f"{', '.join(TOP_KEYS)})")
     name = raw.get("name")
     if not isinstance(name, str) or not name or not all(ch.isascii() and (ch.isalnum() or ch in "_-") for ch in name):
         raise ConfigError(path, "name", f"expected a non-empty name of letters, digits, '_' and '-', got {name!r}")
@@ -195,7 +196,8 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
             raise ConfigError(path, key, f"expected a mapping with an 'op' key, got {entry!r}")
         kind = entry["op"]
         if not isinstance(kind, str) or kind not in REGISTRY:
-            raise ConfigError(path, f"{key}.op", f"unknown op {kind!r}; expected one of: {', '.join(sorted(REGISTRY))}")
+            raise ConfigError(path, f"{key}.op", f"unknown op {kind!r}{did_you_mean(kind, REGISTRY)} (expected one of: "
+                                                 f"{', '.join(sorted(REGISTRY))})")
         structured = _structured(current[0], producer)
         if _needs_spatial(REGISTRY[kind]) and len(current[0]) != 2 + producer.spatial_dims:
             raise ConfigError(path, f"{key}.op", f"'{kind}' needs an (N, C, spatial) input of rank "
@@ -245,7 +247,8 @@ def _parse_search(raw: Any, path: str) -> SearchSettings:
         raise ConfigError(path, "search", f"expected a mapping with keys {', '.join(SEARCH_KEYS)}, got {raw!r}")
     for key in raw:
         if key not in SEARCH_KEYS:
-            raise ConfigError(path, f"search.{key}", f"unknown key; expected one of: {', '.join(SEARCH_KEYS)}")
+            raise ConfigError(path, f"search.{key}", f"unknown key{did_you_mean(key, SEARCH_KEYS)} (expected one of: "
+                                                     f"{', '.join(SEARCH_KEYS)})")
     defaults = SearchSettings()
     trials = raw.get("trials", defaults.trials)
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:

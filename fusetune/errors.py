@@ -1,6 +1,8 @@
 """Exceptions that carry enough context to tell the user what to fix."""
 from __future__ import annotations
 
+from typing import Iterable
+
 
 class FusetuneError(Exception):
     """Base class for errors fusetune reports to the user (exit status 1 unless noted)."""
@@ -22,6 +24,14 @@ class ConfigError(FusetuneError):
         self.message = message
         where = f"{self.path}: {key}" if key else self.path
         super().__init__(f"{where}: {message}")
+
+
+def did_you_mean(word: object, choices: "Iterable[str]") -> str:
+    """``; did you mean 'gelu'?`` where ``word`` is a near miss of one of ``choices``, else ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
 
 
 class PlanError(FusetuneError):

@@ -119,13 +119,14 @@ class Producer:
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any], path: str) -> "Producer":
-        from fusetune.errors import ConfigError
+        from fusetune.errors import ConfigError, did_you_mean
 
         if not isinstance(raw, Mapping):
             raise ConfigError(path, "producer", f"expected a mapping with an 'op' key, got {raw!r}")
         kind = raw.get("op")
         if not isinstance(kind, str) or kind not in KINDS:
-            raise ConfigError(path, "producer.op", f"expected one of {', '.join(KINDS)}, got {kind!r}")
+            raise ConfigError(path, "producer.op", f"expected one of {', '.join(KINDS)}, got {kind!r}"
+                                                   f"{did_you_mean(kind, KINDS)}")
         dims, transposed = KINDS[kind].spatial_dims, KINDS[kind].transposed
         ctx = OpContext(path=path, key="producer", in_shape=(), spatial_dims=dims, parameters={})
         allowed = ["in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias"]

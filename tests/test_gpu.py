@@ -601,7 +601,7 @@ def test_bench_profiles_each_epilogue_kernel(cache):
     times = profile_kernels_ms(lambda: fused.epilogue(y), reps=5)
     assert set(times) == {"ft_stats_kernel", "ft_finalize_kernel"}, times
     assert all(0 < ms < 10 for ms in times.values())
-    rows = kernel_rows(times, spec, shape, bandwidth_gbs=1000.0)
+    rows = kernel_rows(times, make_plan(spec), shape, bandwidth_gbs=1000.0)
     assert {r["kernel"]: r["bytes"] is None for r in rows} == {"ft_stats_kernel": False, "ft_finalize_kernel": True}
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Mapping, Sequence
 
-from fusetune.errors import ConfigError
+from fusetune.errors import ConfigError, did_you_mean
 
 Shape = tuple[int, ...]
 
@@ -156,4 +156,5 @@ def reject_unknown(raw: Mapping[str, Any], allowed: Sequence[str], ctx: OpContex
     for key in raw:
         if key != "op" and key not in allowed:
             expected = ", ".join(sorted(allowed)) or "no other keys"
-            raise ctx.error(str(key), f"unknown key for op '{raw.get('op')}'; expected one of: {expected}")
+            raise ctx.error(str(key), f"unknown key for op '{raw.get('op')}'{did_you_mean(key, allowed)} "
+                                      f"(expected one of: {expected})")

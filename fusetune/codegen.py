@@ -105,7 +105,9 @@ def _chain(ops: Sequence[Elementwise], v: str, slots: dict[str, int], plain: boo
 
 def _pool_window(plan: Plan) -> dict[str, Any]:
     kernel, stride = plan.pool_window
-    return {"mode": plan.pool.mode if plan.pool else "max", "kernel": kernel, "stride": stride}
+    padding = plan.pool_padding
+    return {"mode": plan.pool.mode if plan.pool else "max", "kernel": kernel, "stride": stride, "padding": padding,
+            "padded": any(padding)}
 
 
 def _reference_code(plan: Plan) -> tuple[list[tuple[str, str]], list[str], str]:
@@ -202,7 +204,8 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         module_name=name, variants=variants, default_variant=space.stage_values(space.default()),
         submodules=submodules, forward_lines=lines, norm_attr=norm_attr, cuda_sources=list(sources),
         tail_lines=[step.op.forward_code("x", step.attr) for step in plan.tail],
-        reads_producer=any(op.uses_producer() for op in plan.spec.epilogue), **context)
+        reads_producer=any(op.uses_producer() for op in plan.spec.epilogue),
+        tail_reads_producer=any(step.op.uses_producer() for step in plan.tail), **context)
     files = {**sources, "binding.cpp": binding, "model.py": model}
     full = hashlib.sha256("".join(files[k] for k in sorted(files)).encode()).hexdigest()[:16]
     return RenderedModule(name=name, files=files, source_hash=full)

@@ -58,6 +58,8 @@ from fusetune.tiles import (BOX_HEIGHTS, WIDE_BN, WIDEST_BOX, direct_row_cells, 
 
 #: The stages that compute the convolution inside themselves.
 CONV_STAGES = ("direct_stats", "direct_main", "gemm_stats", "gemm_main", "gemm_cluster", "wide_stats", "wide_main")
+#: Why the worlds that compute the convolution inside the kernels refuse a padded pool.
+PADDED_POOL = "a padded pool (the kernels that compute the convolution pool whole unpadded windows of their boxes)"
 #: The norms the kernels compute: statistics per (sample, channel) sums (batch, group, instance) or none
 #: (eval-mode batch norm's running ones).
 KERNEL_SCOPES = ("batch", "group", "instance", "running")
@@ -268,6 +270,8 @@ class Plan:
         """Why wide_main does not take the chain (see wide_main), None where it does."""
         if self._wide_refusal is not None:
             return self._wide_refusal
+        if any(self.pool_padding):
+            return PADDED_POOL
         if self.family not in WIDE_MAIN_FAMILIES:
             return f"a chain that ends in {self.family or 'finalize'}, not a map or a reduction it implements"
         return None
@@ -276,8 +280,9 @@ class Plan:
     def unoffered(self) -> dict[str, str]:
         """The worlds that run the convolution inside the kernels and are not offered, each with why:
         what ``fusetune plan`` shows, so that a chain left to cuDNN says what stands in the way."""
-        why = {"direct": None if self.direct else _direct_refusal(self.spec, self.family),
-               "gemm": None if self.gemm else gemm_refusal(self.spec.producer.geometry(), self.gemm_windows),
+        padded = PADDED_POOL if any(self.pool_padding) else None
+        why = {"direct": None if self.direct else padded or _direct_refusal(self.spec, self.family),
+               "gemm": None if self.gemm else padded or gemm_refusal(self.spec.producer.geometry(), self.gemm_windows),
                "gemm_wide": None if self.wide_stages else self._wide_main_refusal}
         return {impl: reason for impl, reason in why.items() if reason is not None}
 
@@ -351,6 +356,15 @@ class Plan:
             return (1, 1, 1), (1, 1, 1)
         pad = (1,) * (3 - self.spec.producer.spatial_dims)
         return pad + tuple(self.pool.kernel_size), pad + tuple(self.pool.stride)
+
+    @property
+    def pool_padding(self) -> tuple[int, int, int]:
+        """The pool's padding, 3-D (zeros without a pool or without padding). Only the cuDNN world's
+        main kernels (window_map, plane_reduce) pool padded windows: the kernels that compute the
+        convolution inside them build their boxes of whole unpadded windows, so they refuse it."""
+        if self.pool is None or self.pool.padding is None:
+            return (0, 0, 0)
+        return (0,) * (3 - self.spec.producer.spatial_dims) + tuple(self.pool.padding)
 
     @property
     def gemm_windows(self) -> list[tuple[tuple[int, int, int], tuple[int, int, int]]]:
@@ -491,8 +505,12 @@ def _plan_region(spec: ProblemSpec, steps: Sequence[Step]) -> Plan:
                  and _affine(pre))
     plan = Plan(spec=spec, pre=pre, norm=norm, mid=tuple(groups["mid"]), pool=pool,
                 post=tuple(groups["post"]), reduce=reduce, final=tuple(groups["final"]),
-                family=family, drop_bias=drop_bias, direct=_direct_fits(spec, family))
-    gemm = gemm_fits(spec.producer.geometry(), plan.gemm_windows)
+                family=family, drop_bias=drop_bias)
+    # A padded pool: the kernels that compute the convolution inside pool whole unpadded windows of
+    # their boxes; the cuDNN world's main kernels (and a statistics pass before them) take it.
+    unpadded = not any(plan.pool_padding)
+    plan = dataclasses.replace(plan, direct=unpadded and _direct_fits(spec, family))
+    gemm = unpadded and gemm_fits(spec.producer.geometry(), plan.gemm_windows)
     gemm_th = gemm_max_height(spec.producer.geometry(), plan.gemm_windows) if gemm else 0
     direct_cells = direct_row_cells(spec.producer.geometry(), *plan.pool_window) if plan.direct else 1
     return dataclasses.replace(plan, gemm=gemm, gemm_th=gemm_th, direct_cells=direct_cells)
@@ -513,8 +531,6 @@ def _kernel_refusal(op: Op) -> str | None:
         return _ROLE_REFUSALS[op.role]
     if isinstance(op, Norm) and op.scope not in KERNEL_SCOPES:
         return f"the kernels' norms are per channel ({', '.join(KERNEL_SCOPES)}); a {op.kind} runs in PyTorch"
-    if isinstance(op, Pool) and op.padding is not None:
-        return "the kernels pool windows without padding; a padded pool runs in PyTorch"
     if isinstance(op, Reduce) and op.mode not in KERNEL_MODES:
         return f"the kernels reduce by {', '.join(KERNEL_MODES)}; {op.mode} runs in PyTorch"
     if isinstance(op, DimReduce) and op.dims != (1,) and op.dims != (op.dim,):

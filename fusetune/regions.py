@@ -55,7 +55,7 @@ def reference_attr(spec: ProblemSpec, i: int) -> str | None:
 
 
 def rewrite(spec: ProblemSpec) -> tuple[Step, ...]:
-    """The config's chain after every rule, each applied until nothing changes."""
+    """The config's chain after every rule, in order (each rule runs over the whole chain once)."""
     steps = [Step(op, reference_attr(spec, i), (i,)) for i, op in enumerate(spec.epilogue)]
     rank = 2 + spec.producer.spatial_dims
     for rule in (_drop_identity, _merge_reductions, _kernel_reductions, _sink_views, _compose_pools):
@@ -109,9 +109,17 @@ def _merge_reductions(steps: list[Step], rank: int) -> list[Step]:
             return None
         kept = list(range(in_rank)) if a.op.keepdim else [d for d in range(in_rank) if d not in a.op.dims]
         dims = tuple(sorted(set(a.op.dims) | {kept[d] for d in b.op.dims}))
+        if _kernel_form(a.op.dims, in_rank) and not _kernel_form(dims, in_rank):
+            return None  # the first alone is what the kernels reduce: merged, neither would be fused
         op = DimReduce(mode=mode_a, over="dim", dim=dims[0], dims=dims, keepdim=a.op.keepdim)
         return [Step(op, None, a.entries + b.entries)]
     return _pairwise(steps, merge, rank)
+
+
+def _kernel_form(dims: tuple[int, ...], rank: int) -> bool:
+    """Whether a reduction over ``dims`` of a rank-``rank`` input is one the kernels compute: over the
+    channel dim, or over every spatial dim."""
+    return dims == (1,) or dims == tuple(range(2, rank))
 
 
 def _kernel_reductions(steps: list[Step], rank: int) -> list[Step]:
@@ -125,7 +133,7 @@ def _kernel_reductions(steps: list[Step], rank: int) -> list[Step]:
             out.append(Step(op.as_reduce(), None, step.entries))
         elif isinstance(op, DimReduce) and _SAME_MODE.get(op.mode, op.mode) in KERNEL_MODES and current == rank:
             mode = _SAME_MODE.get(op.mode, op.mode)
-            if op.dims == tuple(range(2, rank)):
+            if _kernel_form(op.dims, rank) and op.dims != (1,):
                 out.append(Step(SpatialReduce(mode=mode), None, step.entries))
                 if not op.keepdim:
                     out.append(Step(Flatten(start_dim=1, end_dim=-1), None, step.entries))

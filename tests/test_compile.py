@@ -16,7 +16,7 @@ from fusetune.config import load_config, parse_config
 from fusetune.plan import make_plan
 from fusetune.space import load_family
 
-from conftest import SEEDS
+from conftest import ROOT, SEEDS
 
 NVCC = shutil.which("nvcc")
 
@@ -141,12 +141,17 @@ EXPECTED_EXTRA = {  # name: (stages, reduce mode or None, pool mode or None, nor
     "convt3d_wide_stride2_relu_maxpool_scale": (("window_map",), None, "max", None),
     "convt3d_wide_stride2_avgpool_overlap_gap": (("plane_reduce",), "mean", "avg", None),
 }
-NAMES = sorted(SEEDS) + sorted(EXTRA)
+#: Chains of the corpus (tests/chains/) compiled whole here: padded pools (window_map after a 1-D
+#: convolution's batch norm; plane_reduce after a grouped one), which only the cuDNN world's kernels take.
+CORPUS = ("conv1d_batchnorm_relu_maxpool_padded", "conv2d_grouped_strided_relu_maxpool_gap")
+NAMES = sorted(SEEDS) + sorted(EXTRA) + list(CORPUS)
 
 
 def _spec(name: str):
     if name in SEEDS:
         return load_config(SEEDS[name])
+    if name in CORPUS:
+        return load_config(ROOT / "tests" / "chains" / f"{name}.yaml")
     return parse_config(EXTRA[name], f"<{name}>")
 
 
@@ -177,6 +182,8 @@ def compiled(rendered, tmp_path_factory):
 
 
 def test_extra_configs_cover_what_they_claim(rendered):
+    assert {rendered[name][0].family for name in CORPUS} == {"window_map", "plane_reduce"}
+    assert all(any(rendered[name][0].pool_padding) for name in CORPUS)
     for name, (stages, reduce, pool, scope) in EXPECTED_EXTRA.items():
         plan = rendered[name][0]
         assert plan.cudnn_stages == stages, name
@@ -412,3 +419,22 @@ def test_wide_classes_among_windows_place_every_output_once(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:]
     outputs = sum(n for out in range(1, 41) for o0 in range(out) for n in range(1, min(9, out - o0) + 1))
     assert run.stdout.split()[-1] == str(outputs * len(GEOMETRY_AXES)), run.stdout[-500:]
+
+
+def test_the_k_tiled_kernels_read_the_convolutions_output_by_producer(tmp_path):
+    """An op that reads the convolution's own output (by: producer) in the pre chain: the K-tiled
+    kernels' pre chain (ft_wide_pre) holds that value too, so their units compile (one unit, the
+    first variant of wide_main, not all of them)."""
+    if NVCC is None:
+        pytest.skip("nvcc not found")
+    raw = {"name": "conv2d_wide_sigmoid_mul_producer_maxpool",
+           "producer": {"op": "conv2d", "in_channels": 32, "out_channels": 64, "kernel_size": 3, "padding": 1},
+           "epilogue": [{"op": "sigmoid"}, {"op": "mul", "by": "producer"}, {"op": "max_pool", "kernel_size": 2}],
+           "shapes": [[2, 32, 11, 13]]}
+    plan = make_plan(parse_config(raw, "<wide_producer>"))
+    assert plan.wide_main and plan.pre[-1].uses_producer()
+    source = tmp_path / "wide_main_0.cu"
+    source.write_text(render(plan).files["wide_main_0.cu"])
+    done = subprocess.run([NVCC, "-arch=sm_90", "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-c", str(source),
+                           "-o", str(tmp_path / "wide_main_0.o")], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -150,7 +150,8 @@ def test_seed_slots():
      ["reduce"], "do not reduce over channels after a pool"),
     ("groupnorm", [{"op": "relu"}, {"op": "softmax", "dim": 1}, {"op": "relu"}], ["softmax", "relu"],
      "epilogue[1] (softmax): a softmax needs every value"),
-    ("groupnorm", [{"op": "avg_pool", "kernel_size": 3, "padding": 1}], ["avg_pool"], "without padding"),
+    ("groupnorm", [{"op": "avg_pool", "kernel_size": 3, "padding": 1}, {"op": "max_pool", "kernel_size": 2}],
+     ["max_pool"], "epilogue[1] (max_pool)"),
     ("groupnorm", [{"op": "gelu"}, {"op": "layer_norm", "normalized_shape": [35, 43]}], ["layer_norm"],
      "a layer_norm runs in PyTorch"),
     ("groupnorm", [{"op": "logsumexp", "dim": 1}], ["reduce"], "logsumexp runs in PyTorch"),
@@ -407,3 +408,32 @@ def test_wide_main_takes_whole_chains():
     # not offered: nothing left for a main kernel, the whole-weights kernels' convolutions
     assert not make_plan(load_config(SEEDS["batchnorm"])).wide_main
     assert not _plan("groupnorm", [relu, {"op": "adaptive_avg_pool"}]).wide_main  # 8 -> 64: gemm_main's
+
+
+def test_a_padded_pool_is_fused_by_the_cudnn_worlds_main_kernels_only():
+    """The main kernels that read the convolution's output (window_map, plane_reduce) pool padded
+    windows; the kernels that compute the convolution inside build boxes of whole unpadded windows,
+    and say so. A norm's statistics pass before a padded pool is still theirs (gemm_wide's wide_stats)."""
+    pool = {"op": "max_pool", "kernel_size": 3, "stride": 2, "padding": 1}
+    plan = _plan("groupnorm", [{"op": "relu"}, pool, {"op": "mean", "dim": [2, 3]}])
+    assert plan.tail[0].op.kind == "flatten" and plan.pool.padding == (1, 1) and plan.pool_padding == (0, 1, 1)
+    assert plan.family == "plane_reduce" and set(plan.impl_stages) == {"cudnn", "eager"}
+    assert set(plan.unoffered) == {"direct", "gemm", "gemm_wide"}
+    assert all("padded pool" in reason for reason in plan.unoffered.values())
+    wide = _plan("groupnorm", [{"op": "batch_norm"}, pool], out_channels=96, kernel_size=5, padding=2)
+    assert wide.impl_stages["gemm_wide"] == ("wide_stats", "finalize", "window_map")
+    assert not wide.wide_main and "padded pool" in wide.unoffered.get("gemm_wide", "padded pool")
+    unpadded = _plan("groupnorm", [{"op": "relu"}, {"op": "max_pool", "kernel_size": 3, "stride": 2}])
+    assert unpadded.pool_padding == (0, 0, 0) and unpadded.direct and unpadded.gemm
+
+
+def test_reductions_merge_only_where_that_keeps_them_in_the_kernels():
+    """A spatial mean then a channel mean is one mean over (1, 2, 3) in PyTorch, but merged neither half
+    is a reduction the kernels compute: the spatial mean stays fused and the channel mean runs after it.
+    Two reductions that the kernels take only merged (over H, then over the new H: every spatial dim)
+    merge into the kernels' spatial reduction."""
+    split = _plan("groupnorm", [{"op": "mean", "dim": [2, 3]}, {"op": "mean", "dim": 1}])
+    assert split.reduce.kind == "spatial_reduce" and [s.op.kind for s in split.tail] == ["flatten", "reduce"]
+    merged = _plan("groupnorm", [{"op": "sum", "dim": 2}, {"op": "sum", "dim": 2}, {"op": "relu"}])
+    assert merged.reduce.kind == "spatial_reduce" and merged.reduce.mode == "sum"
+    assert [op.kind for op in merged.final] == ["relu"] and [s.op.kind for s in merged.tail] == ["flatten"]

@@ -49,7 +49,9 @@ class SpatialReduce(Reduce):
 
     def canonical(self) -> dict[str, Any]:
         # A mean over space is the adaptive average pool the cache has always keyed it as.
-        return {"kind": "adaptive_avg_pool" if self.mode == "mean" else f"spatial_{self.mode}"}
+        if self.mode == "mean":
+            return {"kind": "adaptive_avg_pool", "mode": "mean", "over": "spatial", "dim": -1}
+        return {"kind": f"spatial_{self.mode}"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +95,7 @@ class AdaptivePool(Op):
 
     def canonical(self) -> dict[str, Any]:
         if self.global_ and self.mode == "avg":
-            return {"kind": "adaptive_avg_pool"}  # as it has always been keyed
+            return self.as_reduce().canonical()  # as it has always been keyed
         return {"kind": self.kind, "output_size": list(self.output_size)}
 
 

@@ -32,6 +32,13 @@ from typing import Any, Callable, Iterator, Mapping
 from fusetune.errors import CacheError
 
 SCHEMA = 1
+
+
+class CacheWarning(UserWarning):
+    """Something in the cache was unreadable and is ignored (a miss): never fatal. The command line
+    prints these as one ``fusetune: warning: ...`` line."""
+
+
 STATUSES = ("ok", "compile_error", "launch_error", "crash", "timeout", "wrong_result", "infeasible")
 
 
@@ -118,7 +125,7 @@ class Cache:
             return Entry.from_json(json.loads(path.read_text()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             warnings.warn(f"fusetune: ignoring unreadable cache entry {path} ({exc}); it will be rewritten",
-                          stacklevel=2)
+                          CacheWarning, stacklevel=2)
             return None
 
     def update(self, key: str, fields: Mapping[str, Any], change: Callable[[Entry], None]) -> Entry:
@@ -162,6 +169,62 @@ class Cache:
                 self.entry_path(key).unlink(missing_ok=True)
                 self.study_path(key).unlink(missing_ok=True)
         return len(keys)
+
+
+def repair_journal(path: Path, settle_s: float = 0.2) -> bool:
+    """Cut an optuna journal back to its longest readable prefix of log lines; True if it was cut.
+
+    A journal truncated mid-line (a full disk, a killed copy) or with garbage in it makes optuna raise
+    on the next read or append; its readable prefix is a consistent earlier state of the study. A last
+    line without its newline may be a write in progress in another process: it is read again after
+    ``settle_s`` before it is treated as broken.
+    """
+    def first_bad(data: bytes) -> int | None:
+        offset = 0
+        for line in data.splitlines(keepends=True):
+            if not line.endswith(b"\n"):
+                return offset
+            try:
+                json.loads(line)
+            except ValueError:  # JSONDecodeError and UnicodeDecodeError
+                return offset
+            offset += len(line)
+        return None
+
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return False
+    bad = first_bad(data)
+    if bad is None:
+        return False
+    if b"\n" not in data[bad:]:  # only the last line is incomplete: perhaps a write in progress
+        time.sleep(settle_s)
+        data = path.read_bytes()
+        bad = first_bad(data)
+        if bad is None:
+            return False
+    warnings.warn(f"fusetune: study journal {path} is unreadable from byte {bad} of {len(data)}; "
+                  f"keeping its readable part (finished trials after that point are searched again)",
+                  CacheWarning, stacklevel=2)
+    atomic_write_bytes(path, data[:bad])
+    return True
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (see ``atomic_write_text``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def atomic_write_text(path: Path, text: str) -> None:

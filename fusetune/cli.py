@@ -1,23 +1,80 @@
 """The ``fusetune`` command line."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 import click
 
-from fusetune.cache import Cache, default_root
+from fusetune.cache import Cache, CacheWarning, default_root
 from fusetune.config import ProblemSpec, load_config
 from fusetune.errors import ConfigError, FusetuneError
 from fusetune.ops import Shape
 
 
-def _fail_cleanly(fn: Callable) -> Callable:
-    """Turn our errors into one line on stderr and their exit status; Ctrl-C into 130."""
+@contextlib.contextmanager
+def _warnings_in_one_line() -> Any:
+    """Our warnings (a ``CacheWarning``, or any whose text starts ``fusetune:``) as one line
+    ``fusetune: warning: ...`` on stderr, each text once, without the warnings module's source line;
+    other warnings as Python shows them."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", CacheWarning)  # shown once per text below, not once per call site
+        original = warnings.showwarning
+        shown: set[str] = set()
+
+        def show(message: Any, category: type, filename: str, lineno: int, file: Any = None,
+                 line: str | None = None) -> None:
+            text = str(message)
+            if not (issubclass(category, CacheWarning) or text.startswith("fusetune:")):
+                original(message, category, filename, lineno, file, line)
+                return
+            text = " ".join(text.removeprefix("fusetune:").split())
+            if text not in shown:
+                shown.add(text)
+                click.echo(f"fusetune: warning: {text}", err=True)
+        warnings.showwarning = show
+        yield
+
+
+def _one_line_warnings(fn: Callable) -> Callable:
+    """Run a command under ``_warnings_in_one_line``."""
     @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with _warnings_in_one_line():
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+class _Refused(FusetuneError):
+    """A command refused to do what was asked as asked (exit status 2, like a usage error)."""
+
+    exit_code = 2
+
+
+def _interactive() -> bool:
+    """Whether someone can answer a question (tests patch this)."""
+    return sys.stdin.isatty()
+
+
+def _confirm(question: str, yes: bool) -> bool:
+    """True with ``--yes``; else ask, or refuse in a non-interactive run (nobody can answer)."""
+    if yes:
+        return True
+    if not _interactive():
+        raise _Refused(f"{question} Not asked in a non-interactive run: pass --yes to remove without asking")
+    return click.confirm(question)
+
+
+def _fail_cleanly(fn: Callable) -> Callable:
+    """Turn our errors into one line on stderr and their exit status; Ctrl-C into 130; our
+    warnings into one line each."""
+    @functools.wraps(fn)
+    @_one_line_warnings
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
@@ -202,10 +259,14 @@ def cache_list(ctx: click.Context) -> None:
     if not entries:
         click.echo("cache is empty")
     for e in entries:
-        w = e.winner
-        best = f"{w['time_ms']:.4f} ms" if w else "no winner"
-        click.echo(f"{e.key}  {e.fields.get('problem_name', '?'):40s} {'x'.join(map(str, e.fields.get('shape', [])))}"
-                   f"  {e.fields.get('gpu', '?')}  {len(e.outcomes)} trials  {best}")
+        click.echo(_entry_line(e))
+
+
+def _entry_line(e: Any) -> str:
+    w = e.winner
+    best = f"{w['time_ms']:.4f} ms" if w else "no winner"
+    return (f"{e.key}  {e.fields.get('problem_name', '?'):40s} {'x'.join(map(str, e.fields.get('shape', [])))}"
+            f"  {e.fields.get('gpu', '?')}  {len(e.outcomes)} trials  {best}")
 
 
 @cache_group.command(name="show")
@@ -227,19 +288,28 @@ def cache_show(ctx: click.Context, key: str) -> None:
 
 @cache_group.command(name="clear")
 @click.argument("keys", nargs=-1)
-@click.option("--yes", is_flag=True, help="Do not ask.")
+@click.option("--yes", is_flag=True, help="Do not ask (needed where nobody can answer, as in a script).")
 @click.pass_context
 @_fail_cleanly
 def cache_clear(ctx: click.Context, keys: tuple[str, ...], yes: bool) -> None:
-    """Remove the entries matching KEYS (prefixes or config names), or everything."""
+    """Remove the entries matching KEYS (prefixes or config names), or everything; lists them and
+    asks first unless --yes."""
+    if any(not k.strip() for k in keys):  # a prefix of every key
+        raise _Refused("an empty KEY matches every entry; to remove everything, run `fusetune cache clear` "
+                       "without KEY")
     cache = _cache(ctx.parent)
     if keys:
-        matched = sorted({e.key for k in keys for e in cache.find(k)})
-        if not matched:
+        found = {e.key: e for k in keys for e in cache.find(k)}
+        if not found:
             raise FusetuneError(f"no cache entry matches {', '.join(keys)}")
-        click.echo(f"removed {cache.clear(matched)} entries")
+        for key in sorted(found):
+            click.echo(_entry_line(found[key]))
+        if not _confirm(f"remove these {len(found)} entries and their studies?", yes):
+            click.echo("nothing removed")
+            return
+        click.echo(f"removed {cache.clear(sorted(found))} entries")
         return
-    if not yes and not click.confirm(f"remove everything under {cache.root}?"):
+    if not _confirm(f"remove everything under {cache.root}?", yes):
         return
     click.echo(f"removed {cache.clear()} entries")
 
@@ -248,13 +318,17 @@ def cache_clear(ctx: click.Context, keys: tuple[str, ...], yes: bool) -> None:
 @click.argument("config_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--budget", type=click.FloatRange(min=1), default=600.0, show_default=True,
               help="Seconds for tuning all untuned shapes together.")
-@click.option("--strict", is_flag=True, help="Exit 1 if any shape falls back to eager PyTorch.")
+@click.option("--strict", is_flag=True, help="Exit 1 if any shape falls back to eager PyTorch, or there is no config.")
 @click.pass_context
+@_one_line_warnings
 def deploy(ctx: click.Context, config_dir: str, budget: float, strict: bool) -> None:
     """Make sure every shape of every config in CONFIG_DIR is tuned for this GPU."""
     from fusetune.deploy import ensure_tuned
     from fusetune.search import Machine
 
+    if not Path(config_dir).is_dir():  # click checks it too; a folder gone since is as mistyped
+        click.echo(f"error: {config_dir}: no such folder of configs", err=True)
+        sys.exit(2)
     try:
         cache = _cache(ctx)
         try:
@@ -283,6 +357,9 @@ def deploy(ctx: click.Context, config_dir: str, budget: float, strict: bool) -> 
                f"{len(report.fallback)} on eager PyTorch")
     for line in report.fallback:
         click.echo(f"  fallback: {line}")
+    if not report.configs:
+        why = f"no configs (*.yaml, *.yml) in {config_dir}: nothing was tuned (is it the right folder?)"
+        click.echo(f"error: {why}" if strict else f"fusetune: warning: {why}", err=True)
     sys.exit(1 if strict and not report.ok else 0)
 
 

@@ -68,15 +68,74 @@ class ProblemSpec:
         return self.shapes_through(shape)[-1]
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key_path: str, key: Any, line: int, first_line: int) -> None:
+        super().__init__(key_path)
+        self.key_path, self.key, self.line, self.first_line = key_path, key, line, first_line
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """yaml's SafeLoader, except that a key given twice in one mapping (at any depth) is an error:
+    YAML loaders otherwise keep the last value, so a second ``shapes:`` silently drops the first."""
+
+    def get_single_data(self) -> Any:
+        node = self.get_single_node()
+        if node is None:
+            return None
+        self._paths: dict[int, str] = {}
+        self._index(node, "")
+        return self.construct_document(node)
+
+    def _index(self, node: yaml.Node, path: str) -> None:
+        """Record each collection node's key path (``epilogue[2]``, ``producer``) for error messages."""
+        if id(node) in self._paths:  # an alias: indexed where it was first defined
+            return
+        self._paths[id(node)] = path
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                name = key_node.value if isinstance(key_node, yaml.ScalarNode) else "?"
+                self._index(value_node, f"{path}.{name}" if path else str(name))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._index(item, f"{path}[{i}]")
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *defaults' may be overridden: not a duplicate
+                continue
+            try:
+                key = self.construct_object(key_node, deep=True)
+                hash(key)
+            except Exception:  # an unhashable key: SafeLoader's own error says so
+                continue
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                parent = getattr(self, "_paths", {}).get(id(node), "")
+                name = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key)
+                raise _DuplicateKey(f"{parent}.{name}" if parent else str(name), key, line, seen[key])
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(path: str | Path) -> ProblemSpec:
     """Read and validate one YAML config. Raises ``ConfigError`` naming file and key."""
     path = str(path)
     try:
-        text = Path(path).read_text()
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise ConfigError(path, "", f"cannot read the file: {exc.strerror or exc}") from None
     try:
-        raw = yaml.safe_load(text)
+        text = data.decode("utf-8-sig")  # a leading byte-order mark is allowed
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ConfigError(path, "", f"not UTF-8 text: byte 0x{data[exc.start]:02x} at byte offset {exc.start} "
+                                    f"(line {line}) is not valid UTF-8; save the file as UTF-8") from None
+    try:
+        raw = yaml.load(text, Loader=_StrictLoader)
+    except _DuplicateKey as dup:
+        raise ConfigError(path, dup.key_path, f"duplicate key {dup.key!r} at line {dup.line} (first given at line "
+                                              f"{dup.first_line}); YAML would keep only the last one") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -208,6 +267,10 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
         if isinstance(entry.get("by"), str) and entry["by"] in parameters and structured is not None:
             raise ConfigError(path, f"{key}.by", f"a per-channel parameter of shape ({producer.out_channels}, 1, ...) "
                                                  f"cannot apply here: {structured}")
+        if entry.get("by") == "producer" and current != [producer.out_shape(s) for s in shapes]:
+            raise ConfigError(path, f"{key}.by", f"the convolution's output {list(producer.out_shape(shapes[0]))} "
+                                                 f"cannot apply to the input {list(current[0])} here: its shape changed "
+                                                 "(PyTorch would broadcast one against the other or fail)")
         ctx = OpContext(path=path, key=key, in_shape=current[0], spatial_dims=producer.spatial_dims,
                         parameters=parameters)
         op = REGISTRY[kind].parse(entry, ctx)
@@ -216,6 +279,10 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
                 raise ctx.error(sub, f"{message} (for shapes[{j}])")
             op.check_shape(shape, error)
         current = [op.out_shape(s) for s in current]
+        ranks = {len(s) for s in current}
+        if len(ranks) > 1:
+            raise ConfigError(path, key, f"the output's rank differs between the shapes ({sorted(ranks)}): later dims "
+                                         "would mean different things; give squeeze its dim")
         ops.append(op)
     return tuple(ops)
 

@@ -17,7 +17,7 @@ from fusetune.build import build_and_load, load_generated
 from fusetune.cache import Cache
 from fusetune.codegen import render
 from fusetune.config import ProblemSpec, load_config
-from fusetune.errors import FusetuneError
+from fusetune.errors import ConfigError, FusetuneError
 from fusetune.export import find_winner
 from fusetune.plan import make_plan
 from fusetune.search import Machine, ShapeResult, tune_shape
@@ -28,10 +28,12 @@ class DeployReport:
     tuned: list[str] = dataclasses.field(default_factory=list)
     cached: list[str] = dataclasses.field(default_factory=list)
     fallback: list[str] = dataclasses.field(default_factory=list)  # "config shape: why"
+    configs: list[str] = dataclasses.field(default_factory=list)  # every config file found
 
     @property
     def ok(self) -> bool:
-        return not self.fallback
+        """Every shape of at least one config tuned: a folder without configs is not ok (a typo?)."""
+        return bool(self.configs) and not self.fallback
 
 
 def ensure_tuned(config_dir: Path, cache: Cache, budget_s: float, make_bench_for: Callable, machine: Machine | None,
@@ -42,13 +44,18 @@ def ensure_tuned(config_dir: Path, cache: Cache, budget_s: float, make_bench_for
     set-up must also end within ``seconds_left``: the budget bounds more than the trials.
     """
     report = DeployReport()
+    if not Path(config_dir).is_dir():
+        raise ConfigError(str(config_dir), "", "no such folder of configs")
     configs = sorted(Path(config_dir).glob("*.yaml")) + sorted(Path(config_dir).glob("*.yml"))
+    report.configs = [str(p) for p in configs]
     specs: list[ProblemSpec] = []
     for path in configs:
         try:
             specs.append(load_config(path))
-        except FusetuneError as exc:
-            report.fallback.append(f"{path}: {exc}")
+        except ConfigError as exc:  # names the file already
+            report.fallback.append(str(exc))
+        except Exception as exc:  # one config never takes the others down
+            report.fallback.append(f"{path}: {type(exc).__name__}: {exc}")
     deadline = time.monotonic() + budget_s
     for spec in specs:
         for shape in spec.shapes:

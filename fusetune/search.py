@@ -11,12 +11,13 @@ import dataclasses
 import math
 import random
 import time
+import warnings
 from typing import Any, Callable, Protocol
 
 import optuna
 
 from fusetune import __version__
-from fusetune.cache import Cache, Entry, make_key
+from fusetune.cache import Cache, CacheWarning, Entry, make_key, repair_journal
 from fusetune.codegen import CUDA_FLAGS, plan_facts, plan_space, render
 from fusetune.config import ProblemSpec
 from fusetune.errors import FusetuneError
@@ -122,8 +123,17 @@ def _study(cache: Cache, key: str, trials: int, seed: int) -> optuna.Study:
     from optuna.storages.journal import JournalFileBackend
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own line per trial says more
-    storage = JournalStorage(JournalFileBackend(str(cache.study_path(key))))
-    study = optuna.create_study(study_name=key, storage=storage, direction="minimize", load_if_exists=True)
+    path = cache.study_path(key)
+    repair_journal(path)  # a damaged journal is cut back to what is readable, never fatal
+    try:
+        storage = JournalStorage(JournalFileBackend(str(path)))
+        study = optuna.create_study(study_name=key, storage=storage, direction="minimize", load_if_exists=True)
+    except Exception as exc:  # readable lines that optuna still cannot replay: start the study afresh
+        warnings.warn(f"fusetune: ignoring unreadable study journal {path} ({type(exc).__name__}: {exc}); "
+                      "the shape is searched again", CacheWarning, stacklevel=2)
+        path.unlink(missing_ok=True)
+        storage = JournalStorage(JournalFileBackend(str(path)))
+        study = optuna.create_study(study_name=key, storage=storage, direction="minimize", load_if_exists=True)
     # A resumed study gets a different seed, so its sampler does not replay the first run's suggestions.
     study.sampler = optuna.samplers.TPESampler(seed=seed + len(study.trials), n_startup_trials=min(8, trials))
     return study
@@ -233,12 +243,17 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
     study = _study(cache, key, trials, spec.search.seed)
     facts = shape_facts(spec, plan, shape, machine.capability)
     evaluated = set() if force else _evaluated(study, space)
+    known = set() if force else _recover_lost(study, space, cache, key, fields, bench, echo, timings)
+    if known is not None:  # outcomes lost and no good one recovered: what the entry lost is searched again
+        evaluated &= known
     remaining = trials - len(evaluated)
     if force:  # a forced search names its own winner, even a slower one than a stale entry's
         cache.update(key, fields, lambda e: setattr(e, "winner", None))
     objective = _Objective(space, facts, bench, cache, key, fields, force, echo, max(remaining, 0))
     objective.seen |= evaluated  # a resumed search does not spend budget on what ran before
     tried = set() if force else _tried(study, space)
+    if known is not None:
+        tried &= known
     feasible = [c for c in space.all() if not space.violations(c, facts)]
     if len(feasible) <= remaining:
         queue = [c for c in feasible if candidate_key(c) not in tried]  # small space: try all of it
@@ -279,6 +294,38 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
     result.shape, result.timings, result.seconds = shape, timings, time.perf_counter() - start
     result.shown = space.relevant(result.candidate) if result.candidate else None
     return result
+
+
+def _recover_lost(study: optuna.Study, space: PlanSpace, cache: Cache, key: str, fields: dict[str, Any],
+                  bench: Benchmarker, echo: Callable[[str], None], timings: dict[str, float]) -> set[str] | None:
+    """Where the study holds finished trials whose outcomes the cache entry lacks (the entry was
+    unreadable, deleted or rewritten), re-verify and re-time the study's best few candidates so that a
+    winner can still be named. Returns None if nothing was lost or a good outcome is known again; else
+    the candidate keys the entry knows, so that the rest is searched again instead of counted as done.
+    """
+    entry = cache.load(key)
+    outcomes = dict(entry.outcomes) if entry else {}
+    lost = _evaluated(study, space) - set(outcomes)
+    if not lost:
+        return None
+    start = time.perf_counter()
+    best: dict[str, Candidate] = {}
+    complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    for trial in sorted((t for t in complete if t.value is not None), key=lambda t: t.value):
+        candidate = space.canonical(trial.params)
+        best.setdefault(candidate_key(candidate), candidate)
+    redo = [(ckey, c) for ckey, c in best.items() if ckey in lost][:RETIME_TOP]
+    echo(f"  the cache entry lacks {len(lost)} outcomes its study holds"
+         + (f": re-verifying the study's best {len(redo)} candidates" if redo else ""))
+    for ckey, candidate in redo:
+        outcome = bench.evaluate(candidate)
+        cache.record(key, fields, ckey, {**outcome, "candidate": candidate})
+        outcomes[ckey] = outcome
+    timings["recover_s"] = time.perf_counter() - start
+    if any(o.get("status") == "ok" for o in outcomes.values()):
+        return None
+    echo("  no good outcome is known: searching again")
+    return set(outcomes)
 
 
 def _world_neighbours(outcomes: dict[str, dict[str, Any]], feasible: list[Candidate], tried: set[str],

@@ -23,7 +23,7 @@ EXPECT = re.compile(r"^# expect: (?P<key>\S+) \| (?P<substring>.+?)\s*$")
 
 
 def _expectation(path: Path) -> tuple[str, str]:
-    first = path.read_text().splitlines()[0]
+    first = path.read_bytes().decode("utf-8", errors="replace").splitlines()[0]  # not_utf8.yaml is not UTF-8
     match = EXPECT.match(first)
     assert match, f"{path.name}: first line must be '# expect: <key> | <substring>', got {first!r}"
     key = match["key"]

@@ -313,3 +313,41 @@ def test_default_root(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert default_root() == tmp_path / "xdg" / "fusetune"
     assert os.fspath(default_root()).endswith("fusetune")
+
+
+# -- unreadable study journals --------------------------------------------------------------------
+
+def test_cache_warning_is_a_user_warning(cache):
+    from fusetune.cache import CacheWarning
+
+    assert issubclass(CacheWarning, UserWarning)
+    cache.entry_path("k").write_text("{")
+    with pytest.warns(CacheWarning, match="unreadable cache entry"):
+        assert cache.load("k") is None
+
+
+@pytest.mark.parametrize("damage, keep", [
+    ("truncated", 2),       # the last line cut mid-way
+    ("garbage_line", 1),    # a line that is not JSON, then good ones: only the prefix before it is consistent
+    ("binary", 0),
+])
+def test_repair_journal_keeps_the_readable_prefix(tmp_path, damage, keep):
+    from fusetune.cache import CacheWarning, repair_journal
+
+    lines = [json.dumps({"op_code": i, "n": "x" * 10}).encode() + b"\n" for i in range(3)]
+    path = tmp_path / "s.journal"
+    if damage == "truncated":
+        data = b"".join(lines[:2]) + lines[2][:7]
+    elif damage == "garbage_line":
+        data = lines[0] + b"{not json\n" + lines[1] + lines[2]
+    else:
+        data = b"\xff\xfe\x00garbage"
+    path.write_bytes(data)
+    with pytest.warns(CacheWarning, match="study journal .* is unreadable"):
+        assert repair_journal(path, settle_s=0.0) is True
+    assert path.read_bytes() == b"".join(lines[:keep])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert repair_journal(path, settle_s=0.0) is False  # now readable: left alone
+        assert repair_journal(tmp_path / "absent.journal") is False
+    assert [p.name for p in tmp_path.iterdir()] == ["s.journal"]  # no temporary file left

@@ -142,7 +142,7 @@ def test_cache_list_empty(runner, cache_dir):
     assert result.output.strip() == "cache is empty"
 
 
-def test_cache_list_show_clear(runner, cache_dir):
+def test_cache_list_show_clear(runner, cache_dir, monkeypatch):
     spec = load_config(SEEDS["maxpool_gap"])
     shape = (3, 3, 7, 11, 13)
     plan = make_plan(spec)
@@ -175,11 +175,12 @@ def test_cache_list_show_clear(runner, cache_dir):
     prefix = runner.invoke(main, ["cache", "show", key[:8]])
     assert prefix.exit_code == 0 and f'"key": "{key}"' in prefix.output
 
-    cleared = runner.invoke(main, ["cache", "clear", spec.name])
+    cleared = runner.invoke(main, ["cache", "clear", spec.name, "--yes"])
     assert cleared.exit_code == 0 and "removed 1 entries" in cleared.output
     assert [e.key for e in Cache(cache_dir).entries()] == [other]
     assert runner.invoke(main, ["cache", "show", spec.name]).exit_code == 1
 
+    monkeypatch.setattr("fusetune.cli._interactive", lambda: True)  # someone answers
     kept = runner.invoke(main, ["cache", "clear"], input="n\n")
     assert kept.exit_code == 0 and [e.key for e in Cache(cache_dir).entries()] == [other]
 
@@ -304,3 +305,94 @@ def test_deploy_bounds_the_benchmarker_by_the_budget_left(tmp_path):
                           Machine("FakeGPU", "9.0", "13.0", "2.13"), echo=lambda s: None)
     assert report.tuned == ["one [2, 3, 9, 11]"] and report.ok
     assert len(seen) == 1 and 0 < seen[0] <= 50.0
+
+
+# -- warnings, clearing by prefix, deploy of an empty or missing folder -----------------------------
+
+
+def test_cache_warning_is_one_line_without_a_source_line(runner, cache_dir):
+    key = _tune(cache_dir, "groupnorm", (3, 8, 37, 45))
+    path = Cache(cache_dir).entry_path(key)
+    path.write_text(path.read_text()[:100])  # truncated
+    result = runner.invoke(main, ["cache", "list"])
+    assert result.exit_code == 0, result.output
+    warning_lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert warning_lines == [f"fusetune: warning: ignoring unreadable cache entry {path} "
+                             f"({warning_lines[0].split('(', 1)[1]}"]
+    assert "UserWarning" not in result.stderr and "warnings.warn" not in result.stderr
+    assert ".py:" not in result.stderr and "cache is empty" in result.output
+
+
+def test_cache_clear_prefix_lists_the_matches_and_asks(runner, cache_dir, monkeypatch):
+    key = _tune(cache_dir, "groupnorm", (3, 8, 37, 45))
+    other = _tune(cache_dir, "maxpool_gap", (3, 3, 7, 11, 13))
+    monkeypatch.setattr("fusetune.cli._interactive", lambda: True)
+    name = load_config(SEEDS["groupnorm"]).name
+    kept = runner.invoke(main, ["cache", "clear", name], input="n\n")
+    assert kept.exit_code == 0, kept.output
+    assert kept.output.splitlines()[0].startswith(f"{key}  {name}")
+    assert "remove these 1 entries and their studies? [y/N]" in kept.output and "nothing removed" in kept.output
+    assert sorted(e.key for e in Cache(cache_dir).entries()) == sorted([key, other])
+    removed = runner.invoke(main, ["cache", "clear", key[:6]], input="y\n")
+    assert removed.exit_code == 0 and "removed 1 entries" in removed.output
+    assert [e.key for e in Cache(cache_dir).entries()] == [other]
+
+
+def test_cache_clear_prefix_without_yes_refuses_where_nobody_can_answer(runner, cache_dir):
+    key = _tune(cache_dir, "groupnorm", (3, 8, 37, 45))
+    result = runner.invoke(main, ["cache", "clear", key[:4]])  # CliRunner's stdin is not a terminal
+    assert result.exit_code == 2, result.output
+    assert "pass --yes" in result.stderr and key in result.output  # what would have gone is listed
+    assert [e.key for e in Cache(cache_dir).entries()] == [key]
+    assert runner.invoke(main, ["cache", "clear", key[:4], "--yes"]).exit_code == 0
+    assert Cache(cache_dir).entries() == []
+
+
+@pytest.mark.parametrize("args", [[""], ["", "--yes"], [" "], ["nothing", ""]])
+def test_cache_clear_empty_prefix_is_refused(runner, cache_dir, args):
+    key = _tune(cache_dir, "groupnorm", (3, 8, 37, 45))
+    result = runner.invoke(main, ["cache", "clear", *args])
+    assert result.exit_code == 2, result.output
+    assert "an empty KEY matches every entry" in result.stderr
+    assert [e.key for e in Cache(cache_dir).entries()] == [key]
+
+
+def test_deploy_missing_folder_exits_2(runner, cache_dir, tmp_path, no_gpu):
+    for strict in ([], ["--strict"]):
+        result = runner.invoke(main, ["deploy", str(tmp_path / "confgis"), *strict])
+        assert result.exit_code == 2, result.output
+        assert "does not exist" in result.output
+
+
+def test_deploy_folder_without_configs(runner, cache_dir, tmp_path, no_gpu):
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    (folder / "README.txt").write_text("not a config")
+    strict = runner.invoke(main, ["deploy", str(folder), "--strict"])
+    assert strict.exit_code == 1, strict.output
+    assert f"error: no configs (*.yaml, *.yml) in {folder}" in strict.stderr
+    relaxed = runner.invoke(main, ["deploy", str(folder)])
+    assert relaxed.exit_code == 0, relaxed.output
+    assert f"fusetune: warning: no configs (*.yaml, *.yml) in {folder}" in relaxed.stderr
+
+
+def test_deploy_reports_undecodable_and_duplicate_key_configs_and_tunes_the_rest(runner, cache_dir, tmp_path,
+                                                                                   no_gpu):
+    from fusetune.deploy import ensure_tuned
+
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "good.yaml").write_text(
+        "name: one\nproducer: {op: conv2d, in_channels: 3, out_channels: 4, kernel_size: 3}\n"
+        "epilogue: [{op: relu}]\nshapes: [[2, 3, 9, 11]]\nsearch: {trials: 2}\n")
+    shutil.copy(BAD / "not_utf8.yaml", folder / "latin1.yaml")
+    shutil.copy(BAD / "duplicate_key_shapes.yaml", folder / "twice.yaml")
+    result = runner.invoke(main, ["deploy", str(folder)])
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output and "unexpected error" not in result.stderr
+    assert f"fallback: {folder / 'latin1.yaml'}: not UTF-8 text: byte 0xe9 at byte offset" in result.output
+    assert f"fallback: {folder / 'twice.yaml'}: shapes: duplicate key 'shapes' at line 17" in result.output
+    assert "fallback: one [2, 3, 9, 11]: no CUDA GPU visible" in result.output
+    report = ensure_tuned(folder, Cache(tmp_path / "c2"), 50.0, lambda *a: FakeBench().factory, MACHINE,
+                          echo=lambda s: None)
+    assert report.tuned == ["one [2, 3, 9, 11]"] and len(report.fallback) == 2 and not report.ok

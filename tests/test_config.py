@@ -249,3 +249,68 @@ def test_transposed_convolution_forward_form_computes_the_same(raw, offered):
     got = eval(producer.functional_code("x", "module", "module.bias", forward_form=True),  # noqa: S307
                {"F": F}, {"x": x, "module": module})
     torch.testing.assert_close(got, module(x), rtol=1e-12, atol=1e-12)
+
+
+# -- duplicate keys and encodings: refused, never silently read ----------------------------------
+
+def _seed_text() -> str:
+    return SEEDS["groupnorm"].read_text()
+
+
+def test_duplicate_top_level_key_is_refused_with_file_key_and_line(tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text(_seed_text() + "shapes:\n  - [16, 8, 64, 64]\n")  # a second shapes: used to drop the first
+    line = len(_seed_text().splitlines()) + 1
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.key == "shapes" and info.value.exit_code == 2
+    assert str(info.value).startswith(f"{path}: shapes: duplicate key 'shapes' at line {line} (first given at line ")
+
+
+@pytest.mark.parametrize("text, key, line", [
+    ("name: a\nproducer: {op: conv2d, in_channels: 3, out_channels: 4, kernel_size: 3, kernel_size: 5}\n",
+     "producer.kernel_size", 2),
+    ("name: a\nparameters:\n  m: {init: ones}\n  m: {init: zeros}\n", "parameters.m", 4),
+    ("name: a\nepilogue:\n  - {op: relu}\n  - op: clamp\n    min: 0.0\n    min: 1.0\n", "epilogue[1].min", 6),
+    ("name: a\nsearch:\n  trials: 3\n  seed: 1\n  trials: 4\n", "search.trials", 5),
+])
+def test_duplicate_nested_key_is_refused_at_any_depth(tmp_path, text, key, line):
+    path = tmp_path / "dup.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.key == key
+    assert f"duplicate key '{key.rsplit('.', 1)[-1]}' at line {line}" in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_merge_key_overrides_are_not_duplicates(tmp_path):
+    path = tmp_path / "merge.yaml"
+    text = _seed_text().replace("search: {trials: 24, timeout: 300, seed: 0}",
+                                "defaults: &d {trials: 24, timeout: 300, seed: 0}\n"
+                                "search: {<<: *d, trials: 5}")
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:  # the anchor's host key is unknown: but not a duplicate
+        load_config(path)
+    assert info.value.key == "defaults"
+    path.write_text(text.replace("defaults: &d {trials: 24, timeout: 300, seed: 0}\n", "")
+                    .replace("{<<: *d, trials: 5}", "{trials: 5}"))
+    assert load_config(path).search.trials == 5
+
+
+def test_non_utf8_config_is_refused_with_the_byte_offset(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    data = ("# café\n" + _seed_text()).encode("latin-1")
+    path.write_bytes(data)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    offset = data.index(b"\xe9")
+    assert info.value.key == "" and info.value.exit_code == 2
+    assert str(info.value) == (f"{path}: not UTF-8 text: byte 0xe9 at byte offset {offset} (line 1) is not valid "
+                               "UTF-8; save the file as UTF-8")
+
+
+def test_utf8_with_byte_order_mark_and_non_ascii_comment_loads(tmp_path):
+    path = tmp_path / "bom.yaml"
+    path.write_bytes(b"\xef\xbb\xbf" + ("# café\n" + _seed_text()).encode())
+    assert load_config(path).name == load_config(SEEDS["groupnorm"]).name

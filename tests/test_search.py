@@ -4,11 +4,12 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing
+import warnings
 from pathlib import Path
 
 import pytest
 
-from fusetune.cache import STATUSES, Cache, make_key
+from fusetune.cache import STATUSES, Cache, CacheWarning, make_key
 from fusetune.codegen import plan_space, render
 from fusetune.config import load_config
 from fusetune.plan import make_plan
@@ -542,3 +543,74 @@ def test_where_nothing_beats_pytorch_the_winner_is_eager(cache):
     result = tune_shape(spec, LARGE[1], cache, MACHINE, bench.factory, trials=6, echo=quiet)
     assert result.candidate["producer.impl"] == "eager"
     assert result.time_ms == 0.5
+
+
+# -- a damaged cache is a miss, never a failure ---------------------------------------------------
+
+DAMAGES = {
+    "truncated": lambda path: path.write_text(path.read_text()[: len(path.read_text()) // 2]),
+    "garbage": lambda path: path.write_bytes(b"\xff\x00 not json"),
+    "deleted": lambda path: path.unlink(),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_damaged_entry_after_a_finished_search_re_verifies_the_study_best(cache, damage):
+    """The study says its trials are done but the entry (and its winner) is gone: the study's best few
+    are verified and timed again and a winner is named; the search is not run again, nothing fails."""
+    spec, feasible, _, _ = _small()
+    first = tune_shape(spec, SMALL[1], cache, MACHINE, FakeBench().factory, trials=5, echo=quiet)
+    assert first.status == "tuned"
+    DAMAGES[damage](cache.entry_path(first.key))
+    bench = FakeBench()
+    lines: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CacheWarning)
+        result = tune_shape(spec, SMALL[1], cache, MACHINE, bench.factory, trials=5, echo=lines.append)
+    assert result.status == "tuned", result.message
+    assert result.candidate == first.candidate and result.time_ms == pytest.approx(first.time_ms)
+    assert len(bench.search_evaluations()) == 3  # the study's best 3 again, no new search
+    assert any("re-verifying the study's best 3 candidates" in line for line in lines)
+    entry = cache.load(result.key)
+    assert entry.winner["candidate"] == first.candidate
+    assert tune_shape(spec, SMALL[1], cache, MACHINE, FakeBench().factory, trials=5, echo=quiet).status == "cached"
+
+
+def test_damaged_entry_whose_study_best_now_fail_is_searched_again(cache):
+    """Nothing good is recovered from the study: what the entry lost is searched again (the re-verified
+    candidates count against the budget), and the search still names a winner."""
+    spec, _, _, _ = _small()
+    bench = FakeBench()
+    first = tune_shape(spec, SMALL[1], cache, MACHINE, bench.factory, trials=5, echo=quiet)
+    tried = sorted(set(bench.search_evaluations()), key=lambda k: cache.load(first.key).outcomes[k]["time_ms"])
+    assert len(tried) == 5
+    cache.entry_path(first.key).write_text("{")
+    broken = {k: "crash" for k in tried[:3]}  # the study's best 3 now crash
+    bench = FakeBench(failures=broken)
+    lines: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CacheWarning)
+        result = tune_shape(spec, SMALL[1], cache, MACHINE, bench.factory, trials=5, echo=lines.append)
+    assert result.status == "tuned", result.message
+    assert candidate_key(result.candidate) not in broken
+    assert any("searching again" in line for line in lines)
+    evaluated = set(bench.search_evaluations())
+    assert set(tried[:3]) <= evaluated and len(evaluated) == 5  # 3 re-verified + 2 searched: the budget
+    assert result.counts["crash"] == 3 and result.counts["ok"] == 2
+
+
+@pytest.mark.parametrize("damage", ["truncated_mid_line", "garbage"])
+def test_damaged_study_journal_is_not_fatal(cache, damage):
+    spec, _, _, _ = _small()
+    first = tune_shape(spec, SMALL[1], cache, MACHINE, FakeBench().factory, trials=5, echo=quiet)
+    journal = cache.study_path(first.key)
+    data = journal.read_bytes()
+    journal.write_bytes(data[: len(data) // 2] if damage == "truncated_mid_line" else b"\xff\x00garbage{\n")
+    cache.entry_path(first.key).write_text("")  # and the entry: the study is needed
+    with pytest.warns(CacheWarning) as record:
+        result = tune_shape(spec, SMALL[1], cache, MACHINE, FakeBench().factory, trials=5, echo=quiet)
+    assert result.status == "tuned", result.message
+    assert result.candidate == first.candidate  # the fastest of the same starts again
+    assert any("study journal" in str(w.message) for w in record)
+    again = tune_shape(spec, SMALL[1], cache, MACHINE, FakeBench().factory, trials=5, echo=quiet)
+    assert again.status == "cached"

@@ -383,5 +383,22 @@ def bench(ctx: click.Context, config: str, shapes: tuple[str, ...], json_path: s
         atomic_write_text(Path(json_path), json.dumps(results, indent=1) + "\n")
 
 
+@main.command("import")
+@click.argument("model")
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Folder for the configs (<stem>_chain<i>.yaml) and the map (<stem>.map.json).")
+@click.option("--inputs", "inputs", multiple=True,
+              help="Example input shape N,C,H,W (for package.module:factory; repeatable, one per input).")
+@_fail_cleanly
+def import_(model: str, out_dir: str, inputs: tuple[str, ...]) -> None:
+    """Find MODEL's convolution chains and write one config per chain (MODEL: a KernelBench-style
+    file, or package.module:factory with --inputs)."""
+    from fusetune.importer import import_model
+
+    result = import_model(model, Path(out_dir), [_parse_shape(text) for text in inputs])
+    for line in result.lines:
+        click.echo(line)
+
+
 if __name__ == "__main__":
     main()

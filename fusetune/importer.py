@@ -1,0 +1,1275 @@
+"""``fusetune import``: find the convolution chains of a PyTorch model and write one config per chain.
+
+The model is traced with torch.fx (``symbolic_trace``) and its shapes propagated with ``ShapeProp`` on
+the example inputs. A chain starts at a convolution (a Conv/ConvTranspose module, or ``F.conv*d`` on
+module weights) and goes on through ops of the vocabulary while each consumes the previous one's
+output and nothing else reads that intermediate value (ops that read the convolution's own output
+become ``by: producer``). Every module, function and method the importer knows is a row of one
+table, ``TABLE``: (call kind, target) -> a builder that returns the config entries of the op, or the
+reason the chain stops before it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import importlib.util
+import itertools
+import json
+import math
+import operator
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import yaml
+
+from fusetune.config import _reserved, load_config, parse_config
+from fusetune.errors import ConfigError, FusetuneError
+from fusetune.ops import Shape
+from fusetune.producers import KINDS
+
+Entry = dict[str, Any]
+
+
+class TraceError(FusetuneError):
+    """torch.fx cannot trace the model (data-dependent control flow, untraceable calls)."""
+
+    exit_code = 1
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading the model
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    model: nn.Module
+    inputs: tuple[Any, ...]
+    stem: str  # config names and file names start with it
+    source: str  # the MODEL argument as given
+
+
+_counter = itertools.count()
+
+
+def load_model(spec: str, input_shapes: Sequence[Shape] = ()) -> LoadedModel:
+    """Build the model of a KernelBench-style file or a ``package.module:factory`` (float32, CPU,
+    its mode as constructed). Raises ``ConfigError`` (exit 2) naming the file and what was expected."""
+    if spec.endswith(".py") or os.sep in spec or (":" not in spec and Path(spec).exists()):
+        return _load_file(spec, input_shapes)
+    if ":" in spec:
+        return _load_factory(spec, input_shapes)
+    raise ConfigError(spec, "", "expected a Python file (KernelBench convention: class Model, get_inputs, "
+                                "get_init_inputs) or package.module:factory")
+
+
+def _load_file(spec: str, input_shapes: Sequence[Shape]) -> LoadedModel:
+    path = Path(spec)
+    if not path.is_file():
+        raise ConfigError(spec, "", "no such file; expected a Python file defining class Model(nn.Module), "
+                                    "get_inputs() and get_init_inputs()")
+    name = f"_fusetune_import_{next(_counter)}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise ConfigError(spec, "", "cannot be imported as a Python module; expected a .py file")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        raise ConfigError(spec, "", f"running the file failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        sys.modules.pop(name, None)
+    cls = getattr(module, "Model", None)
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise ConfigError(spec, "Model", "missing; expected a class Model(nn.Module) (KernelBench convention)")
+    get_inputs = getattr(module, "get_inputs", None)
+    if not callable(get_inputs) and not input_shapes:
+        raise ConfigError(spec, "get_inputs", "missing; expected get_inputs() returning the example inputs "
+                                              "(or pass --inputs)")
+    init = getattr(module, "get_init_inputs", lambda: [])
+    try:
+        model = cls(*init())
+        inputs = _example_inputs(input_shapes) if input_shapes else tuple(get_inputs())
+    except Exception as exc:
+        raise ConfigError(spec, "Model", f"building the model failed: {type(exc).__name__}: {exc}") from None
+    return LoadedModel(model=_float32(model), inputs=_float32_inputs(inputs), stem=_stem(path.stem), source=spec)
+
+
+def _load_factory(spec: str, input_shapes: Sequence[Shape]) -> LoadedModel:
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ConfigError(spec, "", f"cannot import {module_name!r}: {type(exc).__name__}: {exc}; expected "
+                                    "package.module:factory") from None
+    factory: Any = module
+    for part in attr.split(".") if attr else [""]:
+        factory = getattr(factory, part, None) if part else None
+    if not callable(factory):
+        raise ConfigError(spec, attr, f"not found in {module_name}; expected a callable returning an nn.Module")
+    if not input_shapes:
+        raise ConfigError(spec, "", "a factory needs the example input shape: pass --inputs N,C,H,W")
+    try:
+        model = factory()
+    except Exception as exc:
+        raise ConfigError(spec, attr, f"calling the factory failed: {type(exc).__name__}: {exc}") from None
+    if not isinstance(model, nn.Module):
+        raise ConfigError(spec, attr, f"expected the factory to return an nn.Module, got {type(model).__name__}")
+    return LoadedModel(model=_float32(model), inputs=_example_inputs(input_shapes), stem=_stem(attr.split(".")[-1]),
+                       source=spec)
+
+
+def _stem(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", text) or "model"
+
+
+def _example_inputs(shapes: Sequence[Shape]) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(*shape, generator=generator) for shape in shapes)
+
+
+def _float32(model: nn.Module) -> nn.Module:
+    return model.to(device="cpu").float()
+
+
+def _float32_inputs(inputs: Iterable[Any]) -> tuple[Any, ...]:
+    return tuple(x.detach().to("cpu", torch.float32) if isinstance(x, torch.Tensor) and x.is_floating_point()
+                 else x for x in inputs)
+
+
+# --------------------------------------------------------------------------------------------------
+# Tracing
+
+
+def trace(model: nn.Module, inputs: Sequence[Any], source: str = "<model>") -> torch.fx.GraphModule:
+    """``symbolic_trace`` the model and record every node's shape (``node.meta['tensor_meta']``).
+    The model's own modules are shared with the result, so a training-mode batch norm's running
+    statistics move when it runs, as they would in the model."""
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    try:
+        gm = torch.fx.symbolic_trace(model)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TraceError(f"{source}: torch.fx cannot trace the model ({type(exc).__name__}: {first}); "
+                         "nothing was imported and the model stays in PyTorch as it is. Control flow that "
+                         "depends on tensor values (if x.sum() > 0, loops over a tensor's size) cannot be "
+                         "traced: write it with torch.where, or move it into a submodule and trace the "
+                         "convolutions' part") from None
+    try:
+        with torch.no_grad():
+            ShapeProp(gm).propagate(*inputs)
+    except Exception as exc:
+        raise TraceError(f"{source}: running the traced model on the example inputs failed "
+                         f"({type(exc).__name__}: {exc})") from None
+    return gm
+
+
+def _shape(node: Any) -> Shape | None:
+    meta = getattr(node, "meta", {}).get("tensor_meta") if isinstance(node, torch.fx.Node) else None
+    return tuple(int(s) for s in meta.shape) if hasattr(meta, "shape") else None
+
+
+def _fetch(gm: nn.Module, target: str) -> Any:
+    return functools.reduce(getattr, target.split("."), gm)
+
+
+# --------------------------------------------------------------------------------------------------
+# Producers
+
+
+@dataclasses.dataclass(frozen=True)
+class ProducerMatch:
+    entry: Entry  # the config's producer
+    weights: dict[str, str]  # generated Model's state key -> the user's name
+    input: torch.fx.Node
+
+
+_CONV_MODULES: dict[type, str] = {getattr(nn, kind.module): op for op, kind in KINDS.items()}
+_CONV_FUNCTIONS: dict[Any, str] = {getattr(F, op): op for op in KINDS}
+
+
+def _window(values: Any, dims: int) -> Any:
+    values = tuple(values) if isinstance(values, (tuple, list)) else (values,) * dims
+    return int(values[0]) if len(set(values)) == 1 else [int(v) for v in values]
+
+
+def match_producer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> ProducerMatch | str | None:
+    """The producer a node is, None where it is no convolution, a reason where it is one fusetune cannot take."""
+    if node.op == "call_module":
+        module = gm.get_submodule(node.target)
+        kind = next((op for cls, op in _CONV_MODULES.items() if type(module) is cls), None)
+        if kind is None:
+            return None
+        if len(node.args) != 1 or node.kwargs:
+            return f"{type(module).__name__} is called with more than its input (output_size)"
+        if module.padding_mode != "zeros":
+            return f"padding_mode={module.padding_mode!r} (the configs pad with zeros only)"
+        dims = KINDS[kind].spatial_dims
+        entry: Entry = {"op": kind, "in_channels": module.in_channels, "out_channels": module.out_channels,
+                        "kernel_size": _window(module.kernel_size, dims)}
+        _conv_options(entry, dims, module.stride, module.padding, module.dilation, module.groups,
+                      module.output_padding if KINDS[kind].transposed else 0, module.bias is not None)
+        weights = {"producer.weight": f"{node.target}.weight"}
+        if module.bias is not None:
+            weights["producer.bias"] = f"{node.target}.bias"
+        return ProducerMatch(entry, weights, node.args[0])
+    if node.op == "call_function" and node.target in _CONV_FUNCTIONS:
+        kind = _CONV_FUNCTIONS[node.target]
+        transposed, dims = KINDS[kind].transposed, KINDS[kind].spatial_dims
+        names = (["input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation"] if transposed
+                 else ["input", "weight", "bias", "stride", "padding", "dilation", "groups"])
+        args = _bind_all(node, names, {"bias": None, "stride": 1, "padding": 0, "output_padding": 0, "groups": 1,
+                                       "dilation": 1})
+        if isinstance(args, str):
+            return args
+        weight, bias = args["weight"], args["bias"]
+        if not (isinstance(weight, torch.fx.Node) and weight.op == "get_attr"):
+            return f"F.{kind}'s weights are computed in the forward, not a module's parameter"
+        if bias is not None and not (isinstance(bias, torch.fx.Node) and bias.op == "get_attr"):
+            return f"F.{kind}'s bias is computed in the forward, not a module's parameter"
+        for key in ("stride", "padding", "output_padding", "groups", "dilation"):
+            if _has_node(args[key]):
+                return f"F.{kind}'s {key} is computed in the forward"
+        w = _fetch(gm, weight.target)
+        groups = int(args["groups"])
+        cin, cout = (w.shape[0], w.shape[1] * groups) if transposed else (w.shape[1] * groups, w.shape[0])
+        entry = {"op": kind, "in_channels": int(cin), "out_channels": int(cout),
+                 "kernel_size": _window(tuple(w.shape[2:]), dims)}
+        _conv_options(entry, dims, args["stride"], args["padding"], args["dilation"], groups,
+                      args["output_padding"], bias is not None)
+        weights = {"producer.weight": weight.target}
+        if bias is not None:
+            weights["producer.bias"] = bias.target
+        return ProducerMatch(entry, weights, args["input"])
+    return None
+
+
+def _conv_options(entry: Entry, dims: int, stride: Any, padding: Any, dilation: Any, groups: int,
+                  output_padding: Any, bias: bool) -> None:
+    """The producer's arguments beside the defaults: left out where PyTorch's default."""
+    for key, value, default in (("stride", stride, 1), ("dilation", dilation, 1),
+                                ("output_padding", output_padding, 0)):
+        window = _window(value, dims)
+        if window != default:
+            entry[key] = window
+    pad = padding if isinstance(padding, str) else _window(padding, dims)
+    if pad != 0:
+        entry["padding"] = pad
+    if groups != 1:
+        entry["groups"] = int(groups)
+    entry["bias"] = bool(bias)
+
+
+def _has_node(value: Any) -> bool:
+    found: list[bool] = []
+    torch.fx.node.map_arg(value, lambda n: found.append(True))
+    return bool(found)
+
+
+# --------------------------------------------------------------------------------------------------
+# The vocabulary table
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamRef:
+    """A per-channel tensor of the user's model, by its attribute path."""
+
+    target: str
+
+
+@dataclasses.dataclass
+class Mapped:
+    """What one user op becomes: config entries (in order) and the nodes it covers."""
+
+    entries: list[Entry]
+    out: torch.fx.Node  # the node whose value the chain goes on from
+    extra: list[torch.fx.Node] = dataclasses.field(default_factory=list)  # e.g. the getitem after torch.max
+    module: str | None = None  # the user's module holding state (a norm's weights, running statistics)
+
+
+@dataclasses.dataclass
+class Site:
+    """A candidate next op, with what the builders need to know about the chain."""
+
+    gm: torch.fx.GraphModule
+    node: torch.fx.Node
+    cur: set[torch.fx.Node]  # the chain's value and its identity aliases
+    producer: set[torch.fx.Node]  # the convolution's output and its aliases
+    channels: int
+    spatial_dims: int
+
+    @property
+    def module(self) -> nn.Module:
+        return self.gm.get_submodule(self.node.target)
+
+    @property
+    def shape_in(self) -> Shape | None:
+        return _shape(next(iter(self.cur)))
+
+    @property
+    def shape_out(self) -> Shape | None:
+        return _shape(self.node)
+
+    def is_x(self, arg: Any) -> bool:
+        return isinstance(arg, torch.fx.Node) and arg in self.cur
+
+    def operand(self, arg: Any) -> Any:
+        """A binary op's other operand as the config writes it (a number, 'producer', a ParamRef),
+        or a reason string."""
+        if isinstance(arg, bool):
+            return "a boolean operand is not in the vocabulary"
+        if isinstance(arg, (int, float)):
+            return float(arg) if math.isfinite(arg) else f"a non-finite operand {arg!r}"
+        if not isinstance(arg, torch.fx.Node):
+            return f"an operand of type {type(arg).__name__} is not in the vocabulary"
+        if arg in self.producer:
+            return "producer"
+        if arg.op == "get_attr":
+            value = _fetch(self.gm, arg.target)
+            if isinstance(value, torch.Tensor) and value.numel() == 1 and value.dim() <= 1 and (
+                    arg.target.startswith("_tensor_constant") or value.dim() == 0) and not isinstance(value, nn.Parameter):
+                return float(value.item())
+            per_channel = (self.channels,) + (1,) * self.spatial_dims
+            if isinstance(value, torch.Tensor) and tuple(value.shape) == per_channel:
+                return ParamRef(arg.target)
+            shape = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            return (f"the operand {arg.target} has shape {shape}, not a per-channel {list(per_channel)} "
+                    "parameter")
+        return f"the other operand ({arg.name}) is another tensor, not the convolution's output or a parameter"
+
+
+Builder = Callable[[Site], "Mapped | str"]
+
+
+class _Stop(Exception):
+    """Raised inside a builder: the chain stops before this op, for this reason."""
+
+
+def _call_args(site: Site) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    return tuple(site.node.args), dict(site.node.kwargs)
+
+
+def _bind_all(node: torch.fx.Node, names: Sequence[str], defaults: Mapping[str, Any]) -> dict[str, Any] | str:
+    """Positional and keyword arguments by name (the first is the input), defaults filled in."""
+    args, kwargs = tuple(node.args), dict(node.kwargs)
+    if len(args) > len(names):
+        return f"called with {len(args)} positional arguments"
+    out = dict(defaults)
+    out.update(zip(names, args))
+    for key, value in kwargs.items():
+        if key not in names:
+            return f"argument {key}= is not in the vocabulary"
+        out[key] = value
+    missing = [n for n in names if n not in out]
+    if missing:
+        return f"missing argument {missing[0]}"
+    return out
+
+
+def _bind(site: Site, names: Sequence[str], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """``_bind_all`` for the op at ``site``: its input must be the chain's value, its other arguments
+    Python values (not computed in the forward)."""
+    bound = _bind_all(site.node, ["input", *names], defaults)
+    if isinstance(bound, str):
+        raise _Stop(bound)
+    if not site.is_x(bound["input"]):
+        raise _Stop("it reads the chain's value as an argument other than its input")
+    for key in names:
+        if _has_node(bound[key]):
+            raise _Stop(f"its argument {key} is computed in the forward")
+    return bound
+
+
+def _module_input(site: Site) -> None:
+    if len(site.node.args) != 1 or site.node.kwargs or not site.is_x(site.node.args[0]):
+        raise _Stop("the module is called with more than the chain's value")
+
+
+def _ignore(value: Any, key: str, default: Any) -> None:
+    if value != default:
+        raise _Stop(f"{key}={value!r} is not in the vocabulary")
+
+
+def _num(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _Stop(f"a non-number argument {value!r}")
+    return float(value)
+
+
+def _dims(value: Any) -> int | list[int]:
+    if isinstance(value, (tuple, list)):
+        if not value:
+            raise _Stop("it reduces every dim, the batch dim included")
+        return [int(v) for v in value] if len(value) > 1 else int(value[0])
+    if value is None:
+        raise _Stop("it reduces every dim, the batch dim included (no dim given)")
+    return int(value)
+
+
+def _one(site: Site, *entries: Entry, out: torch.fx.Node | None = None, module: str | None = None) -> Mapped:
+    return Mapped(entries=list(entries), out=out or site.node, module=module)
+
+
+# Builders: each returns a function of the site.
+
+
+def unary(kind: str, names: Sequence[str] = (), defaults: Mapping[str, Any] | None = None,
+          ignored: Mapping[str, Any] | None = None) -> Builder:
+    """A functional or method op: ``kind(x, *names)``; ``ignored`` arguments must keep their default
+    (inplace: the value is the same either way; the chain reads the op's result)."""
+    defaults = dict(defaults or {})
+    ignored = dict(ignored or {"inplace": False})
+
+    def build(site: Site) -> Mapped:
+        a = _bind(site, [*names, *ignored], {**defaults, **{k: v for k, v in ignored.items()}})
+        entry: Entry = {"op": kind}
+        for key in names:
+            value = a[key]
+            entry[key] = value if isinstance(value, str) else _num(value)
+        return _one(site, entry)
+    return build
+
+
+def module_op(kind: str, read: Callable[[nn.Module], Mapping[str, Any]] = lambda m: {}) -> Builder:
+    """A module called on the chain's value: its arguments read off its attributes."""
+    def build(site: Site) -> Mapped:
+        _module_input(site)
+        return _one(site, {"op": kind, **read(site.module)})
+    return build
+
+
+def binary(kind: str) -> Builder:
+    """x (op) other, other (op) x: a number, a per-channel parameter or the producer; c - x is
+    neg then add; c / x and c ** x are not in the vocabulary; x * x is pow 2."""
+    def build(site: Site) -> Mapped:
+        args, kwargs = _call_args(site)
+        if kwargs or len(args) != 2:
+            raise _Stop(f"{_describe(site.gm, site.node)} with arguments {sorted(kwargs)} is not in the vocabulary")
+        a, b = args
+        if site.is_x(a) and site.is_x(b) and not (site.cur & site.producer):
+            if kind == "mul":
+                return _one(site, {"op": "pow", "by": 2.0})
+            raise _Stop("both operands are the chain's value")
+        if site.is_x(a):
+            return _one(site, _binary_entry(kind, site.operand(b)))
+        if not site.is_x(b):
+            raise _Stop("its operands do not include the chain's value")
+        other = site.operand(a)
+        if kind in ("add", "mul", "minimum", "maximum"):
+            return _one(site, _binary_entry(kind, other))
+        if kind == "sub":
+            return _one(site, {"op": "neg"}, _binary_entry("add", other))
+        raise _Stop(f"{'c / x' if kind == 'div' else 'c ** x'} (the chain's value on the right) is not in the "
+                    "vocabulary")
+    return build
+
+
+def _binary_entry(kind: str, operand: Any) -> Entry:
+    if isinstance(operand, str) and operand != "producer":
+        raise _Stop(operand)
+    if kind == "div" and operand == 0.0:
+        raise _Stop("division by zero")
+    return {"op": kind, "by": operand}
+
+
+def _method_or_fn_binary(kind: str) -> Builder:
+    """torch.add(x, y, alpha=...) / x.add(y): alpha must be 1."""
+    inner = binary(kind)
+
+    def build(site: Site) -> Mapped:
+        kwargs = dict(site.node.kwargs)
+        if kwargs.pop("alpha", 1) != 1:
+            raise _Stop("alpha != 1 is not in the vocabulary")
+        if kwargs:
+            raise _Stop(f"arguments {sorted(kwargs)} are not in the vocabulary")
+        node = site.node
+        saved = node.kwargs
+        try:
+            node.kwargs = {}
+            return inner(site)
+        finally:
+            node.kwargs = saved
+    return build
+
+
+def clamp(lo_key: str = "min", hi_key: str = "max", only: str | None = None) -> Builder:
+    """torch.clamp(x, min, max), x.clamp(...), clamp_min / clamp_max."""
+    def build(site: Site) -> Mapped:
+        names = [only] if only else [lo_key, hi_key]
+        a = _bind(site, names, {k: None for k in names})
+        entry: Entry = {"op": "clamp"}
+        for key in names:
+            if a[key] is not None:
+                entry[key] = _num(a[key])
+        if len(entry) == 1:
+            raise _Stop("clamp without bounds")
+        return _one(site, entry)
+    return build
+
+
+def extremum(kind: str) -> Builder:
+    """torch.max/min: with another tensor (maximum/minimum), or over a dim ([0] or .values)."""
+    def build(site: Site) -> Mapped:
+        args, kwargs = _call_args(site)
+        other = kwargs.get("other", args[1] if len(args) > 1 else None)
+        if isinstance(other, torch.fx.Node) and "dim" not in kwargs:
+            if kwargs.keys() - {"other"}:
+                raise _Stop(f"arguments {sorted(kwargs)} are not in the vocabulary")
+            saved = (site.node.args, site.node.kwargs)
+            try:
+                site.node.args, site.node.kwargs = (args[0], other), {}
+                return binary("maximum" if kind == "max" else "minimum")(site)
+            finally:
+                site.node.args, site.node.kwargs = saved
+        a = _bind(site, ["dim", "keepdim"], {"dim": None, "keepdim": False})
+        if a["dim"] is None:
+            raise _Stop(f"torch.{kind}(x) without a dim reduces every value, the batch dim included")
+        users = list(site.node.users)
+        values = [u for u in users if (u.op == "call_function" and u.target is operator.getitem and u.args[1] == 0)
+                  or (u.op == "call_function" and u.target is getattr and u.args[1] == "values")]
+        if len(values) != 1 or len(users) != 1:
+            raise _Stop(f"torch.{kind}(x, dim)'s indices are used (only [0] or .values is in the vocabulary)")
+        return Mapped(entries=[{"op": kind, "dim": _dims(a["dim"]), "keepdim": bool(a["keepdim"])}],
+                      out=values[0], extra=[values[0]])
+    return build
+
+
+def reduction(kind: str, dim_default: Any = None) -> Builder:
+    """torch.sum/mean/amax/amin/logsumexp(x, dim, keepdim), and the methods."""
+    def build(site: Site) -> Mapped:
+        a = _bind(site, ["dim", "keepdim", "dtype"], {"dim": dim_default, "keepdim": False, "dtype": None})
+        _ignore(a["dtype"], "dtype", None)
+        return _one(site, {"op": kind, "dim": _dims(a["dim"]), "keepdim": bool(a["keepdim"])})
+    return build
+
+
+def softmax(kind: str, names: Sequence[str] = ("dim",)) -> Builder:
+    """torch.softmax(x, dim), F.softmax(x, dim, _stacklevel, dtype), x.softmax(dim)."""
+    def build(site: Site) -> Mapped:
+        a = _bind(site, [*names, "dtype"], {**{n: None for n in names}, "_stacklevel": 3, "dtype": None})
+        _ignore(a["dtype"], "dtype", None)
+        if a["dim"] is None:
+            raise _Stop(f"{kind} without dim (PyTorch's implicit choice) is not in the vocabulary")
+        return _one(site, {"op": kind, "dim": int(a["dim"])})
+    return build
+
+
+def flatten(default_start: int) -> Builder:
+    def build(site: Site) -> Mapped:
+        a = _bind(site, ["start_dim", "end_dim"], {"start_dim": default_start, "end_dim": -1})
+        return _one(site, _flatten_entry(site, int(a["start_dim"]), int(a["end_dim"])))
+    return build
+
+
+def _flatten_entry(site: Site, start: int, end: int) -> Entry:
+    rank = len(site.shape_in or ())
+    if rank and start % rank == 0:
+        raise _Stop("it flattens the batch dim into the others")
+    return {"op": "flatten", "start_dim": start, "end_dim": end}
+
+
+def view(site: Site) -> Mapped:
+    """x.view(...) / x.reshape(...) / torch.reshape: a flatten where the output merges a run of the
+    input's dims after the batch dim (x.view(x.size(0), -1) is flatten(1))."""
+    shape_in, shape_out = site.shape_in, site.shape_out
+    if not site.is_x(site.node.args[0]) if site.node.args else True:
+        raise _Stop("it reads the chain's value as an argument other than its input")
+    if shape_in is None or shape_out is None:
+        raise _Stop("its shapes are unknown")
+    for start in range(1, len(shape_in)):
+        for end in range(start + 1, len(shape_in)):
+            merged = shape_in[:start] + (math.prod(shape_in[start:end + 1]),) + shape_in[end + 1:]
+            if merged == shape_out:
+                return _one(site, {"op": "flatten", "start_dim": start, "end_dim": end if end + 1 < len(shape_in) else -1})
+    raise _Stop(f"a reshape from {list(shape_in)} to {list(shape_out)} that is not a flatten after the batch dim")
+
+
+def squeeze(site: Site) -> Mapped:
+    a = _bind(site, ["dim"], {"dim": None})
+    entry: Entry = {"op": "squeeze"}
+    if a["dim"] is not None:
+        entry["dim"] = [int(d) for d in a["dim"]] if isinstance(a["dim"], (list, tuple)) else int(a["dim"])
+    return _one(site, entry)
+
+
+def unsqueeze(site: Site) -> Mapped:
+    a = _bind(site, ["dim"], {})
+    return _one(site, {"op": "unsqueeze", "dim": int(a["dim"])})
+
+
+def pool_fn(kind: str, dims: int) -> Builder:
+    """F.max_pool*d / F.avg_pool*d."""
+    def build(site: Site) -> Mapped:
+        if kind == "max_pool":
+            a = _bind(site, ["kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices"],
+                      {"stride": None, "padding": 0, "dilation": 1, "ceil_mode": False, "return_indices": False})
+        else:
+            names = ["kernel_size", "stride", "padding", "ceil_mode", "count_include_pad"]
+            names += ["divisor_override"] if dims > 1 else []
+            a = _bind(site, names, {"stride": None, "padding": 0, "ceil_mode": False, "count_include_pad": True,
+                                    "divisor_override": None})
+        return _one(site, _pool_entry(kind, dims, a))
+    return build
+
+
+def pool_module(kind: str) -> Builder:
+    def build(site: Site) -> Mapped:
+        _module_input(site)
+        m = site.module
+        dims = int(type(m).__name__[-2])
+        a = {key: getattr(m, key) for key in ("kernel_size", "stride", "padding", "dilation", "ceil_mode",
+                                               "return_indices", "count_include_pad", "divisor_override")
+             if hasattr(m, key)}
+        return _one(site, _pool_entry(kind, dims, a))
+    return build
+
+
+def _pool_entry(kind: str, dims: int, a: Mapping[str, Any]) -> Entry:
+    if a.get("ceil_mode"):
+        raise _Stop("ceil_mode=True is not in the vocabulary (the pools floor)")
+    if _window(a.get("dilation", 1), dims) != 1:
+        raise _Stop(f"dilation={a['dilation']!r} is not in the vocabulary (the pools take dilation 1)")
+    if a.get("return_indices"):
+        raise _Stop("return_indices=True is not in the vocabulary")
+    if not a.get("count_include_pad", True):
+        raise _Stop("count_include_pad=False is not in the vocabulary (the average counts the padding)")
+    if a.get("divisor_override") is not None:
+        raise _Stop("divisor_override is not in the vocabulary")
+    entry: Entry = {"op": kind, "kernel_size": _window(a["kernel_size"], dims)}
+    stride = a.get("stride")
+    if stride not in (None, [], ()) and _window(stride, dims) != entry["kernel_size"]:
+        entry["stride"] = _window(stride, dims)
+    if _window(a.get("padding", 0), dims) != 0:
+        entry["padding"] = _window(a["padding"], dims)
+    return entry
+
+
+def adaptive(kind: str, module: bool) -> Builder:
+    def build(site: Site) -> Mapped:
+        if module:
+            _module_input(site)
+            size, indices = site.module.output_size, getattr(site.module, "return_indices", False)
+        else:
+            names = ["output_size"] + (["return_indices"] if kind == "adaptive_max_pool" else [])
+            a = _bind(site, names, {"return_indices": False})
+            size, indices = a["output_size"], a.get("return_indices", False)
+        if indices:
+            raise _Stop("return_indices=True is not in the vocabulary")
+        sizes = list(size) if isinstance(size, (list, tuple)) else [size]
+        if any(s is None for s in sizes):
+            raise _Stop(f"output_size {size!r} keeps a dim's size (None), not in the vocabulary")
+        return _one(site, {"op": kind, "output_size": int(sizes[0]) if len(set(sizes)) == 1 else [int(s) for s in sizes]})
+    return build
+
+
+def dropout_fn(site: Site) -> Mapped:
+    a = _bind(site, ["p", "training", "inplace"], {"p": 0.5, "training": True, "inplace": False})
+    return _one(site, _dropout_entry(_num(a["p"]), bool(a["training"])))
+
+
+def dropout_module(site: Site) -> Mapped:
+    _module_input(site)
+    return _one(site, _dropout_entry(float(site.module.p), site.module.training))
+
+
+def _dropout_entry(p: float, training: bool) -> Entry:
+    if training and p > 0:
+        raise _Stop(f"dropout in training mode with p = {p} draws random masks (no tuned kernel reproduces "
+                    "them); import the model in eval mode for inference")
+    return {"op": "dropout", "p": p, "training": training}
+
+
+def identity_module(site: Site) -> Mapped:
+    _module_input(site)
+    return Mapped(entries=[], out=site.node)
+
+
+def batch_norm(site: Site) -> Mapped:
+    _module_input(site)
+    m = site.module
+    if not m.track_running_stats:
+        raise _Stop("BatchNorm with track_running_stats=False is not in the vocabulary")
+    if m.momentum is None:
+        raise _Stop("BatchNorm with momentum=None (a cumulative average) is not in the vocabulary")
+    return _one(site, {"op": "batch_norm", "eps": float(m.eps), "momentum": float(m.momentum), "affine": m.affine,
+                       "training": m.training}, module=str(site.node.target))
+
+
+def group_norm(site: Site) -> Mapped:
+    _module_input(site)
+    m = site.module
+    return _one(site, {"op": "group_norm", "num_groups": m.num_groups, "eps": float(m.eps), "affine": m.affine},
+                module=str(site.node.target))
+
+
+def instance_norm(site: Site) -> Mapped:
+    _module_input(site)
+    m = site.module
+    if m.track_running_stats:
+        raise _Stop("InstanceNorm with track_running_stats=True is not in the vocabulary")
+    return _one(site, {"op": "instance_norm", "eps": float(m.eps), "affine": m.affine}, module=str(site.node.target))
+
+
+def layer_norm(site: Site) -> Mapped:
+    _module_input(site)
+    m = site.module
+    if m.elementwise_affine and m.bias is None:
+        raise _Stop("LayerNorm(bias=False) is not in the vocabulary")
+    return _one(site, {"op": "layer_norm", "normalized_shape": [int(s) for s in m.normalized_shape],
+                       "eps": float(m.eps), "elementwise_affine": m.elementwise_affine}, module=str(site.node.target))
+
+
+def _pointwise(kind: str, fn_names: Sequence[str] = (), fn_defaults: Mapping[str, Any] | None = None,
+               module_attrs: Sequence[str] = (), functions: Sequence[Any] = (), methods: Sequence[str] = (),
+               modules: Sequence[type] = ()) -> dict[tuple[str, Any], Builder]:
+    """Rows for one pointwise op: its functions, methods and modules."""
+    rows: dict[tuple[str, Any], Builder] = {}
+    fn = unary(kind, fn_names, fn_defaults)
+    for f in functions:
+        rows[("call_function", f)] = fn
+    for name in methods:
+        rows[("call_method", name)] = fn
+    for cls in modules:
+        rows[("call_module", cls)] = module_op(kind, lambda m, attrs=tuple(module_attrs): {
+            a: (getattr(m, a) if isinstance(getattr(m, a), str) else float(getattr(m, a))) for a in attrs})
+    return rows
+
+
+def _max_pool_fns() -> dict[tuple[str, Any], Builder]:
+    rows: dict[tuple[str, Any], Builder] = {}
+    for d in (1, 2, 3):
+        rows[("call_function", getattr(F, f"max_pool{d}d"))] = pool_fn("max_pool", d)
+        rows[("call_function", getattr(F, f"avg_pool{d}d"))] = pool_fn("avg_pool", d)
+        rows[("call_function", getattr(F, f"adaptive_avg_pool{d}d"))] = adaptive("adaptive_avg_pool", False)
+        rows[("call_function", getattr(F, f"adaptive_max_pool{d}d"))] = adaptive("adaptive_max_pool", False)
+        rows[("call_module", getattr(nn, f"MaxPool{d}d"))] = pool_module("max_pool")
+        rows[("call_module", getattr(nn, f"AvgPool{d}d"))] = pool_module("avg_pool")
+        rows[("call_module", getattr(nn, f"AdaptiveAvgPool{d}d"))] = adaptive("adaptive_avg_pool", True)
+        rows[("call_module", getattr(nn, f"AdaptiveMaxPool{d}d"))] = adaptive("adaptive_max_pool", True)
+        rows[("call_module", getattr(nn, f"BatchNorm{d}d"))] = batch_norm
+        rows[("call_module", getattr(nn, f"InstanceNorm{d}d"))] = instance_norm
+    return rows
+
+
+def _reductions() -> dict[tuple[str, Any], Builder]:
+    rows: dict[tuple[str, Any], Builder] = {}
+    for kind in ("sum", "mean", "amax", "amin", "logsumexp"):
+        rows[("call_function", getattr(torch, kind))] = reduction(kind)
+        rows[("call_method", kind)] = reduction(kind)
+    for kind in ("max", "min"):
+        rows[("call_function", getattr(torch, kind))] = extremum(kind)
+        rows[("call_method", kind)] = extremum(kind)
+    return rows
+
+
+def _binaries() -> dict[tuple[str, Any], Builder]:
+    rows: dict[tuple[str, Any], Builder] = {}
+    for kind, op_fn, torch_fn, method in (("mul", operator.mul, torch.mul, "mul"), ("add", operator.add, torch.add, "add"),
+                                          ("sub", operator.sub, torch.sub, "sub"),
+                                          ("div", operator.truediv, torch.div, "div"),
+                                          ("pow", operator.pow, torch.pow, "pow")):
+        rows[("call_function", op_fn)] = binary(kind)
+        rows[("call_function", torch_fn)] = _method_or_fn_binary(kind)
+        rows[("call_method", method)] = _method_or_fn_binary(kind)
+    for kind in ("minimum", "maximum"):
+        rows[("call_function", getattr(torch, kind))] = binary(kind)
+        rows[("call_method", kind)] = binary(kind)
+    return rows
+
+
+#: (fx node op, target: a module class, a function or a method name) -> builder. The one place the
+#: importer's vocabulary lives; the config's op names and arguments are PyTorch's (README, Ops).
+TABLE: dict[tuple[str, Any], Builder] = {
+    **_pointwise("relu", functions=(F.relu, torch.relu), methods=("relu",), modules=(nn.ReLU,)),
+    **_pointwise("relu6", functions=(F.relu6,), modules=(nn.ReLU6,)),
+    **_pointwise("leaky_relu", ["negative_slope"], {"negative_slope": 0.01}, ["negative_slope"],
+                 functions=(F.leaky_relu,), modules=(nn.LeakyReLU,)),
+    **_pointwise("gelu", ["approximate"], {"approximate": "none"}, ["approximate"], functions=(F.gelu,),
+                 modules=(nn.GELU,)),
+    **_pointwise("hardtanh", ["min_val", "max_val"], {"min_val": -1.0, "max_val": 1.0}, ["min_val", "max_val"],
+                 functions=(F.hardtanh,), modules=(nn.Hardtanh,)),
+    **_pointwise("softplus", ["beta", "threshold"], {"beta": 1.0, "threshold": 20.0}, ["beta", "threshold"],
+                 functions=(F.softplus,), modules=(nn.Softplus,)),
+    **_pointwise("elu", ["alpha"], {"alpha": 1.0}, ["alpha"], functions=(F.elu,), modules=(nn.ELU,)),
+    **_pointwise("celu", ["alpha"], {"alpha": 1.0}, ["alpha"], functions=(F.celu,), modules=(nn.CELU,)),
+    **_pointwise("selu", functions=(F.selu, torch.selu), modules=(nn.SELU,)),
+    **_pointwise("silu", functions=(F.silu,), modules=(nn.SiLU,)),
+    **_pointwise("mish", functions=(F.mish,), modules=(nn.Mish,)),
+    **_pointwise("sigmoid", functions=(torch.sigmoid, F.sigmoid), methods=("sigmoid",), modules=(nn.Sigmoid,)),
+    **_pointwise("hardsigmoid", functions=(F.hardsigmoid,), modules=(nn.Hardsigmoid,)),
+    **_pointwise("hardswish", functions=(F.hardswish,), modules=(nn.Hardswish,)),
+    **_pointwise("tanh", functions=(torch.tanh, F.tanh), methods=("tanh",), modules=(nn.Tanh,)),
+    **{key: row for kind in ("exp", "log", "abs", "sqrt")
+       for key, row in _pointwise(kind, functions=(getattr(torch, kind),), methods=(kind,)).items()},
+    **_pointwise("neg", functions=(torch.neg, operator.neg), methods=("neg",)),
+    ("call_function", torch.clamp): clamp(),
+    ("call_method", "clamp"): clamp(),
+    ("call_function", torch.clamp_min): clamp(only="min"),
+    ("call_method", "clamp_min"): clamp(only="min"),
+    ("call_function", torch.clamp_max): clamp(only="max"),
+    ("call_method", "clamp_max"): clamp(only="max"),
+    **_binaries(),
+    **_reductions(),
+    ("call_function", torch.softmax): softmax("softmax"),
+    ("call_function", F.softmax): softmax("softmax", ("dim", "_stacklevel")),
+    ("call_method", "softmax"): softmax("softmax"),
+    ("call_function", torch.log_softmax): softmax("log_softmax"),
+    ("call_function", F.log_softmax): softmax("log_softmax", ("dim", "_stacklevel")),
+    ("call_method", "log_softmax"): softmax("log_softmax"),
+    ("call_module", nn.Softmax): module_op("softmax", lambda m: {"dim": m.dim}),
+    ("call_module", nn.LogSoftmax): module_op("log_softmax", lambda m: {"dim": m.dim}),
+    ("call_function", torch.flatten): flatten(0),
+    ("call_method", "flatten"): flatten(0),
+    ("call_module", nn.Flatten): module_op("flatten", lambda m: {"start_dim": m.start_dim, "end_dim": m.end_dim}),
+    ("call_method", "view"): view,
+    ("call_method", "reshape"): view,
+    ("call_function", torch.reshape): view,
+    ("call_function", torch.squeeze): squeeze,
+    ("call_method", "squeeze"): squeeze,
+    ("call_function", torch.unsqueeze): unsqueeze,
+    ("call_method", "unsqueeze"): unsqueeze,
+    **_max_pool_fns(),
+    ("call_module", nn.GroupNorm): group_norm,
+    ("call_module", nn.LayerNorm): layer_norm,
+    ("call_function", F.dropout): dropout_fn,
+    ("call_module", nn.Dropout): dropout_module,
+    ("call_module", nn.Identity): identity_module,
+}
+
+#: Ops that return their input's value: the chain's value under another name (``r = x.clone()``).
+IDENTITY_METHODS = ("clone", "detach", "contiguous")
+IDENTITY_FUNCTIONS = (torch.clone, torch.detach)
+#: Reads of a tensor's metadata, not its values (x.size(0) in x.view(x.size(0), -1)).
+SHAPE_METHODS = ("size", "dim")
+SHAPE_ATTRIBUTES = ("shape", "ndim", "dtype", "device")
+
+
+def lookup(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Builder | None:
+    """The table's builder for a node, None where it is not in the vocabulary."""
+    if node.op == "call_module":
+        for cls in type(gm.get_submodule(node.target)).__mro__:
+            if ("call_module", cls) in TABLE:
+                return TABLE[("call_module", cls)]
+        return None
+    if node.op in ("call_function", "call_method"):
+        try:
+            return TABLE.get((node.op, node.target))
+        except TypeError:  # an unhashable target
+            return None
+    return None
+
+
+def _is_identity(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    if node.op == "call_method" and node.target in IDENTITY_METHODS:
+        return node.target != "clone" or not node.kwargs
+    if node.op == "call_function" and node.target in IDENTITY_FUNCTIONS:
+        return True
+    return False
+
+
+def _is_shape_read(node: torch.fx.Node) -> bool:
+    if node.op == "call_method" and node.target in SHAPE_METHODS:
+        return True
+    return node.op == "call_function" and node.target is getattr and node.args[1] in SHAPE_ATTRIBUTES
+
+
+def _describe(gm: torch.fx.GraphModule, node: torch.fx.Node) -> str:
+    if node.op == "call_module":
+        return f"{type(gm.get_submodule(node.target)).__name__} ({node.target})"
+    if node.op == "call_method":
+        return f".{node.target}()"
+    if node.op == "call_function":
+        target = node.target
+        module = getattr(target, "__module__", None) or ""
+        name = getattr(target, "__name__", str(target))
+        module = {"torch._C._nn": "torch.nn.functional", "_operator": "operator",
+                  "torch._C._VariableFunctions": "torch"}.get(module, module)
+        return f"{module}.{name}" if module else name
+    return node.op
+
+
+# --------------------------------------------------------------------------------------------------
+# Chains
+
+
+@dataclasses.dataclass
+class Step:
+    entries: list[Entry]  # with ParamRef for per-channel parameters
+    nodes: list[str]
+    module: str | None  # the user's module holding the op's state
+
+
+@dataclasses.dataclass
+class Chain:
+    producer_node: str
+    producer: Entry
+    weights: dict[str, str]  # generated Model state key -> the user's name
+    input_shape: Shape
+    steps: list[Step]
+    producer_nodes: list[str]  # the convolution and its identity aliases
+    end: str  # why the chain ends where it does
+    end_node: str | None  # the node it ends before, if any
+    output_node: str = ""
+
+    @property
+    def nodes(self) -> list[str]:
+        return self.producer_nodes + [n for s in self.steps for n in s.nodes]
+
+
+@dataclasses.dataclass
+class NoChain:
+    """A convolution no chain starts at, and why."""
+
+    node: str
+    reason: str
+
+
+def _aliases(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[torch.fx.Node]:
+    out, todo = [node], [node]
+    while todo:
+        for user in todo.pop().users:
+            if _is_identity(gm, user) and user not in out:
+                out.append(user)
+                todo.append(user)
+    return out
+
+
+def _readers(gm: torch.fx.GraphModule, nodes: Iterable[torch.fx.Node]) -> tuple[list[torch.fx.Node], list[torch.fx.Node]]:
+    """The nodes reading any of ``nodes``' values (not identity aliases), and those reading only their shape."""
+    values: list[torch.fx.Node] = []
+    shapes: list[torch.fx.Node] = []
+    for node in nodes:
+        for user in node.users:
+            if _is_identity(gm, user):
+                continue
+            (shapes if _is_shape_read(user) else values).append(user)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    return (sorted(dict.fromkeys(values), key=order.__getitem__), sorted(dict.fromkeys(shapes), key=order.__getitem__))
+
+
+def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMatch) -> Chain | NoChain:
+    """The longest chain from the convolution at ``node`` (before the configs' validation)."""
+    in_shape = _shape(match.input)
+    if in_shape is None:
+        return NoChain(node.name, "the convolution's input shape is unknown")
+    producer = _aliases(gm, node)
+    dims = KINDS[match.entry["op"]].spatial_dims
+    cur = list(producer)
+    chain = Chain(node.name, match.entry, dict(match.weights), in_shape, [], [n.name for n in producer], "", None)
+    pending: list[torch.fx.Node] = []  # readers of the convolution's output still to come
+    while True:
+        values, shape_reads = _readers(gm, cur)
+        first = cur[0] in producer
+        if first:
+            candidates = values[:1]
+            pending = values[1:]
+        else:
+            candidates = values
+        if not candidates:
+            chain.end = "its value is not read by any op"
+            break
+        if len(candidates) > 1:
+            names = ", ".join(c.name for c in candidates)
+            chain.end, chain.end_node = f"its value is read by several ops ({names})", None
+            break
+        nxt = candidates[0]
+        if nxt.op == "output":
+            chain.end, chain.end_node = "its value is the model's output", None
+            break
+        builder = lookup(gm, nxt)
+        if builder is None:
+            chain.end, chain.end_node = f"{_describe(gm, nxt)} is not in the vocabulary", nxt.name
+            break
+        site = Site(gm, nxt, set(cur), set(producer), int(match.entry["out_channels"]), dims)
+        try:
+            mapped = builder(site)
+        except _Stop as stop:
+            chain.end, chain.end_node = f"{_describe(gm, nxt)}: {stop}", nxt.name
+            break
+        if isinstance(mapped, str):
+            chain.end, chain.end_node = f"{_describe(gm, nxt)}: {mapped}", nxt.name
+            break
+        if nxt in pending:
+            pending.remove(nxt)
+        covered = [s.name for s in shape_reads] + [nxt.name] + [e.name for e in mapped.extra]
+        nxt_aliases = _aliases(gm, mapped.out)
+        covered += [a.name for a in nxt_aliases[1:]]
+        chain.steps.append(Step(mapped.entries, covered, mapped.module))
+        cur = nxt_aliases
+    chain.output_node = _last_value(chain)
+    outside = [p.name for p in pending if p.name not in chain.nodes]
+    if outside:
+        return NoChain(node.name, f"the convolution's output is also read by {', '.join(outside)}, outside "
+                                  "the chain (a chain's intermediate values are not kept)")
+    return chain
+
+
+def _last_value(chain: Chain) -> str:
+    """The node holding the chain's output: the last step's value (or the convolution's)."""
+    for step in reversed(chain.steps):
+        if step.entries or step.nodes:
+            return step.nodes[-1] if step.nodes else chain.producer_node
+    return chain.producer_node
+
+
+# --------------------------------------------------------------------------------------------------
+# Configs
+
+
+def _param_name(target: str, taken: Mapping[str, str]) -> str:
+    """The config's name of a per-channel parameter: the user's attribute name, where it is a valid
+    config name; else made one."""
+    base = target.replace(".", "_")
+    name = base if base.isidentifier() and not base.startswith("_") and not _reserved(base) else f"param_{base.lstrip('_')}"
+    candidate, i = name, 1
+    while candidate in taken and taken[candidate] != target:
+        candidate, i = f"{name}_{i}", i + 1
+    return candidate
+
+
+def chain_config(chain: Chain, name: str, steps: int | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """The config of the chain's first ``steps`` steps, and the weights (generated Model state key ->
+    the user's name)."""
+    from fusetune.ops import REGISTRY
+
+    chosen = chain.steps[:steps] if steps is not None else chain.steps
+    params: dict[str, str] = {}
+    weights = dict(chain.weights)
+    epilogue: list[Entry] = []
+    for step in chosen:
+        first = len(epilogue)
+        for entry in step.entries:
+            entry = dict(entry)
+            if isinstance(entry.get("by"), ParamRef):
+                target = entry["by"].target
+                pname = _param_name(target, params)
+                params[pname] = target
+                weights[pname] = target
+                entry["by"] = pname
+            epilogue.append(entry)
+        if step.module is not None:
+            i = first  # a module op is one entry: reference_attr's f"{kind}_{i}"
+            attr = f"{epilogue[i]['op']}_{i}"
+            if REGISTRY[epilogue[i]["op"]].role == "norm":
+                weights.update(_norm_weights(attr, step.module, epilogue[i]))
+    raw: dict[str, Any] = {"name": name, "producer": dict(chain.producer)}
+    if params:
+        raw["parameters"] = {p: {"shape": "per_channel", "init": "randn"} for p in params}
+    raw["epilogue"] = epilogue
+    raw["shapes"] = [list(chain.input_shape)]
+    return raw, weights
+
+
+def _norm_weights(attr: str, module: str, entry: Entry) -> dict[str, str]:
+    names: list[str] = []
+    if entry.get("affine", entry.get("elementwise_affine", False)):
+        names += ["weight", "bias"]
+    if entry["op"] == "batch_norm":
+        names += ["running_mean", "running_var", "num_batches_tracked"]
+    return {f"{attr}.{n}": f"{module}.{n}" for n in names}
+
+
+@dataclasses.dataclass
+class Written:
+    chain: Chain
+    config: Path
+    name: str
+    steps: int  # how many of the chain's steps the config takes
+    weights: dict[str, str]
+    parameters: dict[str, str]  # config name -> the user's attribute
+    epilogue: list[Entry]
+
+
+def fit_chain(chain: Chain, name: str, path: Path) -> tuple[int, dict[str, Any], dict[str, str]] | str:
+    """The longest prefix of the chain whose config validates: (steps, raw config, weights), or why none does."""
+    if not chain.steps:
+        return f"no op of the vocabulary follows the convolution: {chain.end}"
+    last_error = ""
+    for k in range(len(chain.steps), 0, -1):
+        raw, weights = chain_config(chain, name, k)
+        if not raw["epilogue"]:
+            continue
+        try:
+            parse_config(raw, str(path))
+        except ConfigError as exc:
+            last_error = exc.message if not exc.key else f"{exc.key}: {exc.message}"
+            if k == len(chain.steps):
+                step = chain.steps[-1]
+                chain.end = f"{step.nodes[-1] if step.nodes else '?'} is refused by the config's validation: {last_error}"
+                chain.end_node = step.nodes[0] if step.nodes else None
+            continue
+        if k < len(chain.steps):
+            chain.end_node = chain.steps[k].nodes[0] if chain.steps[k].nodes else None
+            chain.end = f"the config's validation refuses what follows: {last_error}"
+            chain.steps = chain.steps[:k]
+            chain.output_node = _last_value(chain)
+        return k, raw, weights
+    return last_error or "no op of the vocabulary follows the convolution"
+
+
+def _dump(raw: Mapping[str, Any], header: str) -> str:
+    text = yaml.safe_dump(raw, sort_keys=False, default_flow_style=None, width=120)
+    return header + text
+
+
+def write_config(path: Path, text: str) -> None:
+    """Write a config atomically, after ``load_config`` accepts it (never a half-written or invalid file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".yaml")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        try:
+            load_config(tmp)
+        except ConfigError as exc:
+            raise FusetuneError(f"{path}: the generated config does not validate: {exc.message}") from None
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# --------------------------------------------------------------------------------------------------
+# The import
+
+
+@dataclasses.dataclass
+class ImportResult:
+    loaded: LoadedModel
+    gm: torch.fx.GraphModule
+    written: list[Written]
+    pytorch: dict[str, str]  # node -> why it stays in PyTorch
+    map_path: Path
+    lines: list[str]
+
+
+def find_chains(gm: torch.fx.GraphModule) -> tuple[list[Chain], list[NoChain]]:
+    chains: list[Chain] = []
+    refused: list[NoChain] = []
+    for node in gm.graph.nodes:
+        match = match_producer(gm, node)
+        if match is None:
+            continue
+        if isinstance(match, str):
+            refused.append(NoChain(node.name, f"a convolution fusetune does not take: {match}"))
+            continue
+        found = walk_chain(gm, node, match)
+        (chains if isinstance(found, Chain) else refused).append(found)
+    return chains, refused
+
+
+def import_model(spec: str, out_dir: Path, input_shapes: Sequence[Shape] = ()) -> ImportResult:
+    """Load, trace, find the chains, write one config per chain and the map."""
+    loaded = load_model(spec, input_shapes)
+    gm = trace(_copy(loaded.model), loaded.inputs, spec)
+    return import_traced(loaded, gm, Path(out_dir))
+
+
+def _copy(model: nn.Module) -> nn.Module:
+    """A copy to trace and run: the user's model (a training-mode batch norm's statistics) is left as it was."""
+    import copy
+
+    try:
+        return copy.deepcopy(model)
+    except Exception:
+        return model
+
+
+def import_traced(loaded: LoadedModel, gm: torch.fx.GraphModule, out_dir: Path) -> ImportResult:
+    chains, refused = find_chains(gm)
+    written: list[Written] = []
+    for chain in chains:
+        name = f"{loaded.stem}_chain{len(written)}"
+        path = out_dir / f"{name}.yaml"
+        fitted = fit_chain(chain, name, path)
+        if isinstance(fitted, str):
+            refused.append(NoChain(chain.producer_node, f"no config validates: {fitted}"))
+            continue
+        k, raw, weights = fitted
+        nodes = ", ".join(chain.nodes)
+        header = (f"# Imported by `fusetune import {loaded.source}`: fx nodes {nodes}.\n"
+                  f"# Ends: {chain.end}.\n")
+        if raw.get("parameters"):
+            header += ("# Parameters: init randn here; the trained values come from the model's "
+                       + ", ".join(f"{weights[p]} ({p})" for p in raw["parameters"]) + ".\n")
+        write_config(path, _dump(raw, header))
+        written.append(Written(chain, path, name, k, weights, {p: weights[p] for p in raw.get("parameters", {})},
+                               raw["epilogue"]))
+    pytorch = _pytorch_reasons(gm, written, refused)
+    map_path = out_dir / f"{loaded.stem}.map.json"
+    _write_map(map_path, loaded, written, pytorch)
+    return ImportResult(loaded, gm, written, pytorch, map_path, _map_lines(loaded, gm, written, pytorch, map_path))
+
+
+def _pytorch_reasons(gm: torch.fx.GraphModule, written: list[Written], refused: list[NoChain]) -> dict[str, str]:
+    covered = {n for w in written for n in w.chain.nodes}
+    enders: dict[str, str] = {}
+    for i, w in enumerate(written):
+        if w.chain.end_node:
+            why = f"ends chain{i} ({w.chain.end})"
+            enders[w.chain.end_node] = f"{enders[w.chain.end_node]}; {why}" if w.chain.end_node in enders else why
+    convs = {r.node: r.reason for r in refused}
+    out: dict[str, str] = {}
+    for node in gm.graph.nodes:
+        if node.name in covered:
+            continue
+        if node.op == "placeholder":
+            out[node.name] = "the model's input"
+        elif node.op == "output":
+            out[node.name] = "the model's output"
+        elif node.op == "get_attr":
+            out[node.name] = "a parameter or constant of the model"
+        elif node.name in convs:
+            out[node.name] = convs[node.name]
+        elif node.name in enders:
+            out[node.name] = enders[node.name]
+        elif lookup(gm, node) is None and not _is_identity(gm, node):
+            out[node.name] = f"{_describe(gm, node)} is not in the vocabulary"
+        else:
+            out[node.name] = f"{_describe(gm, node)} is in the vocabulary, but its input is not a chain's last value"
+    return out
+
+
+def _write_map(path: Path, loaded: LoadedModel, written: list[Written], pytorch: Mapping[str, str]) -> None:
+    from fusetune.cache import atomic_write_text
+
+    doc = {
+        "model": loaded.source,
+        "chains": [{"config": str(w.config), "name": w.name, "producer": w.chain.producer_node,
+                    "nodes": w.chain.nodes, "output": w.chain.output_node, "input_shape": list(w.chain.input_shape),
+                    "epilogue": w.epilogue, "ends": w.chain.end, "ends_before": w.chain.end_node,
+                    "weights": w.weights,
+                    "parameters": {p: {"from": t, "note": "trained values come from the model (init randn in "
+                                                          "the config)"} for p, t in w.parameters.items()}}
+                   for w in written],
+        "pytorch": dict(pytorch),
+    }
+    atomic_write_text(path, json.dumps(doc, indent=1) + "\n")
+
+
+def _map_lines(loaded: LoadedModel, gm: torch.fx.GraphModule, written: list[Written], pytorch: Mapping[str, str],
+               map_path: Path) -> list[str]:
+    owner = {n: i for i, w in enumerate(written) for n in w.chain.nodes}
+    lines = [f"{loaded.source}: {len(written)} chain(s), map in {map_path}" if written else
+             f"{loaded.source}: no chain found (no convolution followed by an op of the vocabulary); map in {map_path}"]
+    for i, w in enumerate(written):
+        ops = " -> ".join([w.chain.producer["op"]] + [e["op"] for e in w.epilogue])
+        lines.append(f"chain{i} -> {w.config}: {ops}; ends: {w.chain.end}")
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr"):
+            continue
+        if node.name in owner:
+            i = owner[node.name]
+            lines.append(f"  {node.name}: chain{i} ({written[i].config.name})")
+        else:
+            lines.append(f"  {node.name}: PyTorch: {pytorch[node.name]}")
+    return lines

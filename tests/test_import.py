@@ -1,0 +1,181 @@
+"""``fusetune import``: the chains found in tests/models/*.py, their configs, and the real check: the
+generated reference Model, with the user's weights, computes the user's value at the chain's last node."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from fusetune.cli import main
+from fusetune.codegen import render
+from fusetune.config import load_config
+from fusetune.importer import import_model, load_model
+from fusetune.plan import make_plan
+
+from conftest import import_file
+
+MODELS = Path(__file__).resolve().parent / "models"
+#: model file -> the chains expected: (producer op, epilogue ops) each.
+EXPECTED = {
+    "conv2d_gelu_two_pools": [("conv2d", ["gelu", "max_pool", "avg_pool"])],
+    "convt2d_residual_clone": [("conv_transpose2d", ["add", "mul", "add"])],
+    "conv3d_min_keepdim": [("conv3d", ["min", "softmax"])],
+    "conv2d_softmax_mean": [("conv2d", ["softmax", "mean", "max"])],
+    "conv1d_batchnorm_eval": [("conv1d", ["batch_norm", "relu", "dropout", "adaptive_avg_pool", "flatten"])],
+    "two_chains_cat": [("conv2d", ["relu", "mul"]), ("conv2d", ["sigmoid", "sum"])],
+    "two_chains_matmul": [("conv2d", ["abs", "flatten"]), ("conv2d", ["tanh", "sub"])],
+    "conv2d_groupnorm_scale_clamp": [("conv2d", ["group_norm", "mul", "clamp", "minimum"])],
+    "conv3d_instancenorm_leaky_sub": [("conv3d", ["instance_norm", "leaky_relu", "neg", "add", "div", "logsumexp"])],
+    "convt3d_batchnorm_train_pools": [("conv_transpose3d", ["batch_norm", "softplus", "avg_pool", "adaptive_max_pool",
+                                                            "squeeze", "squeeze"])],
+    "conv2d_stops_ceil_mode": [("conv2d", ["hardswish", "elu"])],
+    "conv2d_layernorm_mish": [("conv2d", ["layer_norm", "mish", "silu", "hardsigmoid", "exp", "log", "abs", "sqrt"])],
+    "conv2d_functional_sequential": [("conv2d", ["hardtanh", "relu6", "tanh", "celu", "selu", "sigmoid", "pow", "neg",
+                                                 "clamp"])],
+    "conv2d_shared_output": [],
+}
+
+
+def _intermediates(model: torch.nn.Module, inputs) -> dict[str, torch.Tensor]:
+    """Every fx node's value in the user's model, by node name (the importer traces the same way)."""
+    gm = torch.fx.symbolic_trace(model)
+    interpreter = torch.fx.Interpreter(gm, garbage_collect_values=False)
+    interpreter.run(*inputs)
+    return {node.name: value for node, value in interpreter.env.items()}
+
+
+def _copy_weights(generated: torch.nn.Module, user: torch.nn.Module, weights: dict[str, str]) -> None:
+    """The user's tensors, by the user's names, into the generated Model's (producer, parameters, norms)."""
+    theirs = {**dict(user.named_parameters()), **dict(user.named_buffers())}
+    ours = {**dict(generated.named_parameters()), **dict(generated.named_buffers())}
+    with torch.no_grad():
+        for key, name in weights.items():
+            assert ours[key].shape == theirs[name].shape, (key, name)
+            ours[key].copy_(theirs[name])
+
+
+@pytest.mark.parametrize("stem", sorted(EXPECTED))
+def test_import_matches_the_model(stem: str, tmp_path: Path) -> None:
+    result = import_model(str(MODELS / f"{stem}.py"), tmp_path)
+    found = [(w.chain.producer["op"], [e["op"] for e in w.epilogue]) for w in result.written]
+    assert found == EXPECTED[stem]
+    doc = json.loads((tmp_path / f"{stem}.map.json").read_text())
+    assert [c["config"] for c in doc["chains"]] == [str(w.config) for w in result.written]
+    covered = {n for c in doc["chains"] for n in c["nodes"]}
+    assert covered.isdisjoint(doc["pytorch"])  # each node in one chain or in PyTorch, with why
+    assert all(isinstance(why, str) and why for why in doc["pytorch"].values())
+    if not found:
+        return
+    torch.manual_seed(0)
+    loaded = load_model(str(MODELS / f"{stem}.py"))
+    user = loaded.model.double()
+    inputs = [x.double() for x in loaded.inputs]
+    values = _intermediates(user, inputs)
+    for i, chain in enumerate(doc["chains"]):
+        path = tmp_path / f"{stem}_chain{i}.yaml"
+        assert chain["config"] == str(path)
+        spec = load_config(path)
+        assert spec.name == f"{stem}_chain{i}"
+        plan = make_plan(spec)
+        (tmp_path / f"gen{i}").mkdir()
+        model_py = tmp_path / f"gen{i}" / "model.py"
+        model_py.write_text(render(plan).files["model.py"])
+        generated = import_file(model_py).Model()
+        _copy_weights(generated, user, chain["weights"])
+        generated = generated.double().train(user.training)
+        x = values[_conv_input(user, chain["producer"])]
+        with torch.no_grad():
+            out = generated(x)
+        expected = values[chain["output"]]
+        assert out.shape == expected.shape
+        torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-10)
+
+
+def _conv_input(user: torch.nn.Module, producer: str) -> str:
+    """The name of the node feeding the convolution ``producer``."""
+    gm = torch.fx.symbolic_trace(user)
+    node = next(n for n in gm.graph.nodes if n.name == producer)
+    return node.args[0].name
+
+
+def test_parameters_keep_the_users_names(tmp_path: Path) -> None:
+    result = import_model(str(MODELS / "conv2d_groupnorm_scale_clamp.py"), tmp_path)
+    spec = load_config(result.written[0].config)
+    assert [p.name for p in spec.parameters] == ["scale"]
+    assert result.written[0].weights["scale"] == "scale"
+    assert result.written[0].weights["group_norm_0.weight"] == "group_norm.weight"
+    text = result.written[0].config.read_text()
+    assert "trained values come from the model" in text
+
+
+def test_modes_are_kept(tmp_path: Path) -> None:
+    eval_bn = import_model(str(MODELS / "conv1d_batchnorm_eval.py"), tmp_path / "a").written[0].epilogue
+    assert eval_bn[0] == {"op": "batch_norm", "eps": 1e-3, "momentum": 0.05, "affine": True, "training": False}
+    assert eval_bn[2] == {"op": "dropout", "p": 0.3, "training": False}
+    train_bn = import_model(str(MODELS / "convt3d_batchnorm_train_pools.py"), tmp_path / "b").written[0].epilogue
+    assert train_bn[0]["training"] is True
+
+
+def test_stop_reasons_are_named(tmp_path: Path) -> None:
+    result = import_model(str(MODELS / "conv2d_stops_ceil_mode.py"), tmp_path)
+    assert "ceil_mode=True" in result.written[0].chain.end
+    assert "ceil_mode=True" in result.pytorch["pool"]
+    shared = import_model(str(MODELS / "conv2d_shared_output.py"), tmp_path)
+    assert not shared.written and "also read by" in shared.pytorch["conv"]
+
+
+def test_cli_import(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["import", str(MODELS / "two_chains_cat.py"), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "chain0 -> " in result.output and "chain1 -> " in result.output
+    assert "cat: PyTorch: " in result.output and "not in the vocabulary" in result.output
+    assert sorted(p.name for p in out.iterdir()) == ["two_chains_cat.map.json", "two_chains_cat_chain0.yaml",
+                                                      "two_chains_cat_chain1.yaml"]
+
+
+def test_cli_no_chain_is_success(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["import", str(MODELS / "conv2d_shared_output.py"), "-o", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "no chain found" in result.output
+
+
+@pytest.mark.parametrize("argument, expected", [
+    ("missing_model.py", "no such file"),
+    ("no_model_class.py", "class Model"),
+    ("fusetune.importer:no_such_factory", "not found"),
+])
+def test_cli_bad_model_argument(argument: str, expected: str, tmp_path: Path) -> None:
+    target = str(MODELS / argument) if argument.endswith(".py") else argument
+    result = CliRunner().invoke(main, ["import", target, "-o", str(tmp_path / "out"), "--inputs", "2,3,8,8"])
+    assert result.exit_code == 2, result.output
+    assert expected in result.output and argument.split(":")[0] in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_untraceable_model(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["import", str(MODELS / "untraceable.py"), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 1
+    assert "torch.fx cannot trace" in result.output and "untraceable.py" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_factory_with_inputs(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(MODELS))
+    result = CliRunner().invoke(main, ["import", "two_chains_cat:Model", "-o", str(tmp_path), "--inputs", "2,3,10,10"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "Model_chain1.yaml").exists()
+
+
+def test_resnet18_every_conv_is_a_chain(tmp_path: Path) -> None:
+    torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed (not on CI)")
+    result = import_model("torchvision.models:resnet18", tmp_path, [(2, 3, 64, 64)])
+    convs = [n.name for n in result.gm.graph.nodes
+             if n.op == "call_module" and isinstance(result.gm.get_submodule(n.target), torch.nn.Conv2d)]
+    assert len(convs) == 20
+    assert sorted(w.chain.producer_node for w in result.written) == sorted(convs)
+    assert all(w.epilogue[0]["op"] == "batch_norm" for w in result.written)
+    del torchvision

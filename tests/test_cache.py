@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from fusetune.cache import SCHEMA, Cache, Entry, atomic_write_text, make_key
+from fusetune.cache import SCHEMA, Cache, Entry, atomic_write_bytes, atomic_write_text, make_key
 from fusetune.config import load_config
 from fusetune.search import Machine, key_fields
 
@@ -216,7 +216,7 @@ def test_atomic_write_failure_keeps_the_old_file_and_no_temp(tmp_path):
     target = tmp_path / "file.json"
     atomic_write_text(target, "old")
     with pytest.raises(TypeError):
-        atomic_write_text(target, 12345)  # type: ignore[arg-type]  # fails mid-write
+        atomic_write_bytes(target, 12345)  # type: ignore[arg-type]  # fails mid-write, the temporary file open
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["file.json"]
 

@@ -135,15 +135,20 @@ def main(ctx: click.Context, cache_dir: str | None) -> None:
 
 @main.command()
 @click.argument("configs", nargs=-1, required=True, type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="One JSON document: per config its regions, worlds and space.")
 @_fail_cleanly
-def plan(configs: tuple[str, ...]) -> None:
+def plan(configs: tuple[str, ...], as_json: bool) -> None:
     """Show how each config's chain is fused and the space searched (no GPU needed)."""
     from fusetune.codegen import plan_space
     from fusetune.plan import make_plan
 
+    documents = []
     for spec in [load_config(c) for c in configs]:
         plan_ = make_plan(spec)
         space = plan_space(plan_)
+        if as_json:
+            documents.append(_plan_document(spec, plan_, space))
+            continue
         click.echo(f"{spec.name}: {plan_.describe()}")
         for line in plan_.regions():
             click.echo(f"  {line}")
@@ -155,6 +160,19 @@ def plan(configs: tuple[str, ...]) -> None:
                 when = f" [when {p.when or family.when}]" if (p.when or family.when) else ""
                 click.echo(f"  {family.family}.{p.name}: {list(p.choices)} default {p.default} ({kind}){when} - {p.doc}")
         click.echo(f"  {sum(1 for _ in space.all())} distinct candidates (before each shape's constraints)")
+    if as_json:
+        click.echo(json.dumps(documents, indent=1))
+
+
+def _plan_document(spec, plan_, space) -> dict:
+    """What ``fusetune plan`` shows, as data: the fused region and the PyTorch tail (each op with the
+    config entries it stands for), why the kernels stop, the worlds offered with their stages, the
+    worlds not offered with why, and the size of the space."""
+    def steps(region) -> list[dict]:
+        return [{"op": step.op.kind, "entries": list(step.entries)} for step in region]
+    return {"config": spec.path, "name": spec.name, "fused": steps(plan_.head), "pytorch": steps(plan_.tail),
+            "ends": plan_.ends, "worlds": {impl: list(stages) for impl, stages in plan_.impl_stages.items()},
+            "not_offered": plan_.unoffered, "candidates": sum(1 for _ in space.all())}
 
 
 @main.command()

@@ -17,7 +17,7 @@ from fusetune.plan import make_plan
 from fusetune.search import Machine, shape_facts, tune_shape
 from fusetune.space import candidate_key
 
-from conftest import CONFIGS, SEEDS
+from conftest import CONFIGS, ROOT, SEEDS
 from fake_handlers import FakeBench, fake_time
 
 MACHINE = Machine("FakeGPU", "9.0", "13.0", "2.13")
@@ -396,3 +396,17 @@ def test_deploy_reports_undecodable_and_duplicate_key_configs_and_tunes_the_rest
     report = ensure_tuned(folder, Cache(tmp_path / "c2"), 50.0, lambda *a: FakeBench().factory, MACHINE,
                           echo=lambda s: None)
     assert report.tuned == ["one [2, 3, 9, 11]"] and len(report.fallback) == 2 and not report.ok
+
+
+def test_plan_json_is_the_regions_and_worlds_as_data():
+    """`fusetune plan --json`: one document a config, the fused ops and the PyTorch tail by config entry,
+    why the kernels stop, the worlds offered (with their stages) and not (with why)."""
+    chain = ROOT / "tests" / "chains" / "conv2d_logsumexp_channels_relu.yaml"
+    result = CliRunner().invoke(main, ["plan", "--json", str(SEEDS["groupnorm"]), str(chain)])
+    assert result.exit_code == 0, result.output
+    seed, tail = json.loads(result.output)
+    assert seed["name"] == "conv2d_groupnorm_scale_maxpool_clamp" and seed["pytorch"] == [] and seed["ends"] is None
+    assert [s["op"] for s in seed["fused"]] == ["group_norm", "mul", "max_pool", "clamp"]
+    assert seed["worlds"]["gemm_extrema"] == ["gemm_stats", "finalize", "extrema_map"] and seed["worlds"]["eager"] == []
+    assert tail["fused"] == [] and [s["op"] for s in tail["pytorch"]] == ["reduce", "relu"]
+    assert "logsumexp runs in PyTorch" in tail["ends"] and tail["candidates"] > 1

@@ -1,6 +1,7 @@
 """Shared helpers for the CPU-only test suite."""
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import itertools
 import sys
@@ -31,6 +32,15 @@ def import_file(path: Path):
     except BaseException:
         del sys.modules[name]
         raise
+    return module
+
+
+def import_script(name: str):
+    """Import one of scripts/ (files without a .py suffix) as a fresh module, to test what needs no GPU."""
+    loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"), str(ROOT / "scripts" / name))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
     return module
 
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import importlib.machinery
-import importlib.util
 import math
 import os
 import re
@@ -34,7 +32,7 @@ from fusetune.cli import main
 from fusetune.config import TOP_KEYS, load_config
 from fusetune.plan import make_plan
 
-from conftest import ROOT, import_file
+from conftest import ROOT, import_file, import_script
 
 CHAINS_DIR = ROOT / "tests" / "chains"
 CHAINS = sorted(CHAINS_DIR.glob("*.yaml"))
@@ -390,11 +388,7 @@ def test_chain_header_compiles_for_sm90_without_spills(headers_compiled, path):
 # ------------------------------------------------------------------------------------------------------
 
 def _verify_chains():
-    loader = importlib.machinery.SourceFileLoader("verify_chains", str(ROOT / "scripts" / "verify-chains"))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return import_script("verify-chains")
 
 
 def test_verify_chains_arguments():

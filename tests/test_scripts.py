@@ -1,19 +1,11 @@
 """scripts/gpu-tests-split's dealing of the GPU tests over cards (the part that needs no GPU)."""
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import import_script
 
 
 def _split_module():
-    loader = importlib.machinery.SourceFileLoader("gpu_tests_split", str(ROOT / "scripts" / "gpu-tests-split"))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return import_script("gpu-tests-split")
 
 
 FILE = "tests/test_gpu.py::"

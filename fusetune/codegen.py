@@ -8,21 +8,22 @@ build directory.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 from pathlib import Path
 from typing import Any, Sequence
 
 from fusetune import __version__
 from fusetune.cache import atomic_write_text
+from fusetune.dtypes import DTYPES
 from fusetune.ops import Elementwise
 from fusetune.plan import Plan
 from fusetune.regions import reference_attr
-from fusetune.space import PlanSpace, load_family
+from fusetune.space import Constraint, FamilySpace, ParamSpec, PlanSpace, load_family
 from fusetune.templates import environment
-from fusetune.tiles import (FOOTPRINT_MAX, WIDE_BLOCK, WIDE_BN, cluster_boxes, gemm_k, gemm_tile, wide_axes,
-                            wide_channel_chunk, wide_cin_padded, wide_depth, wide_depths, wide_folds,
-                            wide_folds_aligned, wide_pool_fits, wide_rows_fit, wide_slab_stride, wide_workspace_words)
+from fusetune.tiles import (FOOTPRINT_MAX, WIDE_BLOCK, WIDE_BN, gemm_k, gemm_tile, wide_axes, wide_channel_chunk,
+                            wide_cin_padded, wide_depth, wide_folds, wide_folds_aligned, wide_slab_stride,
+                            wide_workspace_words)
+from fusetune.worlds import WORLDS, all_facts, launches, refusals
 
 #: Flags for nvcc; part of every cache key. No fast-math: it changes rounding of rsqrt and division.
 CUDA_FLAGS = ("-O3", "-lineinfo", "-std=c++17")
@@ -51,44 +52,51 @@ class RenderedModule:
 
 
 def plan_space(plan: Plan) -> PlanSpace:
-    """The producer's own choices (where the convolution runs; cuDNN's layout and form), then each
-    kernel stage's declared space."""
-    return PlanSpace(families=(load_family("producer"),) + tuple(load_family(stage) for stage in plan.stages),
-                     plan_facts=plan_facts(plan))
+    """The producer's own choices (where the convolution runs: a world of the registry; cuDNN's layout
+    and form), then each kernel stage's declared space, active under the worlds whose stages hold it."""
+    offered = plan.impl_stages
+    stages = tuple(_stage_family(load_family(stage), offered) for stage in plan.stages)
+    return PlanSpace(families=(producer_family(plan),) + stages, plan_facts=plan_facts(plan))
+
+
+def producer_family(plan: Plan) -> FamilySpace:
+    """templates/producer.yaml's choices (cuDNN's layout and form, gemm_store's store), after
+    producer.impl: one choice per world (fusetune.worlds.WORLDS, in its order), a world that does not
+    take the region refused by a constraint that says the world's own why, and a world on a GPU older
+    than its kernels need by one that says so."""
+    declared = load_family("producer")
+    impl = ParamSpec(name="impl", choices=tuple(WORLDS), default="cudnn", compile_time=False,
+                     doc="where the convolution runs (fusetune/worlds/): "
+                         + "; ".join(f"{name}: {world.doc}" for name, world in WORLDS.items()))
+    refused = tuple(Constraint(expr=f"impl != {name!r}", why=f"the {name} world does not take this region: {why}")
+                    for name, why in refusals(plan).items())
+    by_sm: dict[int, list[str]] = {}
+    for name, world in WORLDS.items():
+        if world.min_sm and name in plan.impl_stages:
+            by_sm.setdefault(world.min_sm, []).append(name)
+    gpus = tuple(Constraint(expr=f"impl not in {tuple(names)!r} or sm >= {sm}",
+                            why=f"{', '.join(names)} need a GPU of compute capability {sm // 10}.{sm % 10} or newer")
+                 for sm, names in sorted(by_sm.items()))
+    return dataclasses.replace(declared, params=(impl,) + declared.params,
+                               constraints=refused + gpus + declared.constraints)
+
+
+def _stage_family(family: FamilySpace, offered: dict[str, tuple[str, ...]]) -> FamilySpace:
+    """A stage's declared space, active where the chosen world runs it (and where its own ``when``, if
+    it declares one, holds)."""
+    worlds = tuple(name for name, stages in offered.items() if family.family in stages)
+    when = f"impl in {worlds!r}"
+    return dataclasses.replace(family, when=f"({when}) and ({family.when})" if family.when else when)
 
 
 def plan_facts(plan: Plan) -> dict[str, Any]:
-    """What the plan offers, by name, for the spaces' ``when`` and constraints."""
-    return {"family": plan.family or "none", "direct": int(plan.direct), "direct_cells": plan.direct_cells,
-            "gemm": int(plan.gemm), "gemm_th": plan.gemm_th, "extrema": int(plan.extrema),
-            "gemm_store": int(bool(plan.gemm_store_stages)), "half_store": int(plan.half_store),
-            "spectral": int(plan.spectral), "cluster": int(plan.cluster),
-            "cluster_boxes": cluster_boxes(plan.spec.producer.geometry()) if plan.cluster else {},
+    """What the plan offers, by name, for the spaces' ``when`` and constraints: the region's own facts,
+    the worlds that take it, and each world's facts (fusetune.worlds)."""
+    return {"family": plan.family or "none", "offered_impls": tuple(plan.impl_stages),
             "pool_sh": plan.pool_window[1][1], "pool_sw": plan.pool_window[1][2],
             "forward_form": int(plan.spec.producer.has_forward_form),
             "spatial_dims": plan.spec.producer.spatial_dims,  # 1: torch has no channels-last format
-            **_wide_facts(plan)}
-
-
-def _wide_facts(plan: Plan) -> dict[str, Any]:
-    """The K-tiled world's facts: whether its statistics pass and its main kernel are offered, the
-    pipeline depth of each (bm, bn, blocks) (0: not within the shared memory) and staging, and
-    ``wide_rows_fit(bm, H, W, staging)``: whether the input rows that bm outputs read fit a staged
-    channel at output height H and width W (tiles.wide_rows_fit, the launcher's check), and
-    ``wide_main_rows_fit``, the same for wide_main's boxes (where the chain pools, whole windows);
-    ``wide_pool_fits(bm, bn, wm, blocks, staging)``: whether wide_main can pool such a box
-    (tiles.wide_pool_fits; true without a pool)."""
-    offered = {"wide": int(plan.wide), "wide_main": int(plan.wide_main)}
-    if not plan.wide_kernels:
-        return {**offered, "wide_depth": {}, "wide_pool_fits": lambda *variant: False,
-                "wide_rows_fit": lambda *shape: False, "wide_main_rows_fit": lambda *shape: False}
-    conv = plan.spec.producer.geometry()
-    window = plan.pool_window if plan.pool is not None else None
-    pools = functools.partial(wide_pool_fits, conv) if plan.pool is not None else lambda *variant: True
-    # Memoized: every candidate of a space asks them again with one of a few dozen arguments.
-    return {**offered, "wide_depth": wide_depths(conv), "wide_pool_fits": functools.cache(pools),
-            "wide_rows_fit": functools.cache(functools.partial(wide_rows_fit, conv)),
-            "wide_main_rows_fit": functools.cache(functools.partial(wide_rows_fit, conv, window=window))}
+            **all_facts(plan)}
 
 
 def _chain(ops: Sequence[Elementwise], v: str, slots: dict[str, int], plain: bool = False) -> str:
@@ -146,7 +154,7 @@ def _units(env, plan: Plan, variants: dict[str, list[dict[str, Any]]], context: 
         names = {"C": plan.spec.producer.out_channels, **plan_facts(plan)}
         compiled = [family.compiles(variant, names) for variant in variants[stage]]
         units[f"{stage}.cu"] = env.get_template("dispatch.cu.j2").render(stage=stage, variants=variants[stage],
-                                                                         compiled=compiled)
+                                                                         compiled=compiled, dtype=context["dtype"])
         for i, variant in enumerate(variants[stage]):
             if compiled[i]:
                 units[f"{stage}_{i}.cu"] = header + template.render(variants=[variant], unit=i, stage=stage, **context)
@@ -167,8 +175,11 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         variants[stage] = [v for v in variants[stage] if v in wanted]
     norm = plan.norm
     conv = plan.spec.producer.geometry()
+    facts = plan_facts(plan)
     context: dict[str, Any] = {
         "plan": plan, "spec": plan.spec, "version": __version__, "py": repr,
+        "facts": facts,  # what the worlds offer (codegen.plan_facts): the templates' world-specific branches
+        "dtype": DTYPES[plan.spec.dtype],  # the tensors' element type in the kernels, the binding and model.py
         "chain": lambda ops, v: _chain(ops, v, slots),
         "chain_plain": lambda ops, v: _chain(ops, v, slots, plain=True),
         "pool": _pool_window(plan), "strategy_id": STRATEGIES.__getitem__,
@@ -188,7 +199,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         # staged input's capacity per channel and its pipeline depth (wide_main's beside that fold).
         "wide": {"axes": wide_axes(conv), "ck": wide_channel_chunk(conv["cin"]),
                  "cin_pad": wide_cin_padded(conv["cin"]), "block": WIDE_BLOCK, "bn_min": min(WIDE_BN),
-                 "workspace": wide_workspace_words(conv) if plan.wide_kernels else 0,
+                 "workspace": wide_workspace_words(conv) if facts["wide"] or facts["wide_main"] else 0,
                  "folds": plan.pool is not None and wide_folds(conv),
                  "fold_aligned": plan.pool is not None and wide_folds_aligned(conv, plan.pool_window)},
         "wide_tile": lambda variant, fold=False: {"cs": wide_slab_stride(conv, variant["bm"], variant["staging"]),
@@ -205,7 +216,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         submodules=submodules, forward_lines=lines, norm_attr=norm_attr, cuda_sources=list(sources),
         tail_lines=[step.op.forward_code("x", step.attr) for step in plan.tail],
         reads_producer=any(op.uses_producer() for op in plan.spec.epilogue),
-        tail_reads_producer=any(step.op.uses_producer() for step in plan.tail), **context)
+        tail_reads_producer=any(step.op.uses_producer() for step in plan.tail), worlds=launches(plan), **context)
     files = {**sources, "binding.cpp": binding, "model.py": model}
     full = hashlib.sha256("".join(files[k] for k in sorted(files)).encode()).hexdigest()[:16]
     return RenderedModule(name=name, files=files, source_hash=full)

@@ -113,7 +113,7 @@ class Producer:
         """Whether this transposed convolution is the full linear convolution of its input with its
         weights (stride 1, no padding or output padding): every product lands in the output, none
         cropped, so zero-padded to the output's size its spectrum is the product of theirs (the
-        spectral world, plan.spectral)."""
+        spectral world, fusetune/worlds/spectral.py)."""
         return (self.transposed and all(s == 1 for s in self.stride) and not any(self.padding)
                 and not any(self.output_padding))
 

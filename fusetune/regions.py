@@ -15,7 +15,15 @@ lands in the kernels rather than in PyTorch:
     that puts the dim back; ``amax``/``amin`` are ``max``/``min`` (the same values);
   * a view before an op that maps each value alone moves after it (the values are the same);
   * non-overlapping pools of one mode in a row compose into one pool of the product window
-    (floor mode: floor(floor(s / a) / b) = floor(s / ab) windows, each the same inputs).
+    (floor mode: floor(floor(s / a) / b) = floor(s / ab) windows, each the same inputs);
+  * instance norm cancels a per-channel constant added before it (the producer's bias, through a
+    chain of per-channel mul/div/add): the norm's step is marked, and the convolution runs without bias;
+  * a spatial mean (or sum) right after a batch, group or instance norm is the norm's affine map applied
+    to the plane's mean, which the statistics pass already has: the reduction's step is marked, and
+    finalize computes the output (no main pass at all).
+
+The rules are data (``RULES``: a name, a doc, and the function that applies it), run in order, and
+the plan records which of them changed or marked the chain (``fusetune plan`` lists them).
 
 Each rewritten op remembers the reference model's attribute it reads (a norm's module), so that the
 part that runs in PyTorch uses the very modules of the reference.
@@ -26,7 +34,8 @@ import dataclasses
 from typing import Callable, Sequence
 
 from fusetune.config import ProblemSpec
-from fusetune.ops import (AdaptivePool, DimReduce, Flatten, Op, Pool, Shape, SpatialReduce, Unsqueeze)
+from fusetune.ops import (Add, AdaptivePool, DimReduce, Div, Flatten, Mul, Norm, Op, Pool, Reduce, Shape,
+                          SpatialReduce, Unsqueeze)
 from fusetune.ops.reduce import KERNEL_MODES
 
 #: amax/amin hold the same values as max/min without indices.
@@ -41,6 +50,8 @@ class Step:
     op: Op
     attr: str | None
     entries: tuple[int, ...]
+    #: What rules found of this step in its chain (CANCELS_BIAS, FROM_STATISTICS), for the planner.
+    marks: tuple[str, ...] = ()
 
     @property
     def where(self) -> str:
@@ -54,13 +65,85 @@ def reference_attr(spec: ProblemSpec, i: int) -> str | None:
     return f"{op.kind}_{i}" if op.module_code(spec.producer.out_channels, spec.producer.spatial_dims) else None
 
 
-def rewrite(spec: ProblemSpec) -> tuple[Step, ...]:
+#: A norm step marked so cancels the producer's bias: the convolution runs without it.
+CANCELS_BIAS = "cancels_bias"
+#: A reduction step marked so is computed by finalize from the norm's statistics: no main pass.
+FROM_STATISTICS = "from_statistics"
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One exact rewrite of a chain: ``apply`` returns the chain after it (the same steps where it does
+    not apply); it may replace steps or mark them for the planner."""
+
+    name: str
+    doc: str
+    apply: Callable[[list[Step], ProblemSpec], list[Step]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rewritten:
+    """A config's chain after the rules, and the names of those that changed or marked it."""
+
+    steps: tuple[Step, ...]
+    fired: tuple[str, ...]
+
+
+def rewrite(spec: ProblemSpec) -> Rewritten:
     """The config's chain after every rule, in order (each rule runs over the whole chain once)."""
     steps = [Step(op, reference_attr(spec, i), (i,)) for i, op in enumerate(spec.epilogue)]
-    rank = 2 + spec.producer.spatial_dims
-    for rule in (_drop_identity, _merge_reductions, _kernel_reductions, _sink_views, _compose_pools):
-        steps = rule(steps, rank)
-    return tuple(steps)
+    fired: list[str] = []
+    for rule in RULES:
+        after = rule.apply(steps, spec)
+        if after != steps:
+            fired.append(rule.name)
+        steps = after
+    return Rewritten(tuple(steps), tuple(fired))
+
+
+def affine(ops: Sequence[Op]) -> bool:
+    """Whether a chain of elementwise ops is an affine map per channel (mul, div and add by numbers or
+    per-channel parameters; not by the convolution's own output)."""
+    return all(isinstance(op, (Mul, Div, Add)) and not op.uses_producer() for op in ops)
+
+
+def _ranked(rule: Callable[[list[Step], int], list[Step]]) -> Callable[[list[Step], ProblemSpec], list[Step]]:
+    """A rule over the chain and its input's rank (the convolution output's)."""
+    return lambda steps, spec: rule(steps, 2 + spec.producer.spatial_dims)
+
+
+def _mark(step: Step, mark: str) -> Step:
+    return dataclasses.replace(step, marks=step.marks + (mark,))
+
+
+def _norm_cancels_bias(steps: list[Step], spec: ProblemSpec) -> list[Step]:
+    """Instance norm subtracts each (sample, channel) plane's mean, so a per-channel constant added
+    before it (the producer's bias, through mul/div/add by numbers or per-channel parameters, which
+    keep it a per-channel constant) cancels exactly: the first norm, where it is an instance norm after
+    an affine chain, is marked."""
+    if not spec.producer.bias:
+        return steps
+    first = next((i for i, step in enumerate(steps) if isinstance(step.op, Norm)), None)
+    if first is None or steps[first].op.scope != "instance" or not affine([s.op for s in steps[:first]]):
+        return steps
+    return steps[:first] + [_mark(steps[first], CANCELS_BIAS)] + steps[first + 1:]
+
+
+#: The norms whose statistics pass gives each plane's mean (not eval-mode batch norm's running ones).
+_STATISTICS_SCOPES = ("batch", "group", "instance")
+
+
+def _mean_of_norm(steps: list[Step], spec: ProblemSpec) -> list[Step]:
+    """A spatial mean (or sum) right after a batch, group or instance norm: the norm is an affine map per
+    (sample, channel) plane, so the mean of its output is that map of the plane's mean, which the
+    statistics pass already has; finalize applies it and no main pass runs. The reduction is marked."""
+    out = list(steps)
+    for i in range(1, len(out)):
+        norm, op = out[i - 1].op, out[i].op
+        if (isinstance(norm, Norm) and norm.scope in _STATISTICS_SCOPES and isinstance(op, Reduce)
+                and op.over == "spatial" and op.mode in ("mean", "sum")):
+            out[i] = _mark(out[i], FROM_STATISTICS)
+    return out
 
 
 def shapes_of(steps: Sequence[Step], shape: Shape) -> list[Shape]:
@@ -176,3 +259,20 @@ def _compose_pools(steps: list[Step], rank: int) -> list[Step]:
         window = tuple(x * y for x, y in zip(a.op.kernel_size, b.op.kernel_size))
         return [Step(type(a.op)(kernel_size=window, stride=window), None, a.entries + b.entries)]
     return _pairwise(steps, merge, rank)
+
+
+#: Every rule, in the order it runs: the later ones read the forms the earlier ones leave.
+RULES: tuple[Rule, ...] = (
+    Rule("drop_identity", "dropout that is the identity (eval mode, or p = 0) is dropped", _ranked(_drop_identity)),
+    Rule("merge_reductions", "reductions of one mode in a row, over disjoint dims, merge into one",
+         _ranked(_merge_reductions)),
+    Rule("kernel_reductions", "a reduction over every spatial dim or over the channels is the kernels' own, "
+         "with a view that restores PyTorch's shape", _ranked(_kernel_reductions)),
+    Rule("sink_views", "a view before an op that maps each value alone moves after it", _ranked(_sink_views)),
+    Rule("compose_pools", "non-overlapping pools of one mode in a row compose into one of the product window",
+         _ranked(_compose_pools)),
+    Rule("norm_cancels_bias", "instance norm cancels the producer's bias added through an affine chain before "
+         "it: the convolution runs without bias", _norm_cancels_bias),
+    Rule("mean_of_norm", "a spatial mean or sum right after a batch, group or instance norm is finalize's map of "
+         "the plane means: no main pass", _mean_of_norm),
+)

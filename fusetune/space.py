@@ -10,12 +10,15 @@ A family (or one parameter) may declare ``when``: an expression over the produce
 of codegen.plan_facts) under which it matters at all. Where it does not, the candidate is
 canonical with the declared default there, so the search never times the same kernels twice
 under two names (cuDNN's layout means nothing to a kernel that computes the convolution itself).
+A stage family's own ``when`` comes from the worlds (codegen.plan_space): it matters where the chosen
+world's stages hold it; the producer's ``impl`` and its constraints come from fusetune.worlds too.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import itertools
+from pathlib import Path
 from types import CodeType
 from typing import Any, Iterator, Mapping
 
@@ -99,10 +102,21 @@ _FIXED = FamilySpace(family="finalize", doc="norm statistics to affine maps", pa
 
 
 def load_family(family: str) -> FamilySpace:
-    """Read ``<family>.yaml`` beside the template; a broken declaration is our bug, said plainly."""
+    """Read ``<family>.yaml`` beside the template; a broken declaration is our bug, said plainly.
+    Read once per file version (its path, size and modification time): every render of a plan reads
+    its families again, and parsing them was most of a warm ``fusetune.optimize``."""
     if family == "finalize":
         return _FIXED
     path = find_template(f"{family}.yaml")
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise FusetuneError(f"{path}: broken template space declaration: {exc!r}") from None
+    return _read_family(family, path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _read_family(family: str, path: Path, mtime_ns: int, size: int) -> FamilySpace:
     try:
         raw = yaml.safe_load(path.read_text())
         params = tuple(

@@ -12,7 +12,7 @@ from fusetune.bench import (PEAK_FLOPS_PER_SM_CLOCK, compute_units, conv_flops, 
                             kernel_bytes, kernel_rows, spectral_flops, table)
 from fusetune.config import load_config, parse_config
 from fusetune.plan import make_plan
-from fusetune.space import load_family
+from fusetune.worlds import WORLDS
 
 from conftest import SEEDS
 
@@ -39,8 +39,7 @@ def test_epilogue_bytes_read_the_conv_output_once_per_pass():
 
 def test_peaks_are_hopper_dense_rates_of_each_worlds_units():
     assert PEAK_FLOPS_PER_SM_CLOCK == {"FP32": 256, "TF32": 2048}
-    impls = load_family("producer").params[0].choices
-    units = {impl: compute_units(impl) for impl in impls if impl not in ("cudnn", "eager")}  # no kernels of their own
+    units = {impl: compute_units(impl) for impl, world in WORLDS.items() if world.computes_conv_inside}
     assert units == {"direct": "FP32", "gemm": "TF32", "gemm_extrema": "TF32", "gemm_store": "TF32",
                      "gemm_cluster": "TF32", "gemm_wide": "TF32", "gemm_wide_recompute": "TF32",
                      "spectral": "FP32"}

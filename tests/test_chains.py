@@ -266,7 +266,7 @@ def _probe_args(params: str) -> str | None:
 def _header_stage(plan) -> str:
     """The stage whose header is compiled: the cuDNN world's main kernel (no convolution inside it), else its
     statistics pass."""
-    stages = [s for s in plan.cudnn_stages if s != "finalize"]
+    stages = [s for s in plan.impl_stages["cudnn"] if s != "finalize"]
     return stages[-1] if stages else "window_map"
 
 

@@ -11,6 +11,9 @@ from fusetune.config import load_config, parse_config
 from fusetune.errors import PlanError
 from fusetune.plan import make_plan
 from fusetune.tiles import gemm_fits
+from fusetune.worlds import WORLDS, conv_passes, refusals
+from fusetune.worlds import all_facts as world_facts
+from fusetune.worlds.facts import pool_at_extremes, pool_increasing
 
 from conftest import SEEDS
 
@@ -25,6 +28,21 @@ EXPECTED = {
     "batchnorm": (("stats", "finalize"), None, False, (), ()),
     "maxpool_gap": (("plane_reduce",), "plane_reduce", False, ("direct_main",), ()),
 }
+
+
+def offers(plan, impl: str) -> bool:
+    """Whether the world ``impl`` takes the plan's region (fusetune.worlds)."""
+    return impl in plan.impl_stages
+
+
+def world_stages(plan, impl: str) -> tuple[str, ...]:
+    """The world's stages for the region, empty where it does not take it."""
+    return plan.impl_stages.get(impl, ())
+
+
+def fact(plan, name: str) -> bool:
+    """A world's yes/no fact of the region (codegen.plan_facts), as a bool."""
+    return bool(world_facts(plan)[name])
 
 
 def _raw(key: str) -> dict:
@@ -42,28 +60,28 @@ def _plan(key: str, epilogue: list, **producer):
 def test_seed_plans(key):
     plan = make_plan(load_config(SEEDS[key]))
     stages, family, drop_bias, direct, gemm = EXPECTED[key]
-    assert plan.cudnn_stages == stages and plan.direct_stages == direct and plan.gemm_stages == gemm
-    assert plan.direct is bool(direct) and plan.gemm is bool(gemm)
+    assert plan.impl_stages["cudnn"] == stages and world_stages(plan, "direct") == direct and world_stages(plan, "gemm") == gemm
+    assert offers(plan, "direct") is bool(direct) and offers(plan, "gemm") is bool(gemm)
     # The convolution once (gemm_extrema) where a norm's monotone chain ends in a max pool: conv2d.
-    assert plan.extrema is (key == "groupnorm")
-    extrema = ("gemm_stats", "finalize", "extrema_map") if plan.extrema else ()
-    assert plan.gemm_extrema_stages == extrema
+    assert offers(plan, "gemm_extrema") is (key == "groupnorm")
+    extrema = ("gemm_stats", "finalize", "extrema_map") if offers(plan, "gemm_extrema") else ()
+    assert world_stages(plan, "gemm_extrema") == extrema
     # The statistics from spectra where the output is a full transposed convolution's norm statistics alone.
     spectral = ("spectral_stats", "finalize") if key == "batchnorm" else ()
-    assert plan.spectral is bool(spectral) and plan.spectral_stages == spectral
+    assert offers(plan, "spectral") is bool(spectral) and world_stages(plan, "spectral") == spectral
     # One kernel on a thread-block cluster per sample where the norm's statistics lie within a sample.
     cluster = ("gemm_cluster",) if key in ("groupnorm", "instancenorm") else ()
-    assert plan.cluster is bool(cluster) and plan.cluster_stages == cluster
+    assert offers(plan, "gemm_cluster") is bool(cluster) and world_stages(plan, "gemm_cluster") == cluster
     # The K-tiled tensor-core kernel where a norm needs statistics of a convolution the others do not take.
     wide = ("wide_stats", "finalize") if key == "batchnorm" else ()
-    assert plan.wide is bool(wide) and plan.wide_stages == wide
+    assert fact(plan, "wide") is bool(wide) and world_stages(plan, "gemm_wide") == wide
     # ... whose main kernel takes no seed: none left for it, the gemm world's convolutions, and the
     # transposed max-pool seed's 16 channels, the direct kernels' (a tile of 64 would multiply zeros)
-    assert not plan.wide_main and plan.wide_recompute_stages == ()
+    assert not fact(plan, "wide_main") and world_stages(plan, "gemm_wide_recompute") == ()
     assert plan.stages == tuple(dict.fromkeys(stages + direct + gemm + extrema + cluster + wide + spectral))  # finalize serves every world
     # The convolution once, written out (gemm_store), wherever the gemm world has two passes.
     store = ("gemm_stats", "finalize", family) if len(gemm) == 3 else ()
-    assert plan.gemm_store_stages == store
+    assert world_stages(plan, "gemm_store") == store
     assert list(plan.impl_stages) == (["cudnn"] + ["direct"] * bool(direct) + ["gemm"] * bool(gemm)
                                       + ["gemm_extrema"] * bool(extrema) + ["gemm_store"] * bool(store)
                                       + ["gemm_cluster"] * bool(cluster) + ["gemm_wide"] * bool(wide)
@@ -76,27 +94,27 @@ def test_seed_plans(key):
 
 def test_direct_kernels_only_where_they_fit():
     # 8 x 64 x 3 x 3 weights fit; 8 x 256 x 3 x 3 (18432 floats, 72 KB) do not.
-    assert _plan("groupnorm", [{"op": "relu"}]).direct
-    assert not _plan("groupnorm", [{"op": "relu"}], out_channels=256).direct
+    assert offers(_plan("groupnorm", [{"op": "relu"}]), "direct")
+    assert not offers(_plan("groupnorm", [{"op": "relu"}], out_channels=256), "direct")
     # channels not a multiple of 2 (the smallest channel tile), and a channel reduction over more than 32
-    assert not _plan("groupnorm", [{"op": "relu"}], out_channels=31).direct
-    assert not _plan("groupnorm", [{"op": "max", "dim": 1}], out_channels=64).direct
-    assert _plan("groupnorm", [{"op": "max", "dim": 1}], out_channels=32).direct
+    assert not offers(_plan("groupnorm", [{"op": "relu"}], out_channels=31), "direct")
+    assert not offers(_plan("groupnorm", [{"op": "max", "dim": 1}], out_channels=64), "direct")
+    assert offers(_plan("groupnorm", [{"op": "max", "dim": 1}], out_channels=32), "direct")
 
 
 def test_tensor_core_kernels_only_where_they_fit():
-    assert _plan("groupnorm", [{"op": "relu"}]).gemm
+    assert offers(_plan("groupnorm", [{"op": "relu"}]), "gemm")
     # channels in whole MMA tiles of 8, at most 64 of them, and not transposed
-    assert not _plan("groupnorm", [{"op": "relu"}], out_channels=60).gemm
-    assert not _plan("groupnorm", [{"op": "relu"}], out_channels=72).gemm
-    assert _plan("groupnorm", [{"op": "relu"}], out_channels=40).gemm
-    assert not _plan("maxpool_gap", [{"op": "relu"}]).gemm
+    assert not offers(_plan("groupnorm", [{"op": "relu"}], out_channels=60), "gemm")
+    assert not offers(_plan("groupnorm", [{"op": "relu"}], out_channels=72), "gemm")
+    assert offers(_plan("groupnorm", [{"op": "relu"}], out_channels=40), "gemm")
+    assert not offers(_plan("maxpool_gap", [{"op": "relu"}]), "gemm")
     # weights staged in shared memory: K (in channels x taps, padded to 8) x the channel stride <= 16384 floats
     conv = {"cin": 24, "cout": 64, "kernel": (1, 3, 3), "stride": (1, 1, 1), "transposed": False}
     assert gemm_fits(conv, [((1, 1, 1), (1, 1, 1))])  # 216 x 72
     assert not gemm_fits({**conv, "cin": 240}, [((1, 1, 1), (1, 1, 1))])  # 2160 x 72
     # a large pooling window makes the box, and so its staged input and output, too large
-    assert not _plan("groupnorm", [{"op": "max_pool", "kernel_size": 30}]).gemm
+    assert not offers(_plan("groupnorm", [{"op": "max_pool", "kernel_size": 30}]), "gemm")
 
 
 def test_affine_pre_chains_scale_statistics():
@@ -178,28 +196,28 @@ def test_eval_mode_batch_norm_has_no_stats_stage():
     assert not plan.needs_stats
     assert "stats" not in plan.stages and "finalize" in plan.stages
     # no statistics pass, so finalize cannot produce the plane means itself: a main pass is needed
-    assert plan.cudnn_stages == ("finalize", "plane_reduce")
+    assert plan.impl_stages["cudnn"] == ("finalize", "plane_reduce")
 
     plan = _plan("batchnorm", [{"op": "batch_norm", "training": False}, {"op": "relu"}])
-    assert plan.cudnn_stages == ("finalize", "window_map")
+    assert plan.impl_stages["cudnn"] == ("finalize", "window_map")
 
 
 def test_norm_then_mean_needs_no_main_pass_only_without_mid_ops_or_pool():
-    assert _plan("batchnorm", [{"op": "batch_norm"}, {"op": "adaptive_avg_pool"}, {"op": "relu"}]).cudnn_stages == (
+    assert _plan("batchnorm", [{"op": "batch_norm"}, {"op": "adaptive_avg_pool"}, {"op": "relu"}]).impl_stages["cudnn"] == (
         "stats", "finalize")
     # a nonlinearity between the norm and the mean: the plane mean is no longer A*mean+B
     relu = _plan("batchnorm", [{"op": "batch_norm"}, {"op": "relu"}, {"op": "adaptive_avg_pool"}])
-    assert relu.cudnn_stages == ("stats", "finalize", "plane_reduce")
-    assert relu.wide_stages == ("wide_stats", "finalize", "plane_reduce")  # the K-tiled kernel's stored output
+    assert relu.impl_stages["cudnn"] == ("stats", "finalize", "plane_reduce")
+    assert world_stages(relu, "gemm_wide") == ("wide_stats", "finalize", "plane_reduce")  # the K-tiled kernel's stored output
     assert _plan("batchnorm", [{"op": "batch_norm"}, {"op": "max_pool", "kernel_size": 2},
-                               {"op": "adaptive_avg_pool"}]).cudnn_stages == ("stats", "finalize", "plane_reduce")
+                               {"op": "adaptive_avg_pool"}]).impl_stages["cudnn"] == ("stats", "finalize", "plane_reduce")
 
 
 def test_chains_without_norm():
     assert _plan("groupnorm", [{"op": "relu"}]).stages == ("window_map", "direct_main", "gemm_main")
     plan = _plan("instancenorm", [{"op": "relu"}, {"op": "min", "dim": 1}, {"op": "mul", "by": 2.0}])
-    assert plan.cudnn_stages == ("channel_reduce",) and plan.direct_stages == ("direct_main",)
-    assert plan.gemm_stages == ("gemm_main",)
+    assert plan.impl_stages["cudnn"] == ("channel_reduce",) and world_stages(plan, "direct") == ("direct_main",)
+    assert world_stages(plan, "gemm") == ("gemm_main",)
     assert [op.kind for op in plan.final] == ["mul"]
     assert plan.drop_bias is False
 
@@ -252,15 +270,15 @@ def test_pool_at_extremes_and_rising_chains():
     pool = {"op": "max_pool", "kernel_size": 4}
     rising = [{"op": "add", "by": "scale"}, {"op": "mul", "by": 0.5}, {"op": "div", "by": 3.0}, {"op": "relu"},
               {"op": "clamp", "min": -1.0}]
-    assert _plan("groupnorm", [*rising, pool]).pool_increasing
-    assert _plan("groupnorm", [{"op": "instance_norm"}, *rising, pool]).pool_increasing
+    assert pool_increasing(_plan("groupnorm", [*rising, pool]))
+    assert pool_increasing(_plan("groupnorm", [{"op": "instance_norm"}, *rising, pool]))
     for falls in ({"op": "mul", "by": -0.5}, {"op": "mul", "by": "scale"}, {"op": "group_norm", "groups": 16}):
         plan = _plan("groupnorm", [*rising, falls, pool])
-        assert plan.pool_at_extremes and not plan.pool_increasing, falls
-    assert not _plan("groupnorm", [{"op": "div", "by": "scale"}, pool]).pool_at_extremes
-    assert not _plan("groupnorm", [*rising, {"op": "avg_pool", "kernel_size": 4}]).pool_at_extremes
+        assert pool_at_extremes(plan) and not pool_increasing(plan), falls
+    assert not pool_at_extremes(_plan("groupnorm", [{"op": "div", "by": "scale"}, pool]))
+    assert not pool_at_extremes(_plan("groupnorm", [*rising, {"op": "avg_pool", "kernel_size": 4}]))
     seed = make_plan(load_config(SEEDS["maxpool_gap"]))
-    assert seed.pool_increasing and seed.direct_cells == 4
+    assert pool_increasing(seed) and world_facts(seed)["direct_cells"] == 4
 
 
 def test_extrema_only_where_the_window_max_is_at_its_ends():
@@ -268,14 +286,14 @@ def test_extrema_only_where_the_window_max_is_at_its_ends():
     a chain monotone per channel up to a max pool whose windows lie whole in the boxes."""
     norm, scale = {"op": "group_norm", "groups": 16}, {"op": "mul", "by": "scale"}
     pool = {"op": "max_pool", "kernel_size": 4}
-    assert _plan("groupnorm", [norm, scale, pool]).extrema
-    assert _plan("groupnorm", [{"op": "add", "by": 3.0}, norm, {"op": "relu"}, scale, pool,
-                               {"op": "clamp", "min": 0}]).extrema
-    assert not _plan("groupnorm", [norm, scale, {"op": "avg_pool", "kernel_size": 4}]).extrema
-    assert not _plan("groupnorm", [norm, {"op": "div", "by": "scale"}, pool]).extrema  # the parameter may be 0
-    assert not _plan("groupnorm", [norm, scale, {"op": "max_pool", "kernel_size": 3, "stride": 2}]).extrema  # overlap
-    assert not _plan("groupnorm", [norm, scale, {"op": "max_pool", "kernel_size": 3}]).extrema  # 3 divides no box
-    assert not _plan("groupnorm", [scale, pool]).extrema  # no norm: the gemm world already computes it once
+    assert offers(_plan("groupnorm", [norm, scale, pool]), "gemm_extrema")
+    assert offers(_plan("groupnorm", [{"op": "add", "by": 3.0}, norm, {"op": "relu"}, scale, pool,
+                               {"op": "clamp", "min": 0}]), "gemm_extrema")
+    assert not offers(_plan("groupnorm", [norm, scale, {"op": "avg_pool", "kernel_size": 4}]), "gemm_extrema")
+    assert not offers(_plan("groupnorm", [norm, {"op": "div", "by": "scale"}, pool]), "gemm_extrema")  # the parameter may be 0
+    assert not offers(_plan("groupnorm", [norm, scale, {"op": "max_pool", "kernel_size": 3, "stride": 2}]), "gemm_extrema")  # overlap
+    assert not offers(_plan("groupnorm", [norm, scale, {"op": "max_pool", "kernel_size": 3}]), "gemm_extrema")  # 3 divides no box
+    assert not offers(_plan("groupnorm", [scale, pool]), "gemm_extrema")  # no norm: the gemm world already computes it once
 
 
 @pytest.mark.parametrize("change, offered", [
@@ -301,7 +319,7 @@ def test_spectral_statistics_only_where_the_output_is_them_alone(change, offered
     if any(op.get("by") == "s" for op in raw["epilogue"]):
         raw["parameters"] = {"s": {"init": "randn"}}
     plan = make_plan(parse_config(raw, "x.yaml"))
-    assert plan.spectral is offered
+    assert offers(plan, "spectral") is offered
     assert ("spectral" in plan.impl_stages) is offered
     assert ("spectral_stats" in plan.stages) is offered
 
@@ -311,17 +329,17 @@ def test_cluster_only_where_a_sample_holds_the_statistics():
     there: offered for an instance or group norm (statistics within a sample) on the tensor-core
     kernels, before a channel reduction or a map whose pooling windows lie whole in the boxes."""
     norm, scale = {"op": "group_norm", "groups": 16}, {"op": "mul", "by": "scale"}
-    assert _plan("groupnorm", [norm, scale, {"op": "max_pool", "kernel_size": 4}]).cluster
-    assert _plan("groupnorm", [norm, {"op": "avg_pool", "kernel_size": 2}, {"op": "relu"}]).cluster  # any pool mode
-    assert _plan("groupnorm", [{"op": "relu"}, norm]).cluster  # a map without a pool; a chain not affine before
-    assert _plan("groupnorm", [{"op": "instance_norm"}, {"op": "max", "dim": 1}]).cluster
-    assert not _plan("groupnorm", [{"op": "batch_norm"}, {"op": "max_pool", "kernel_size": 4}]).cluster  # all samples
-    assert not _plan("groupnorm", [{"op": "batch_norm", "training": False}, {"op": "relu"}]).cluster  # no statistics
-    assert not _plan("groupnorm", [norm, {"op": "max_pool", "kernel_size": 3, "stride": 2}]).cluster  # overlap
-    assert not _plan("groupnorm", [norm, {"op": "max_pool", "kernel_size": 3}]).cluster  # 3 divides no box
-    assert not _plan("groupnorm", [norm, {"op": "adaptive_avg_pool"}]).cluster  # statistics alone: gemm_stats does it
-    assert not _plan("groupnorm", [norm, {"op": "relu"}, {"op": "adaptive_avg_pool"}]).cluster  # plane_reduce: not yet
-    assert not _plan("groupnorm", [{"op": "instance_norm"}], out_channels=72).cluster  # no tensor-core kernels
+    assert offers(_plan("groupnorm", [norm, scale, {"op": "max_pool", "kernel_size": 4}]), "gemm_cluster")
+    assert offers(_plan("groupnorm", [norm, {"op": "avg_pool", "kernel_size": 2}, {"op": "relu"}]), "gemm_cluster")  # any pool mode
+    assert offers(_plan("groupnorm", [{"op": "relu"}, norm]), "gemm_cluster")  # a map without a pool; a chain not affine before
+    assert offers(_plan("groupnorm", [{"op": "instance_norm"}, {"op": "max", "dim": 1}]), "gemm_cluster")
+    assert not offers(_plan("groupnorm", [{"op": "batch_norm"}, {"op": "max_pool", "kernel_size": 4}]), "gemm_cluster")  # all samples
+    assert not offers(_plan("groupnorm", [{"op": "batch_norm", "training": False}, {"op": "relu"}]), "gemm_cluster")  # no statistics
+    assert not offers(_plan("groupnorm", [norm, {"op": "max_pool", "kernel_size": 3, "stride": 2}]), "gemm_cluster")  # overlap
+    assert not offers(_plan("groupnorm", [norm, {"op": "max_pool", "kernel_size": 3}]), "gemm_cluster")  # 3 divides no box
+    assert not offers(_plan("groupnorm", [norm, {"op": "adaptive_avg_pool"}]), "gemm_cluster")  # statistics alone: gemm_stats does it
+    assert not offers(_plan("groupnorm", [norm, {"op": "relu"}, {"op": "adaptive_avg_pool"}]), "gemm_cluster")  # plane_reduce: not yet
+    assert not offers(_plan("groupnorm", [{"op": "instance_norm"}], out_channels=72), "gemm_cluster")  # no tensor-core kernels
     assert "gemm_cluster" not in _plan("groupnorm", [scale]).impl_stages
 
 
@@ -330,41 +348,41 @@ def test_wide_kernel_where_the_others_do_not_take_it():
     whole-weights kernels do not take the convolution: plain or transposed, any stride; at fewer output
     channels than its narrowest tile, only where the direct kernels do not take it either."""
     seed = make_plan(load_config(SEEDS["batchnorm"]))
-    assert seed.wide and not seed.gemm and seed.impl_stages["gemm_wide"] == ("wide_stats", "finalize")
+    assert fact(seed, "wide") and not offers(seed, "gemm") and seed.impl_stages["gemm_wide"] == ("wide_stats", "finalize")
     # more than 64 output channels: the whole-weights kernels cannot keep a box's output; the stored
     # output then goes to the cuDNN world's main kernel
     wide = _plan("groupnorm", [{"op": "group_norm", "groups": 16}, {"op": "max_pool", "kernel_size": 4}],
                  out_channels=128)
-    assert wide.wide and not wide.gemm and wide.wide_stages == ("wide_stats", "finalize", "window_map")
+    assert fact(wide, "wide") and not offers(wide, "gemm") and world_stages(wide, "gemm_wide") == ("wide_stats", "finalize", "window_map")
     # the whole-weights kernels take the conv2d seed: not offered beside them
-    assert not make_plan(load_config(SEEDS["groupnorm"])).wide
+    assert not fact(make_plan(load_config(SEEDS["groupnorm"])), "wide")
     # no statistics to take: not offered
-    assert not _plan("groupnorm", [{"op": "relu"}], out_channels=128).wide
+    assert not fact(_plan("groupnorm", [{"op": "relu"}], out_channels=128), "wide")
     # a transposed convolution of stride 2: a plain convolution per output parity class
     strided = _plan("maxpool_gap", [{"op": "batch_norm"}, {"op": "adaptive_avg_pool"}], out_channels=64)
-    assert strided.wide and strided.wide_stages == ("wide_stats", "finalize")
+    assert fact(strided, "wide") and world_stages(strided, "gemm_wide") == ("wide_stats", "finalize")
     # ... but at fewer output channels than a tile of 64, where the direct kernels take it: not offered
     few = _plan("maxpool_gap", [{"op": "batch_norm"}, {"op": "adaptive_avg_pool"}])
-    assert few.direct and not few.wide and "fill less than a tile of 64" in few.unoffered["gemm_wide"]
+    assert offers(few, "direct") and not fact(few, "wide") and "fill less than a tile of 64" in refusals(few)["gemm_wide"]
     # ... nor is it where they do not (more weights than constant memory holds)
     alone = _plan("maxpool_gap", [{"op": "batch_norm"}, {"op": "adaptive_avg_pool"}], out_channels=40, kernel_size=5)
-    assert not alone.direct and alone.wide
+    assert not offers(alone, "direct") and fact(alone, "wide")
 
 
 def test_every_world_not_offered_says_why():
-    """A convolution-inside world is either offered or named in unoffered with a reason (what
-    ``fusetune plan`` prints), never both and never neither."""
+    """A world is either offered or named in refusals with a reason (what ``fusetune plan`` prints),
+    never both and never neither."""
     relu, pool = {"op": "relu"}, {"op": "max_pool", "kernel_size": 2}
     strided = _plan("maxpool_gap", [relu, pool], out_channels=64, kernel_size=5)  # strided transposed + pool: gemm_wide
     wide_only = _plan("groupnorm", [relu, pool], out_channels=72)                    # the K-tiled world only
     thirty = _plan("groupnorm", [relu, {"op": "sum", "dim": 1}], out_channels=30)    # no tile of direct's
     for plan in [make_plan(load_config(path)) for path in SEEDS.values()] + [strided, wide_only, thirty]:
-        for impl in ("direct", "gemm", "gemm_wide"):
-            assert (impl in plan.impl_stages) != (impl in plan.unoffered), (plan.spec.name, impl)
-    assert strided.unoffered["gemm"] == "a transposed convolution" and "weights" in strided.unoffered["direct"]
+        for impl in WORLDS:
+            assert (impl in plan.impl_stages) != (impl in refusals(plan)), (plan.spec.name, impl)
+    assert refusals(strided)["gemm"] == "a transposed convolution" and "weights" in refusals(strided)["direct"]
     assert "gemm_wide" in strided.impl_stages
-    assert "72 output channels" in wide_only.unoffered["gemm"] and "gemm_wide" not in wide_only.unoffered
-    assert "a reduction over 30 channels" in thirty.unoffered["direct"]
+    assert "72 output channels" in refusals(wide_only)["gemm"] and "gemm_wide" not in refusals(wide_only)
+    assert "a reduction over 30 channels" in refusals(thirty)["direct"]
 
 
 def test_wide_main_takes_whole_chains():
@@ -376,26 +394,26 @@ def test_wide_main_takes_whole_chains():
     relu = {"op": "relu"}
     # no norm: the whole chain in one kernel, the convolution once
     gap = _plan("groupnorm", [relu, {"op": "adaptive_avg_pool"}], out_channels=128)
-    assert gap.wide_main and not gap.wide and gap.impl_stages["gemm_wide"] == ("wide_main",)
-    assert gap.conv_passes("gemm_wide") == 1 and "gemm_wide_recompute" not in gap.impl_stages
+    assert fact(gap, "wide_main") and not fact(gap, "wide") and gap.impl_stages["gemm_wide"] == ("wide_main",)
+    assert conv_passes(gap, "gemm_wide") == 1 and "gemm_wide_recompute" not in gap.impl_stages
     # after eval-mode batch norm: finalize's map from the running statistics, then the chain, the
     # convolution once
     running = _plan("groupnorm", [{"op": "batch_norm", "training": False}, relu], out_channels=72)
-    assert running.wide_main and running.impl_stages["gemm_wide"] == ("finalize", "wide_main")
-    assert running.conv_passes("gemm_wide") == 1 and "gemm_wide_recompute" not in running.impl_stages
+    assert fact(running, "wide_main") and running.impl_stages["gemm_wide"] == ("finalize", "wide_main")
+    assert conv_passes(running, "gemm_wide") == 1 and "gemm_wide_recompute" not in running.impl_stages
     # a main family whose end wide_main does not implement (the GPU fault test injects one): none
-    assert not dataclasses.replace(gap, family="fault_map").wide_main
+    assert not fact(dataclasses.replace(gap, family="fault_map"), "wide_main")
     channels = _plan("maxpool_gap", [relu, {"op": "max", "dim": 1}], out_channels=40, kernel_size=5)  # transposed, 40 channels
-    assert channels.wide_main and channels.impl_stages["gemm_wide"] == ("wide_main",)
+    assert fact(channels, "wide_main") and channels.impl_stages["gemm_wide"] == ("wide_main",)
     # a norm: the stored output for the cuDNN world's main kernel, or the convolution again
     norm = _plan("groupnorm", [{"op": "group_norm", "groups": 8}, relu, {"op": "sum", "dim": 1}], out_channels=96)
     assert norm.impl_stages["gemm_wide"] == ("wide_stats", "finalize", "channel_reduce")
     assert norm.impl_stages["gemm_wide_recompute"] == ("wide_stats", "finalize", "wide_main")
-    assert norm.conv_passes("gemm_wide_recompute") == 2 and "wide_recompute=" in norm.describe()
-    assert _plan("groupnorm", [relu, {"op": "max", "dim": 1}], out_channels=136).wide_main  # three tiles of 64
+    assert conv_passes(norm, "gemm_wide_recompute") == 2 and "wide_recompute=" in norm.describe()
+    assert fact(_plan("groupnorm", [relu, {"op": "max", "dim": 1}], out_channels=136), "wide_main")  # three tiles of 64
     # a pool after a convolution of one class: a box is a brick of whole windows
     pooled = _plan("groupnorm", [relu, {"op": "max_pool", "kernel_size": 2}], out_channels=128)
-    assert pooled.wide_main and pooled.impl_stages["gemm_wide"] == ("wide_main",)
+    assert fact(pooled, "wide_main") and pooled.impl_stages["gemm_wide"] == ("wide_main",)
     pooled_norm = _plan("groupnorm", [{"op": "group_norm", "groups": 8}, {"op": "avg_pool", "kernel_size": 3,
                                                                           "stride": 2}, {"op": "adaptive_avg_pool"}],
                         out_channels=96)
@@ -404,10 +422,10 @@ def test_wide_main_takes_whole_chains():
     # turn, folded into the windows
     strided_pool = _plan("maxpool_gap", [relu, {"op": "max_pool", "kernel_size": 2}, {"op": "adaptive_avg_pool"}],
                          out_channels=96)
-    assert strided_pool.wide_main and strided_pool.impl_stages["gemm_wide"] == ("wide_main",)
+    assert fact(strided_pool, "wide_main") and strided_pool.impl_stages["gemm_wide"] == ("wide_main",)
     # not offered: nothing left for a main kernel, the whole-weights kernels' convolutions
-    assert not make_plan(load_config(SEEDS["batchnorm"])).wide_main
-    assert not _plan("groupnorm", [relu, {"op": "adaptive_avg_pool"}]).wide_main  # 8 -> 64: gemm_main's
+    assert not fact(make_plan(load_config(SEEDS["batchnorm"])), "wide_main")
+    assert not fact(_plan("groupnorm", [relu, {"op": "adaptive_avg_pool"}]), "wide_main")  # 8 -> 64: gemm_main's
 
 
 def test_a_padded_pool_is_fused_by_the_cudnn_worlds_main_kernels_only():
@@ -418,13 +436,13 @@ def test_a_padded_pool_is_fused_by_the_cudnn_worlds_main_kernels_only():
     plan = _plan("groupnorm", [{"op": "relu"}, pool, {"op": "mean", "dim": [2, 3]}])
     assert plan.tail[0].op.kind == "flatten" and plan.pool.padding == (1, 1) and plan.pool_padding == (0, 1, 1)
     assert plan.family == "plane_reduce" and set(plan.impl_stages) == {"cudnn", "eager"}
-    assert set(plan.unoffered) == {"direct", "gemm", "gemm_wide"}
-    assert all("padded pool" in reason for reason in plan.unoffered.values())
+    assert set(refusals(plan)) == set(WORLDS) - {"cudnn", "eager"}
+    assert all("padded pool" in refusals(plan)[impl] for impl in ("direct", "gemm", "gemm_wide"))
     wide = _plan("groupnorm", [{"op": "batch_norm"}, pool], out_channels=96, kernel_size=5, padding=2)
     assert wide.impl_stages["gemm_wide"] == ("wide_stats", "finalize", "window_map")
-    assert not wide.wide_main and "padded pool" in wide.unoffered.get("gemm_wide", "padded pool")
+    assert not fact(wide, "wide_main") and "padded pool" in refusals(wide).get("gemm_wide", "padded pool")
     unpadded = _plan("groupnorm", [{"op": "relu"}, {"op": "max_pool", "kernel_size": 3, "stride": 2}])
-    assert unpadded.pool_padding == (0, 0, 0) and unpadded.direct and unpadded.gemm
+    assert unpadded.pool_padding == (0, 0, 0) and offers(unpadded, "direct") and offers(unpadded, "gemm")
 
 
 def test_reductions_merge_only_where_that_keeps_them_in_the_kernels():

@@ -1,0 +1,160 @@
+"""What several worlds read of a region: the chain's shape facts and the fits of the kernel families
+that more than one world builds on (the whole-weights tensor-core kernels under gemm, gemm_extrema,
+gemm_store and gemm_cluster; the K-tiled ones under gemm_wide and gemm_wide_recompute)."""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from fusetune.tiles import BOX_HEIGHTS, WIDE_BN, WIDEST_BOX, gemm_refusal as _gemm_geometry_refusal, wide_fits
+
+if TYPE_CHECKING:
+    from fusetune.plan import Plan
+
+#: The stages that compute the convolution inside themselves.
+CONV_STAGES = ("direct_stats", "direct_main", "gemm_stats", "gemm_main", "gemm_cluster", "wide_stats", "wide_main")
+#: Why the worlds that compute the convolution inside the kernels refuse a padded pool.
+PADDED_POOL = "a padded pool (the kernels that compute the convolution pool whole unpadded windows of their boxes)"
+#: The norms whose statistics lie within one sample, so that one thread-block cluster can hold them.
+SAMPLE_SCOPES = ("instance", "group")
+#: The main families whose ends the kernels that compute the convolution inside implement (direct_main,
+#: gemm_main and wide_main each take these three); another main family (one a test injects, one added
+#: later) gets none of them until they learn that family's end.
+INSIDE_FAMILIES = ("window_map", "plane_reduce", "channel_reduce")
+#: Largest convolution weight (floats) the direct kernels take: they keep it in constant memory (64 KB).
+DIRECT_MAX_WEIGHTS = 12288
+#: Channel counts a direct channel reduction takes: a thread holds every channel (ct == C), so C must
+#: be one of direct_main.yaml's ct choices (and 32 at most: registers).
+DIRECT_CHANNEL_REDUCE_TILES = (2, 4, 8, 16, 32)
+
+
+def stages_of(plan: Plan, stats: str, main: str | None) -> tuple[str, ...]:
+    """Launch order of a world of two passes: its statistics pass (where a norm needs one), finalize
+    (any norm), its main kernel (where the chain leaves one to run, and the world has one)."""
+    stages: list[str] = []
+    if plan.needs_stats:
+        stages.append(stats)
+    if plan.norm is not None:
+        stages.append("finalize")
+    if plan.family is not None and main is not None:
+        stages.append(main)
+    return tuple(stages)
+
+
+def padded_pool(plan: Plan) -> str | None:
+    """PADDED_POOL where the region's pool pads, else None."""
+    return PADDED_POOL if any(plan.pool_padding) else None
+
+
+def unknown_family(plan: Plan, kernels: str) -> str | None:
+    """Why kernels that implement INSIDE_FAMILIES' ends do not take the region's main family, None
+    where they do (or where finalize computes the output)."""
+    if plan.family is None or plan.family in INSIDE_FAMILIES:
+        return None
+    return f"a chain that ends in {plan.family}, a main family {kernels} do not implement"
+
+
+def direct_refusal(plan: Plan) -> str | None:
+    """Why the direct kernels (CUDA cores) do not take the region, None where they do: whole unpadded
+    windows, a main family they implement, weights in constant memory, output channels in pairs, and
+    for a channel reduction every channel of a position in one thread's registers; dilation 1, one
+    group, symmetric padding (producers.geometry_refusal)."""
+    producer = plan.spec.producer
+    refusal = padded_pool(plan) or unknown_family(plan, "the direct kernels") or producer.inside_refusal()
+    if refusal is not None:
+        return refusal
+    weights = producer.in_channels * producer.out_channels * math.prod(producer.kernel_size)
+    if weights > DIRECT_MAX_WEIGHTS:
+        return f"{weights} weights (constant memory holds {DIRECT_MAX_WEIGHTS})"
+    if producer.out_channels % 2 != 0:
+        return f"{producer.out_channels} output channels (an even count)"
+    if plan.family == "channel_reduce" and producer.out_channels not in DIRECT_CHANNEL_REDUCE_TILES:
+        return f"a reduction over {producer.out_channels} channels (one of {DIRECT_CHANNEL_REDUCE_TILES})"
+    return None
+
+
+def gemm_windows(plan: Plan) -> list[tuple[tuple[int, int, int], tuple[int, int, int]]]:
+    """The (window, stride) cells the tensor-core kernels' boxes hold: single outputs (the statistics
+    pass), whole pooling windows (the main kernel)."""
+    return [((1, 1, 1), (1, 1, 1)), plan.pool_window]
+
+
+def gemm_refusal(plan: Plan) -> str | None:
+    """Why the whole-weights tensor-core kernels (gemm_stats, gemm_main) do not take the region's
+    convolution, None where they do (tiles.gemm_refusal: not transposed, channels in tiles of 8 and at
+    most 64, weights and boxes within the shared memory); every world that builds on them asks."""
+    return (padded_pool(plan) or unknown_family(plan, "the tensor-core kernels")
+            or _gemm_geometry_refusal(plan.spec.producer.geometry(), gemm_windows(plan)))
+
+
+def windows_in_boxes(plan: Plan) -> bool:
+    """Whether the tensor-core kernels' statistics boxes (single outputs, gemm_stats.yaml's th and tw)
+    can hold the pooling windows whole: none, or windows one output deep that do not overlap and whose
+    stride divides the largest boxes (so that some th and tw are multiples of it)."""
+    (kd, kh, kw), (sd, sh, sw) = plan.pool_window
+    return kd == sd == 1 and kh <= sh and kw <= sw and max(BOX_HEIGHTS) % sh == 0 and WIDEST_BOX % sw == 0
+
+
+def pool_at_extremes(plan: Plan) -> bool:
+    """Whether a max pool's value is the chain at its window's largest or smallest raw value: the
+    chain up to the pool is monotone per channel (a norm's affine map, bias, mul, add, clamp, relu),
+    in whichever direction each channel's runs. A kernel may then pool the raw values and apply the
+    chain to two values a window instead of every output."""
+    return (plan.pool is not None and plan.pool.mode == "max"
+            and all(op.monotone() for op in (*plan.pre, *plan.mid)))
+
+
+def pool_increasing(plan: Plan) -> bool:
+    """Whether, beyond pool_at_extremes, the chain up to the max pool is non-decreasing in every
+    channel whatever its parameters (no norm with a learnable scale, no multiplication by a parameter
+    or a negative number): the pool's value is then the chain at the window's largest raw value alone."""
+    return (pool_at_extremes(plan) and all(op.increasing() for op in (*plan.pre, *plan.mid))
+            and (plan.norm is None or not plan.norm.affine))
+
+
+def wide_refusal(plan: Plan) -> str | None:
+    """Why the K-tiled tensor-core kernels (wide_stats, wide_main) do not take the convolution, None
+    where they do: one the whole-weights kernels do not take (more than 64 output channels, weights
+    over their shared memory, or a transposed convolution: that one as a plain convolution per output
+    parity class). They stage the weights a row or a plane of taps and a few input channels at a
+    time, so any channel count goes (tiles.wide_fits: some variant within the shared memory). But not
+    where the direct kernels take a convolution of fewer output channels than the narrowest tile of
+    them (64): most of every MMA would multiply zero weights (the 3 -> 16 transposed seed: 13.5 ms at
+    best, against the direct kernel's 0.33, on an H200)."""
+    conv = plan.spec.producer.geometry()
+    refusal = plan.spec.producer.inside_refusal()  # dilation, groups, asymmetric padding
+    if refusal is not None:
+        return refusal
+    if gemm_refusal(plan) is None:
+        return "the whole-weights tensor-core kernels (gemm) take this convolution"
+    if direct_refusal(plan) is None and conv["cout"] < min(WIDE_BN):
+        return (f"{conv['cout']} output channels fill less than a tile of {min(WIDE_BN)}, and the direct "
+                "kernels take the convolution")
+    if not wide_fits(conv):
+        return "no variant within the shared memory"
+    return None
+
+
+def wide_main_refusal(plan: Plan) -> str | None:
+    """Why wide_main (the K-tiled kernel with the whole chain on its accumulators) does not take the
+    region, None where it does: the convolution is one for the K-tiled kernels, and the chain ends in
+    a map, a reduction over space, or one over the channels (each block over its tile of them, a small
+    kernel over the tiles where there are several). Where the chain pools, a box is a brick of whole
+    windows (a strided transposed convolution's output classes, which interleave within every window,
+    multiplied one after another and folded into the windows). Its output never goes to memory."""
+    refusal = wide_refusal(plan)
+    if refusal is not None:
+        return refusal
+    if any(plan.pool_padding):
+        return PADDED_POOL
+    if plan.family not in INSIDE_FAMILIES:
+        return f"a chain that ends in {plan.family or 'finalize'}, not a map or a reduction it implements"
+    return None
+
+
+def wide_stats_refusal(plan: Plan) -> str | None:
+    """Why wide_stats does not take the norm's statistics, None where it does: a norm needs them, and
+    the convolution is one for the K-tiled kernels."""
+    if not plan.needs_stats:
+        return "no norm needs a statistics pass"
+    return wide_refusal(plan)

@@ -1,0 +1,29 @@
+"""gemm: the convolution inside the fused kernels as implicit GEMMs on the tensor cores (TF32)."""
+from __future__ import annotations
+
+from fusetune.tiles import gemm_max_height
+from fusetune.worlds.base import World
+from fusetune.worlds.facts import gemm_refusal, gemm_windows, stages_of
+
+
+class Gemm(World):
+    name = "gemm"
+    doc = ("the convolution inside the fused kernels as implicit GEMMs on the tensor cores in TF32 "
+           "(gemm_stats, gemm_main), computed in each pass; convolutions (not transposed) whose channels "
+           "come in tiles of 8 up to 64")
+    computes_conv_inside = True
+    tf32 = True
+    min_sm = 80
+
+    def why_not(self, plan):
+        return gemm_refusal(plan)
+
+    def stages(self, plan):
+        return stages_of(plan, "gemm_stats", "gemm_main")
+
+    def facts(self, plan):
+        """``gemm``: the whole-weights tensor-core kernels take the convolution; ``gemm_th``: the tallest
+        box of theirs within the shared memory (tiles.gemm_max_height), 0 where they do not."""
+        offered = self.refusal(plan) is None
+        th = gemm_max_height(plan.spec.producer.geometry(), gemm_windows(plan)) if offered else 0
+        return {"gemm": int(offered), "gemm_th": th}

@@ -1,0 +1,65 @@
+"""The exact rewrites before planning (fusetune/regions.py's RULES): each named and documented, the
+algebra the planner reads (the bias an instance norm cancels, a spatial mean after a norm) among
+them, and which fired listed by ``fusetune plan``."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from fusetune.cli import main
+from fusetune.config import load_config
+from fusetune.plan import make_plan
+from fusetune.regions import CANCELS_BIAS, FROM_STATISTICS, RULES, rewrite
+
+from conftest import ROOT
+
+CONFIGS = ROOT / "configs"
+CHAINS = ROOT / "tests" / "chains"
+
+
+def test_every_rule_is_named_and_documented():
+    names = [rule.name for rule in RULES]
+    assert len(set(names)) == len(names) and all(rule.doc.strip() and callable(rule.apply) for rule in RULES)
+    assert {"norm_cancels_bias", "mean_of_norm"} <= set(names)
+
+
+@pytest.mark.parametrize("path, fires", [
+    (CONFIGS / "conv3d_mul_instancenorm_clamp_mul_max.yaml", True),          # mul, then instance norm
+    (CHAINS / "conv2d_wide80_instancenorm_leakyrelu_logsumexp_channels.yaml", True),
+    (CHAINS / "conv2d_leakyrelu_instancenorm_batchnorm.yaml", False),        # leaky relu before: not affine
+    (CHAINS / "conv2d_nobias_sub_param_exp_avgpool_padded_log.yaml", False),  # no bias to cancel
+    (CONFIGS / "conv2d_groupnorm_scale_maxpool_clamp.yaml", False),           # group norm keeps a channel's offset
+])
+def test_instance_norm_cancels_the_bias(path, fires):
+    spec = load_config(path)
+    rewritten, plan = rewrite(spec), make_plan(spec)
+    marked = [step for step in rewritten.steps if CANCELS_BIAS in step.marks]
+    assert ("norm_cancels_bias" in rewritten.fired) is fires and bool(marked) is fires
+    assert plan.drop_bias is fires and ("norm_cancels_bias" in plan.rules) is fires
+    assert not plan.bias_in_epilogue or not fires
+
+
+@pytest.mark.parametrize("path, fires", [
+    (CONFIGS / "convt3d_scale_batchnorm_gap.yaml", True),                           # batch norm, then a global mean
+    (CHAINS / "conv3d_wide64_scale_batchnorm_eval_tanh_gap_squeeze.yaml", False),  # eval-mode norm, tanh between
+    (CHAINS / "convt3d_silu_groupnorm_hardswish.yaml", False),                      # no reduction
+])
+def test_a_spatial_mean_after_a_norm_is_finalized(path, fires):
+    spec = load_config(path)
+    rewritten, plan = rewrite(spec), make_plan(spec)
+    assert ("mean_of_norm" in rewritten.fired) is fires
+    assert any(FROM_STATISTICS in step.marks for step in rewritten.steps) is fires
+    assert (plan.family is None) is fires  # finalize computes the output: no main kernel
+    assert ("finalize" == plan.impl_stages["cudnn"][-1]) is fires
+
+
+def test_plan_lists_the_rules_that_fired():
+    path = CONFIGS / "convt3d_scale_batchnorm_gap.yaml"
+    plan = make_plan(load_config(path))
+    runner = CliRunner()
+    document = json.loads(runner.invoke(main, ["plan", "--json", str(path)]).output)[0]
+    assert document["rules"] == list(plan.rules) == ["kernel_reductions", "mean_of_norm"]
+    text = runner.invoke(main, ["plan", str(path)]).output
+    assert "  rewrites: kernel_reductions, mean_of_norm" in text

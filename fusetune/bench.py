@@ -10,6 +10,7 @@ the units that compute it (FP32 FMA, or dense TF32 MMA) instead.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import re
@@ -19,12 +20,14 @@ from fusetune.build import build_and_load
 from fusetune.cache import Cache
 from fusetune.codegen import render
 from fusetune.config import ProblemSpec
+from fusetune.dtypes import DTYPES
 from fusetune.errors import FusetuneError
 from fusetune.evaluate import median_ms
 from fusetune.export import find_winner
 from fusetune.ops import Shape
 from fusetune.plan import Plan, make_plan
 from fusetune.search import Machine
+from fusetune.worlds import WORLDS, conv_passes
 
 
 def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
@@ -40,8 +43,9 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
 def epilogue_bytes(spec: ProblemSpec, plan: Plan, shape: Shape) -> int:
     """The fewest bytes the fused epilogue must move: each pass reads the producer output once,
     the output is written once (per-(n, c) statistics and maps are negligible and left out)."""
-    y = math.prod(spec.producer.out_shape(shape)) * 4
-    out = math.prod(plan.fused_output_shape(shape)) * 4
+    word = DTYPES[spec.dtype].bytes
+    y = math.prod(spec.producer.out_shape(shape)) * word
+    out = math.prod(plan.fused_output_shape(shape)) * word
     passes = int(plan.needs_stats) + int(plan.family is not None)
     return passes * y + out
 
@@ -60,8 +64,9 @@ def kernel_bytes(name: str, plan: Plan, shape: Shape) -> int | None:
     kind = {**PASS_KERNELS, **MAIN_KERNELS}.get(name)
     if kind is None:
         return None
-    y = math.prod(plan.spec.producer.out_shape(shape)) * 4
-    return y + (math.prod(plan.fused_output_shape(shape)) * 4 if kind else 0)
+    word = DTYPES[plan.spec.dtype].bytes
+    y = math.prod(plan.spec.producer.out_shape(shape)) * word
+    return y + (math.prod(plan.fused_output_shape(shape)) * word if kind else 0)
 
 
 def kernel_base_name(profiled: str) -> str:
@@ -126,8 +131,8 @@ PEAK_FLOPS_PER_SM_CLOCK = {"FP32": 128 * 2, "TF32": 1024 * 2}
 
 def compute_units(impl: str) -> str:
     """The units a world's convolution (or what stands for it) runs on: the gemm_* worlds' implicit
-    GEMMs on the tensor cores in TF32; the direct kernels and spectral's products on CUDA cores."""
-    return "TF32" if impl.startswith("gemm") else "FP32"
+    GEMMs on the tensor cores in TF32 (World.tf32); the direct kernels and spectral's products on CUDA cores."""
+    return "TF32" if WORLDS[impl].tf32 else "FP32"
 
 
 def peak_tflops(flops_per_sm_clock: int) -> float | None:
@@ -157,19 +162,36 @@ def run_bench(spec: ProblemSpec, shape: Shape, cache: Cache, *, reps: int = 50, 
         raise FusetuneError(f"{spec.path}: no tuned winner for {list(shape)} on {machine.gpu}; "
                             f"run `fusetune search {spec.path} --shape {','.join(map(str, shape))}` first")
     generated = build_and_load(rendered, cache, machine.capability)
+    # precision ieee: every column with TF32 off in cuDNN (and in what torch.compile generates for the
+    # convolution), as the models' own forwards run it; restored after.
+    precision = generated._ConvPrecision() if spec.precision == "ieee" else contextlib.nullcontext()
+    with precision:
+        return _run_bench(spec, shape, plan, generated, entry, machine, reps, compile_modes, echo)
+
+
+def _run_bench(spec: ProblemSpec, shape: Shape, plan: Plan, generated: Any, entry: Any, machine: Machine, reps: int,
+               compile_modes: tuple[str, ...], echo: Callable[[str], None]) -> dict[str, Any]:
+    import torch
+
     torch.manual_seed(0)
     reference = generated.Model().cuda()
     fused = generated.ModelNew(variant=entry.winner["variant"]).cuda()
     fused.load_state_dict(reference.state_dict())
-    x = torch.rand(shape, device="cuda")
+    x = torch.rand(shape, device="cuda", dtype=generated.DTYPE)  # every column at the config's dtype
     with torch.no_grad():
         ref64 = copy.deepcopy(reference).double()(x.double())
-        err_fused = ((fused(x).double() - ref64).norm() / ref64.norm()).item()
-        err_eager = ((copy.deepcopy(reference)(x).double() - ref64).norm() / ref64.norm()).item()
-        del ref64
+        out, eager_out = fused(x).double(), copy.deepcopy(reference)(x).double()
+        err_fused = ((out - ref64).norm() / ref64.norm()).item()
+        err_eager = ((eager_out - ref64).norm() / ref64.norm()).item()
+        # What a user's acceptance test against eager at the dtype sees (the config's tolerance, if any).
+        eager_diff = (out - eager_out).abs().max().item()
+        allclose = (torch.allclose(out, eager_out, atol=spec.tolerance.atol, rtol=spec.tolerance.rtol)
+                    if spec.tolerance else None)
+        del ref64, out, eager_out
     result: dict[str, Any] = {
         "config": spec.name, "shape": list(shape), "gpu": machine.gpu, "cuda": machine.cuda, "torch": machine.torch,
-        "driver": _driver(), "winner": entry.winner["candidate"], "error_rel": err_fused, "eager_error_rel": err_eager}
+        "driver": _driver(), **spec.numerics(), "winner": entry.winner["candidate"], "error_rel": err_fused,
+        "eager_error_rel": err_eager, "eager_diff_max": eager_diff, "allclose_to_eager": allclose}
     echo(f"{spec.name} {list(shape)} on {machine.gpu}: timing eager")
     result["eager_ms"] = median_ms(lambda: reference(x), reps=reps)
     for mode in compile_modes:
@@ -189,7 +211,7 @@ def run_bench(spec: ProblemSpec, shape: Shape, cache: Cache, *, reps: int = 50, 
         # The convolution runs inside the kernels: no producer output, so no epilogue to time alone.
         # What bounds it is arithmetic: the convolution's FMAs, once per pass that computes it (or,
         # spectral, the products of spectra that stand for it).
-        passes = plan.conv_passes(impl)
+        passes = conv_passes(plan, impl)
         kind = compute_units(impl)
         peak = peak_tflops(PEAK_FLOPS_PER_SM_CLOCK[kind])
         result.update(impl=impl, conv_passes=passes, conv_gflop=conv_flops(spec, shape) / 1e9)

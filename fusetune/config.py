@@ -14,13 +14,22 @@ from typing import Any, Mapping
 
 import yaml
 
+from fusetune.dtypes import DTYPES as ELEMENT_TYPES
 from fusetune.errors import ConfigError, did_you_mean
 from fusetune.ops import REGISTRY, LayerNorm, Op, OpContext, ParamDecl, Shape
 from fusetune.producers import Producer
 
-DTYPES = ("float32",)
+#: The element types a config may name; inputs, weights and outputs are in it, the kernels' arithmetic
+#: in float (statistics in float and double, as at float32).
+DTYPES = tuple(ELEMENT_TYPES)
+#: float32 only: how the convolution may multiply. ``tf32``: as eager PyTorch by default (torch lets
+#: cuDNN convolutions use TF32, torch.backends.cudnn.allow_tf32), so the tensor-core worlds may too;
+#: ``ieee``: float32 products throughout (cuDNN with TF32 off; the TF32 tensor-core worlds leave the search).
+PRECISIONS = ("tf32", "ieee")
+DEFAULT_PRECISION = "tf32"
+TOLERANCE_KEYS = ("atol", "rtol")
 PARAM_INITS = ("ones", "zeros", "randn")
-TOP_KEYS = ("name", "dtype", "producer", "parameters", "epilogue", "shapes", "search")
+TOP_KEYS = ("name", "dtype", "precision", "tolerance", "producer", "parameters", "epilogue", "shapes", "search")
 SEARCH_KEYS = ("trials", "timeout", "seed")
 #: Largest element count any one tensor of a tuned shape may have; kernels index with 64-bit
 #: offsets, but cuDNN and PyTorch refuse or misbehave past this on some paths.
@@ -35,6 +44,15 @@ class SearchSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """A user's acceptance test: a winner's output must be ``torch.allclose(out, eager, atol, rtol)``
+    against eager PyTorch's own at the config's dtype (and precision), beside the float64 check."""
+
+    atol: float
+    rtol: float
+
+
+@dataclasses.dataclass(frozen=True)
 class ProblemSpec:
     """A validated config: a producer, an epilogue chain and the shapes to tune."""
 
@@ -46,12 +64,29 @@ class ProblemSpec:
     epilogue: tuple[Op, ...]
     shapes: tuple[Shape, ...]
     search: SearchSettings
+    precision: str | None = DEFAULT_PRECISION  # None where the dtype is not float32
+    tolerance: Tolerance | None = None
 
     def canonical(self) -> dict[str, Any]:
-        """The problem's canonical form: everything that changes its result, nothing else."""
-        return {"dtype": self.dtype, "producer": self.producer.canonical(),
+        """The problem's canonical form: everything that changes its result or what is accepted as
+        one (precision, tolerance), nothing else."""
+        return {**self.numerics(), "producer": self.producer.canonical(),
                 "parameters": [dataclasses.asdict(p) for p in self.parameters],
                 "epilogue": [op.canonical() for op in self.epilogue]}
+
+    def numerics(self) -> dict[str, Any]:
+        """The element type, float32's precision and the user's tolerance: what ``fusetune plan`` shows
+        and the export records beside the winners."""
+        return {"dtype": self.dtype, "precision": self.precision,
+                "tolerance": dataclasses.asdict(self.tolerance) if self.tolerance else None}
+
+    def describe_numerics(self) -> str:
+        """One line, as ``fusetune plan`` prints it: the dtype, float32's precision, the tolerance if any."""
+        precision = {"tf32": ", precision tf32 (TF32 products allowed, as eager PyTorch's default)",
+                     "ieee": ", precision ieee (float32 products only)"}.get(self.precision or "", "")
+        tolerance = (f", tolerance allclose(atol={self.tolerance.atol:g}, rtol={self.tolerance.rtol:g}) against eager "
+                     f"{self.dtype}" if self.tolerance else "")
+        return f"dtype {self.dtype}{precision}{tolerance}"
 
     def digest(self) -> str:
         blob = json.dumps(self.canonical(), sort_keys=True, default=list)
@@ -157,6 +192,8 @@ def parse_config(raw: Any, path: str = "<config>") -> ProblemSpec:
     dtype = raw.get("dtype", "float32")
     if dtype not in DTYPES:
         raise ConfigError(path, "dtype", f"expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    precision = _parse_precision(raw, dtype, path)
+    tolerance = _parse_tolerance(raw.get("tolerance"), path)
     if "producer" not in raw:
         raise ConfigError(path, "producer", "missing; expected the convolution that feeds the chain")
     producer = Producer.parse(raw["producer"], path)
@@ -166,7 +203,44 @@ def parse_config(raw: Any, path: str = "<config>") -> ProblemSpec:
     search = _parse_search(raw.get("search", {}), path)
     return ProblemSpec(name=name, path=path, dtype=dtype, producer=producer,
                        parameters=tuple(parameters.values()), epilogue=epilogue,
-                       shapes=shapes, search=search)
+                       shapes=shapes, search=search, precision=precision, tolerance=tolerance)
+
+
+def _parse_precision(raw: Mapping[str, Any], dtype: str, path: str) -> str | None:
+    """float32's precision (default: eager PyTorch's own, TF32 allowed); none for the half types,
+    whose products the tensor cores and cuDNN take at their own precision anyway."""
+    if dtype != "float32":
+        if "precision" in raw:
+            raise ConfigError(path, "precision", f"applies to dtype float32 only (tf32 or ieee); remove it for "
+                                                 f"dtype {dtype}")
+        return None
+    precision = raw.get("precision", DEFAULT_PRECISION)
+    if precision not in PRECISIONS:
+        raise ConfigError(path, "precision", f"expected one of {', '.join(PRECISIONS)}, got {precision!r}"
+                                             f"{did_you_mean(precision, PRECISIONS)}")
+    return precision
+
+
+def _parse_tolerance(raw: Any, path: str) -> Tolerance | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise ConfigError(path, "tolerance", f"expected a mapping like {{atol: 1.0e-4, rtol: 1.0e-4}}, got {raw!r}")
+    for key in raw:
+        if key not in TOLERANCE_KEYS:
+            raise ConfigError(path, f"tolerance.{key}", f"unknown key{did_you_mean(key, TOLERANCE_KEYS)} (expected "
+                                                        f"{' and '.join(TOLERANCE_KEYS)})")
+    values = {}
+    for key in TOLERANCE_KEYS:
+        if key not in raw:
+            raise ConfigError(path, f"tolerance.{key}", "missing; expected a non-negative number (torch.allclose's "
+                                                        f"{key})")
+        value = raw[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            hint = " (YAML reads 1e-4 as text: write 1.0e-4)" if isinstance(value, str) else ""
+            raise ConfigError(path, f"tolerance.{key}", f"expected a non-negative finite number, got {value!r}{hint}")
+        values[key] = float(value)
+    return Tolerance(**values)
 
 
 def _parse_parameters(raw: Any, path: str) -> dict[str, ParamDecl]:

@@ -1,12 +1,14 @@
 """Verification and timing, run inside a worker process on the GPU.
 
-Verification (why each part): fresh random inputs (never zeros, which hide unwritten or
-mis-indexed outputs); every buffer the kernels write pre-filled with NaN (so an element
-nobody wrote shows); a float64 reference; and a tolerance relative to eager float32
-PyTorch's own error against that reference, the larger of its errors on contiguous and on
-channels-last input (cuDNN uses TF32 for some layouts and shapes and not others, so a fixed
-tolerance would be too tight or too loose). Batch norm's running statistics are checked
-the same way.
+Verification (why each part): fresh random inputs in the module's dtype (never zeros, which
+hide unwritten or mis-indexed outputs); every buffer the kernels write pre-filled with NaN (so
+an element nobody wrote shows); a float64 reference (the model's own parameters, widened); and
+a tolerance relative to eager PyTorch's own error against that reference at the same dtype and
+precision, the larger of its errors on contiguous and on channels-last input (cuDNN uses TF32
+for some layouts and shapes and not others, and half precision's error is thousands of times
+float32's, so a fixed tolerance would be too tight or too loose). Batch norm's running
+statistics are checked the same way. Where the config sets a tolerance, the output must also
+be ``torch.allclose`` to eager PyTorch's own at the dtype: a user's fixed acceptance test.
 
 Timing: warm-up, L2 flushed before every run, CUDA events around the forward alone,
 median of many runs.
@@ -114,6 +116,23 @@ def _perturb_norms(model) -> None:
                 var.copy_(0.5 + 1.5 * torch.rand_like(var))
 
 
+def _allclose_refusal(out, eager, tolerance: dict) -> str | None:
+    """Why ``out`` fails ``torch.allclose(out, eager, atol, rtol)`` (in float64, NaN never close), None
+    where it passes: the config's tolerance, a user's acceptance test against eager PyTorch."""
+    import torch
+
+    got, want = out.double(), eager.double()
+    atol, rtol = tolerance["atol"], tolerance["rtol"]
+    if torch.allclose(got, want, atol=atol, rtol=rtol):
+        return None
+    excess = (got - want).abs() - (atol + rtol * want.abs())
+    worst = int(torch.nan_to_num(excess, nan=math.inf).argmax().item())
+    far = int((~torch.isclose(got, want, atol=atol, rtol=rtol)).sum().item())
+    dtype = str(eager.dtype).replace("torch.", "")
+    return (f"not allclose to eager {dtype} (atol {atol:g}, rtol {rtol:g}): {far} of {got.numel()} elements off, "
+            f"worst {got.flatten()[worst].item():.6g} against {want.flatten()[worst].item():.6g}")
+
+
 class Session:
     """One generated module at one input shape: the reference, fresh inputs, the eager error."""
 
@@ -125,6 +144,9 @@ class Session:
 
         self.torch = torch
         self.generated = load_generated(Path(module_dir))
+        # The module's dtype and the user's tolerance (modules rendered before they existed: float32, none).
+        self.dtype = getattr(self.generated, "DTYPE", torch.float32)
+        self.tolerance = getattr(self.generated, "TOLERANCE", None)
         load_kernels(self.generated, build_dir, arch)
         torch.manual_seed(seed)
         self.reference = self.generated.Model().cuda()
@@ -139,10 +161,10 @@ class Session:
         return model
 
     def draw_inputs(self) -> None:
-        """New random inputs and their float64 reference (and eager float32's error on them)."""
+        """New random inputs and their float64 reference (and eager PyTorch's error on them at the dtype)."""
         torch = self.torch
         generator = torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))
-        self.x = torch.rand(self.shape, device="cuda", generator=generator)
+        self.x = torch.rand(self.shape, device="cuda", generator=generator, dtype=self.dtype)
         with torch.no_grad():
             ref64 = self._fresh_reference().double()
             self.stats_before = [b.double().clone() for b in _stat_buffers(ref64)]
@@ -150,13 +172,14 @@ class Session:
             self.stats64 = [b.clone() for b in _stat_buffers(ref64)]
             # Eager PyTorch's error in either layout: cuDNN picks TF32 algorithms for some layouts
             # and shapes and not for others, and a user of channels-last tensors gets that error.
-            errors = []
+            errors, outs = [], []
             for fmt in (torch.contiguous_format, self.generated.MEMORY_FORMAT):
                 eager = self._fresh_reference()
-                out32 = eager(self.x.contiguous(memory_format=fmt))
-                errors.append(self._compare(out32, _stat_buffers(eager)))
+                outs.append(eager(self.x.contiguous(memory_format=fmt)))
+                errors.append(self._compare(outs[-1], _stat_buffers(eager)))
             self.eager_errors = (max(e[0] for e in errors), max(e[1] for e in errors))
-            self.tf32_errors = self._tf32_errors()
+            self.eager_out = outs[0]  # what a user's allclose compares against (TOLERANCE)
+            self.tf32_errors = self._tf32_errors() if self.dtype == torch.float32 else None
         del ref64
 
     def _tf32_errors(self) -> tuple[float, float]:
@@ -196,13 +219,19 @@ class Session:
         eager_rel, eager_mx = self.eager_errors
         tol_rel = max(ERROR_RATIO * eager_rel, ERROR_FLOOR)
         tol_mx = max(ERROR_RATIO * eager_mx, ERROR_FLOOR)
-        info = {"error_rel": rel, "error_max": mx, "eager_error_rel": eager_rel, "eager_error_max": eager_mx,
-                "tf32_error_rel": self.tf32_errors[0], "tf32_error_max": self.tf32_errors[1]}
+        info = {"error_rel": rel, "error_max": mx, "eager_error_rel": eager_rel, "eager_error_max": eager_mx}
+        if self.tf32_errors is not None:
+            info.update(tf32_error_rel=self.tf32_errors[0], tf32_error_max=self.tf32_errors[1])
         if not (rel <= tol_rel and mx <= tol_mx):
             nan = int(torch.isnan(out).sum().item())
             return {"status": "wrong_result", **info,
                     "log": f"error rel {rel:.3g} (allowed {tol_rel:.3g}), max {mx:.3g} (allowed {tol_mx:.3g}); "
                            f"{nan} NaN outputs"}
+        if self.tolerance is not None:
+            refusal = _allclose_refusal(out, self.eager_out, self.tolerance)
+            info["eager_diff_max"] = float((out.double() - self.eager_out.double()).abs().max().item())
+            if refusal is not None:
+                return {"status": "wrong_result", **info, "log": refusal}
         return {"status": "ok", **info}
 
     def time(self, variant: dict, reps: int) -> float:

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from fusetune.codegen import PER_VARIANT_UNITS, render
+from fusetune.codegen import PER_VARIANT_UNITS, plan_facts, render
 from fusetune.config import load_config, parse_config
 from fusetune.plan import make_plan
 from fusetune.space import load_family
@@ -144,7 +144,12 @@ EXPECTED_EXTRA = {  # name: (stages, reduce mode or None, pool mode or None, nor
 #: Chains of the corpus (tests/chains/) compiled whole here: padded pools (window_map after a 1-D
 #: convolution's batch norm; plane_reduce after a grouped one), which only the cuDNN world's kernels take.
 CORPUS = ("conv1d_batchnorm_relu_maxpool_padded", "conv2d_grouped_strided_relu_maxpool_gap")
-NAMES = sorted(SEEDS) + sorted(EXTRA) + list(CORPUS)
+#: Half precision (benchmarks/half/): the cuDNN world's kernels, the one world that takes float16 and bfloat16,
+#: each main family and norm scope once (window_map after group norm, channel_reduce after instance norm,
+#: finalize alone after batch norm, plane_reduce after a pool), both types.
+HALF = ("conv2d_groupnorm_scale_maxpool_clamp_fp16", "conv3d_mul_instancenorm_clamp_mul_max_bf16",
+        "convt3d_scale_batchnorm_gap_fp16", "convt3d_scale_maxpool_gap_clamp_bf16")
+NAMES = sorted(SEEDS) + sorted(EXTRA) + list(CORPUS) + list(HALF)
 
 
 def _spec(name: str):
@@ -152,6 +157,8 @@ def _spec(name: str):
         return load_config(SEEDS[name])
     if name in CORPUS:
         return load_config(ROOT / "tests" / "chains" / f"{name}.yaml")
+    if name in HALF:
+        return load_config(ROOT / "benchmarks" / "half" / f"{name}.yaml")
     return parse_config(EXTRA[name], f"<{name}>")
 
 
@@ -184,9 +191,13 @@ def compiled(rendered, tmp_path_factory):
 def test_extra_configs_cover_what_they_claim(rendered):
     assert {rendered[name][0].family for name in CORPUS} == {"window_map", "plane_reduce"}
     assert all(any(rendered[name][0].pool_padding) for name in CORPUS)
+    half = [rendered[name][0] for name in HALF]
+    assert {plan.spec.dtype for plan in half} == {"float16", "bfloat16"}
+    assert {plan.family for plan in half} == {"window_map", "channel_reduce", "plane_reduce", None}
+    assert {plan.norm.scope for plan in half if plan.norm} == {"group", "instance", "batch"}
     for name, (stages, reduce, pool, scope) in EXPECTED_EXTRA.items():
         plan = rendered[name][0]
-        assert plan.cudnn_stages == stages, name
+        assert plan.impl_stages["cudnn"] == stages, name
         assert (plan.reduce.mode if plan.reduce else None) == reduce, name
         assert (plan.pool.mode if plan.pool else None) == pool, name
         assert (plan.norm.scope if plan.norm else None) == scope, name
@@ -432,7 +443,7 @@ def test_the_k_tiled_kernels_read_the_convolutions_output_by_producer(tmp_path):
            "epilogue": [{"op": "sigmoid"}, {"op": "mul", "by": "producer"}, {"op": "max_pool", "kernel_size": 2}],
            "shapes": [[2, 32, 11, 13]]}
     plan = make_plan(parse_config(raw, "<wide_producer>"))
-    assert plan.wide_main and plan.pre[-1].uses_producer()
+    assert bool(plan_facts(plan)["wide_main"]) and plan.pre[-1].uses_producer()
     source = tmp_path / "wide_main_0.cu"
     source.write_text(render(plan).files["wide_main_0.cu"])
     done = subprocess.run([NVCC, "-arch=sm_90", "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-c", str(source),

@@ -1,0 +1,35 @@
+"""The element types a config may name, as data: how each is spelt in the kernels, the binding and
+the generated model.
+
+Every tensor of the model (input, weights, parameters, the norm's affine parameters and running
+statistics, the convolution's output and the model's) is in the config's dtype; the kernels widen
+what they load to float, compute in float (statistics in float and double, as at float32) and round
+what they store back to the dtype, to nearest even as PyTorch does. Their own workspace (statistics
+partials, the norm's per-plane map, plane partials) stays float.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Dtype:
+    name: str  # the config's spelling
+    torch: str  # torch.<torch> in the generated model
+    scalar_type: str  # at::ScalarType in the binding
+    ft: str  # the element type the kernels' pointers have: float, or the ft_t wrapper (templates/common.cuh.j2)
+    ft4: str  # four of them, loaded at once (float4: 16 bytes; ft_t4: 8)
+    storage: str  # the CUDA type ft_t wraps ("" for float)
+    header: str  # the CUDA header that declares it
+    to_float: str  # its conversion to float, and back (round to nearest even)
+    from_float: str
+    bytes: int
+
+
+DTYPES: dict[str, Dtype] = {
+    "float32": Dtype("float32", "float32", "kFloat", "float", "float4", "", "", "", "", 4),
+    "float16": Dtype("float16", "float16", "kHalf", "ft_t", "ft_t4", "__half", "cuda_fp16.h",
+                     "__half2float", "__float2half_rn", 2),
+    "bfloat16": Dtype("bfloat16", "bfloat16", "kBFloat16", "ft_t", "ft_t4", "__nv_bfloat16", "cuda_bf16.h",
+                      "__bfloat162float", "__float2bfloat16_rn", 2),
+}

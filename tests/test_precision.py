@@ -1,0 +1,163 @@
+"""dtype, precision and tolerance without a GPU (issue 24): what a config says, where it goes (the
+problem's canonical form and so the cache key, `fusetune plan`, the rendered module), and which worlds
+take it. The configs are benchmarks/half/: the four seeds in float16, in bfloat16, and in float32 with
+precision ieee and a tolerance."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from fusetune.cli import main
+from fusetune.codegen import render
+from fusetune.config import DEFAULT_PRECISION, load_config
+from fusetune.dtypes import DTYPES
+from fusetune.plan import make_plan
+from fusetune.worlds import WORLDS, refusals
+
+from conftest import ROOT, SEEDS, import_file
+
+HALF = sorted((ROOT / "benchmarks" / "half").glob("*.yaml"))
+BY_KIND = {kind: [p for p in HALF if p.stem.endswith(f"_{kind}")] for kind in ("fp16", "bf16", "ieee")}
+#: The worlds whose products are TF32 MMAs: refused under precision ieee.
+TF32_WORLDS = {"gemm", "gemm_extrema", "gemm_store", "gemm_cluster", "gemm_wide", "gemm_wide_recompute"}
+
+
+def _seed_of(path: Path) -> Path:
+    return ROOT / "configs" / (path.stem.rsplit("_", 1)[0] + ".yaml")
+
+
+def test_every_seed_has_its_three_variants():
+    assert {_seed_of(p) for p in HALF} == set(SEEDS.values())
+    assert all(len(paths) == len(SEEDS) for paths in BY_KIND.values())
+
+
+@pytest.mark.parametrize("path", HALF, ids=lambda p: p.stem)
+def test_variant_is_its_seed_but_for_the_numerics(path):
+    """Same problem as the seed (producer, parameters, chain, shapes), another dtype or precision:
+    another canonical form, so another cache key."""
+    spec, seed = load_config(path), load_config(_seed_of(path))
+    assert (spec.producer, spec.parameters, spec.epilogue, spec.shapes) == (
+        seed.producer, seed.parameters, seed.epilogue, seed.shapes)
+    assert spec.numerics() != seed.numerics() and spec.digest() != seed.digest()
+    assert {k: v for k, v in spec.canonical().items() if k not in spec.numerics()} == {
+        k: v for k, v in seed.canonical().items() if k not in seed.numerics()}
+
+
+def test_numerics_defaults():
+    seed = load_config(SEEDS["groupnorm"])
+    assert seed.numerics() == {"dtype": "float32", "precision": DEFAULT_PRECISION, "tolerance": None}
+    assert DEFAULT_PRECISION == "tf32"  # eager PyTorch's own default: TF32 allowed in cuDNN convolutions
+    for path in BY_KIND["fp16"] + BY_KIND["bf16"]:
+        spec = load_config(path)
+        assert spec.dtype in ("float16", "bfloat16") and spec.precision is None and spec.tolerance is None
+    for path in BY_KIND["ieee"]:
+        spec = load_config(path)
+        assert spec.numerics() == {"dtype": "float32", "precision": "ieee", "tolerance": {"atol": 1e-4, "rtol": 1e-4}}
+
+
+@pytest.mark.parametrize("path", HALF, ids=lambda p: p.stem)
+def test_worlds_offered_at_the_numerics(path):
+    """Half precision: cuDNN's world and eager only, the others refused naming the dtype. precision ieee:
+    no TF32 tensor-core world, each refused naming the precision."""
+    spec = load_config(path)
+    plan = make_plan(spec)
+    if spec.dtype != "float32":
+        assert set(plan.impl_stages) == {"cudnn", "eager"}
+        assert set(refusals(plan)) == set(WORLDS) - {"cudnn", "eager"}
+        assert all(f"dtype {spec.dtype}" in why for why in refusals(plan).values())
+    else:
+        assert not TF32_WORLDS & set(plan.impl_stages)
+        for name in TF32_WORLDS:
+            assert "precision ieee" in WORLDS[name].refusal(plan), name
+        seed_plan = make_plan(load_config(_seed_of(path)))
+        assert set(plan.impl_stages) == set(seed_plan.impl_stages) - TF32_WORLDS
+
+
+@pytest.mark.parametrize("path", HALF, ids=lambda p: p.stem)
+def test_plan_shows_the_numerics(path):
+    spec = load_config(path)
+    text = CliRunner().invoke(main, ["plan", str(path)])
+    assert text.exit_code == 0, text.output
+    assert f"  numerics: dtype {spec.dtype}" in text.output
+    if spec.precision == "ieee":
+        assert "precision ieee" in text.output and "allclose(atol=0.0001, rtol=0.0001)" in text.output
+        assert re.search(r"no gemm\w* world: precision ieee", text.output) or not make_plan(
+            load_config(_seed_of(path))).gemm
+    document = json.loads(CliRunner().invoke(main, ["plan", "--json", str(path)]).output)[0]
+    assert {k: document[k] for k in ("dtype", "precision", "tolerance")} == spec.numerics()
+
+
+@pytest.mark.parametrize("path", BY_KIND["fp16"] + BY_KIND["bf16"], ids=lambda p: p.stem)
+def test_half_module_renders_at_its_dtype(path):
+    """The kernels read and write the dtype through ft_t (widened to float), no torch header; the
+    binding takes tensors of the dtype and float workspace; the model allocates its output in the dtype."""
+    spec = load_config(path)
+    dtype = DTYPES[spec.dtype]
+    module = render(make_plan(spec))
+    for unit, text in module.cuda_sources.items():
+        includes = re.findall(r"^\s*#\s*include\s*[<\"]([^>\"]+)[>\"]", text, re.M)
+        assert not any(h.startswith(("torch/", "ATen/", "c10/")) for h in includes), unit
+        if "struct FtArgs" in text and "__global__" in text:
+            assert dtype.header in includes and f"{dtype.storage} v;" in text, unit
+            assert "const ft_t* y;" in text and "float* partials;" in text, unit
+            assert "reinterpret_cast<const float4*>(a.y" not in text, unit  # 16 bytes of halves are 8 values
+    assert f"torch::{dtype.scalar_type}" in module.files["binding.cpp"]
+    assert f"DTYPE = torch.{dtype.torch}" in module.files["model.py"]
+
+
+def test_float32_module_has_no_half_code():
+    for path in SEEDS.values():
+        module = render(make_plan(load_config(path)))
+        assert not any(re.search(r"\bft_t4?\b", text) for text in module.cuda_sources.values())
+        assert "DTYPE = torch.float32" in module.files["model.py"]
+        assert "with _ConvPrecision()" not in module.files["model.py"]
+
+
+@pytest.mark.parametrize("path", HALF, ids=lambda p: p.stem)
+def test_reference_model_is_in_the_dtype_on_cpu(path, tmp_path):
+    """Model (and so ModelNew) holds its parameters and buffers in the dtype, and under precision ieee its
+    convolution runs inside the TF32 switch, which it leaves as it found it."""
+    import torch
+
+    spec = load_config(path)
+    module = render(make_plan(spec))
+    generated = import_file(module.write(tmp_path / "module") / "model.py")
+    model = generated.Model()
+    want = getattr(torch, DTYPES[spec.dtype].torch)
+    assert generated.DTYPE == want
+    floats = [t for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()]
+    assert floats and all(t.dtype == want for t in floats)
+    assert generated.TOLERANCE == spec.numerics()["tolerance"]
+    assert generated.PRECISION == spec.precision
+    assert ("with _ConvPrecision()" in module.files["model.py"]) is (spec.precision == "ieee")
+    before = torch.backends.cudnn.allow_tf32
+    with generated._ConvPrecision():
+        assert torch.backends.cudnn.allow_tf32 is False
+    assert torch.backends.cudnn.allow_tf32 == before
+
+
+def test_allclose_refusal_is_torch_allclose_and_says_where():
+    """The tolerance check is torch.allclose (in float64): passes what it passes; a refusal counts the
+    elements off and names the worst; an unwritten (NaN) output is never close."""
+    import torch
+
+    from fusetune.evaluate import _allclose_refusal
+
+    tolerance = {"atol": 1e-4, "rtol": 1e-4}
+    eager = torch.linspace(-1.0, 1.0, 101, dtype=torch.float16)
+    assert _allclose_refusal(eager.clone(), eager, tolerance) is None
+    off = eager.clone()
+    off[7] += 0.25
+    why = _allclose_refusal(off, eager, tolerance)
+    assert why is not None and "1 of 101 elements off" in why and "eager float16" in why
+    assert f"against {eager[7].item():.6g}" in why
+    unwritten = eager.clone()
+    unwritten[3] = float("nan")
+    assert "1 of 101" in _allclose_refusal(unwritten, eager, tolerance)
+    exact = eager.float()
+    assert _allclose_refusal(exact + 5e-5, exact, tolerance) is None  # within atol
+    assert _allclose_refusal(exact + 3e-4, exact, tolerance) is not None  # beyond atol + rtol * |x| <= 2e-4

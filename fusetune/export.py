@@ -1,8 +1,11 @@
 """Export tuned winners as a self-contained module: model.py, <stage>.cu, binding.cpp, winner.json.
 
-The exported model.py is the very file fusetune verified and timed; winner.json picks the
-tuned variant per input shape (the first one also serves shapes not tuned; the kernels fall
-back to scalar loads where its vector loads would not fit).
+The exported kernels are the winners' variants alone (the templates fusetune verified and timed,
+rendered for those variants: a module of every variant takes minutes to build); winner.json picks
+the tuned variant per input shape (the first one also serves shapes not tuned; the kernels fall
+back to scalar loads where its vector loads would not fit). With ``prebuilt``, the extension built
+for this GPU goes along (prebuilt/sm<arch>/, listed in prebuilt.json), so that a service on the
+same GPU architecture, torch and CUDA starts without a compiler; elsewhere model.py builds it.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from fusetune.config import ProblemSpec
 from fusetune.errors import FusetuneError
 from fusetune.ops import Shape
 from fusetune.plan import make_plan
+from fusetune.winners import machine_fields, prebuilt_entry, render_winners, write_manifest
 
 
 def find_winner(cache: Cache, spec: ProblemSpec, shape: Shape, source_hash: str, gpu: str | None) -> Entry | None:
@@ -30,9 +34,12 @@ def find_winner(cache: Cache, spec: ProblemSpec, shape: Shape, source_hash: str,
     return max(found, key=lambda e: e.updated) if found else None
 
 
-def export(spec: ProblemSpec, shapes: list[Shape], cache: Cache, out_dir: Path, gpu: str | None = None) -> Path:
-    """Write ``out_dir/<name>/``; raises if any requested shape has no tuned winner."""
-    rendered = render(make_plan(spec))
+def export(spec: ProblemSpec, shapes: list[Shape], cache: Cache, out_dir: Path, gpu: str | None = None,
+           prebuilt: bool = False) -> Path:
+    """Write ``out_dir/<name>/``; raises if any requested shape has no tuned winner, or (``prebuilt``)
+    if the extension cannot be built here."""
+    plan = make_plan(spec)
+    rendered = render(plan)
     winners: list[dict[str, Any]] = []
     for shape in shapes:
         entry = find_winner(cache, spec, shape, rendered.source_hash, gpu)
@@ -45,12 +52,21 @@ def export(spec: ProblemSpec, shapes: list[Shape], cache: Cache, out_dir: Path, 
                         "time_ms": entry.winner["time_ms"], "eager_ms": entry.winner.get("eager_ms"),
                         "key": entry.key, "gpu": entry.fields.get("gpu"), "cuda": entry.fields.get("cuda"),
                         "torch": entry.fields.get("torch")})
-    record = {"config": spec.name, "module": rendered.name, "variant": winners[0]["variant"], "shapes": winners}
+    shipped = render_winners(plan, [w["variant"] for w in winners])
+    record = {"config": spec.name, "module": shipped.name, **spec.numerics(), "variant": winners[0]["variant"],
+              "shapes": winners}
+    library = _build_for_here(shipped, cache) if prebuilt else None
     target = out_dir / spec.name
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out_dir, prefix=f".{spec.name}."))
     try:  # write everything beside, then swap in: never a half-written export
-        rendered.write(staging)
+        shipped.write(staging)
+        if library is not None:
+            so, fields = library
+            entry = prebuilt_entry(shipped.name, so, fields)
+            (staging / entry["file"]).parent.mkdir(parents=True)
+            shutil.copy2(so, staging / entry["file"])
+            write_manifest(staging, [entry])
         (staging / "winner.json").write_text(json.dumps(record, indent=1) + "\n")
         (staging / "__init__.py").write_text('"""Exported by fusetune."""\nfrom .model import Model, ModelNew, load_kernels\n')
         if target.exists():
@@ -60,3 +76,23 @@ def export(spec: ProblemSpec, shapes: list[Shape], cache: Cache, out_dir: Path, 
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
+
+
+def _build_for_here(rendered, cache: Cache) -> tuple[Path, dict[str, str]]:
+    """Build the exported module for this GPU (or reuse the cache's build): its extension file and
+    what it was built for."""
+    import torch
+
+    from fusetune.build import build
+
+    if not torch.cuda.is_available():
+        raise FusetuneError("--prebuilt builds the extension for this machine's GPU, and no CUDA GPU is visible; "
+                            "export on the GPU kind the service runs on (or leave --prebuilt out)")
+    fields = machine_fields()
+    built = build(rendered, cache, arch=fields["arch"])
+    if not built.ok:
+        raise FusetuneError(f"module {rendered.name} failed to build for --prebuilt:\n{built.log[-2000:]}")
+    so = built.build_dir / f"{rendered.name}.so"
+    if not so.is_file():
+        raise FusetuneError(f"the build of {rendered.name} left no {so.name} in {built.build_dir}")
+    return so, fields

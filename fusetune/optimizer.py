@@ -1,0 +1,536 @@
+"""``fusetune.optimize``: a PyTorch model whose convolution chains run as tuned fused kernels.
+
+The model is traced as ``fusetune import`` traces it (torch.fx, in eval mode), each chain the
+importer finds is tuned with the search (or read from the cache) and replaced, in a copy of the
+model, by a ``FusedChain``. The copy is a ``torch.fx.GraphModule`` holding the user's own
+submodules, parameters and buffers (the same tensor objects: nothing is copied, and its
+``state_dict`` has the user's names), on the user's device. It has the model's forward, modules and
+state, not the model's other methods (it is not an instance of the model's class).
+
+A ``FusedChain`` runs its tuned kernels only where they compute what the model would: eval mode,
+inference (no autograd), a CUDA float32 input of a tuned shape. Everything else runs the chain's
+reference path, the user's own ops from the traced graph, exactly as the model would run them:
+
+* training mode: the reference path, so batch norm updates its running statistics (eval-mode
+  batch norm runs fused, from the running statistics, as it was tuned);
+* autograd (``torch.is_grad_enabled()`` and the input or a parameter of the chain requires grad):
+  the reference path, so ``backward`` works; run inference under ``torch.no_grad()`` or
+  ``torch.inference_mode()`` to get the kernels;
+* a shape not tuned, a CPU tensor, another dtype, a build that failed: the reference path.
+
+Each such fallback is said once through ``logging`` (logger ``fusetune.optimize``), per chain and
+reason (per chain and shape for untuned shapes), never per call.
+
+Code in the model's forward that reads ``self.training`` for a functional call
+(``F.dropout(x, training=self.training)``) is traced in eval mode, as torch.fx fixes such values;
+modules (``nn.Dropout``, ``nn.BatchNorm2d``) follow ``.train()`` and ``.eval()`` as usual.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+import torch.nn as nn
+
+from fusetune.errors import FusetuneError
+
+log = logging.getLogger("fusetune.optimize")
+
+#: Seconds ``optimize`` may spend tuning, all chains together (a cached chain costs nothing).
+DEFAULT_BUDGET_S = 900.0
+
+
+def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT_BUDGET_S,
+             cache_dir: str | Path | None = None, trials: int | None = None,
+             benchmarker: Callable | None = None, machine: Any = None) -> nn.Module:
+    """A copy of ``model`` with every convolution chain tuned and fused (see the module's docstring).
+
+    ``example_inputs``: a tensor or a sequence of the forward's arguments; each chain is tuned at the
+    shape it sees with them. ``budget_s``: seconds for tuning, shared by the chains still untuned
+    (cached winners cost none); a chain the budget does not reach runs its reference path.
+    ``trials``: per chain (default: the search's). ``benchmarker``: a factory ``(plan, shape) ->
+    Benchmarker`` replacing the GPU one (tests drive the search with a fake); with it, ``machine``
+    (a ``fusetune.search.Machine``) names the machine the results are cached for.
+
+    The kernels run in eval mode, without autograd (``torch.no_grad()``, ``torch.inference_mode()``),
+    on CUDA float32 inputs of a tuned shape; otherwise each chain runs its own eager ops (training
+    mode updates batch norm's running statistics; backward works), said once in the log. Without a
+    CUDA device (and no benchmarker), the copy keeps every chain on its eager path, and the log says
+    why once.
+    """
+    from fusetune.cache import Cache
+    from fusetune.search import Machine
+
+    inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    root, gm = _traced_copy(model, inputs)
+    found = _configs(gm, type(model).__name__)
+    if machine is None:
+        try:
+            machine = Machine.detect()
+        except FusetuneError as exc:
+            log.warning("fusetune.optimize: %s; every chain of %s runs eagerly", exc, type(model).__name__)
+            return _finish(model, root, gm, [])
+    dtypes = {x.dtype for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point()}
+    if dtypes - {torch.float32}:
+        log.warning("fusetune.optimize: the chains are tuned in float32, the inputs are %s; every chain runs "
+                    "eagerly", ", ".join(sorted(map(str, dtypes))))
+        return _finish(model, root, gm, [])
+    cache = Cache(cache_dir)
+    winners = _tune(found, cache, machine, budget_s, trials, benchmarker)
+    fused: list[FusedChain] = []
+    build_now = benchmarker is None and torch.cuda.is_available()
+    for item in found:
+        try:
+            chain = FusedChain.make(gm, item, winners.get(item.spec.name), cache, machine.capability)
+        except Exception as exc:  # a generated module that does not take the winner: this chain stays eager
+            chain = f"{type(exc).__name__}: {exc}"
+        if isinstance(chain, str):
+            log.info("fusetune.optimize: %s stays eager: %s", item.spec.name, chain)
+            continue
+        replaced = _replace(gm, item, chain)
+        if replaced is not None:
+            log.info("fusetune.optimize: %s stays eager: %s", item.spec.name, replaced)
+            continue
+        if build_now:
+            chain.load()
+        fused.append(chain)
+    return _finish(model, root, gm, fused)
+
+
+# --------------------------------------------------------------------------------------------------
+# The copy
+
+
+def shared_copy(model: nn.Module) -> nn.Module:
+    """A copy of the module tree whose parameters and buffers are the model's own tensor objects:
+    the copy's mode and attributes are its own, its weights the user's."""
+    memo: dict[int, Any] = {id(t): t for t in model.parameters()}
+    memo.update({id(t): t for t in model.buffers()})
+    try:
+        return copy.deepcopy(model, memo)
+    except Exception as exc:
+        raise FusetuneError(f"{type(model).__name__}: cannot copy the model ({type(exc).__name__}: {exc}); optimize "
+                            "works on a copy that shares the model's tensors, and leaves the model as it is") from None
+
+
+def _traced_copy(model: nn.Module, inputs: Sequence[Any]) -> tuple[nn.Module, torch.fx.GraphModule]:
+    """The shared copy and its trace (in eval mode: the configs are inference's, and tracing must not
+    move the user's running statistics). The GraphModule holds the copy's top-level children and
+    tensors themselves, so its names are the user's."""
+    from fusetune.importer import trace
+
+    root = shared_copy(model)
+    root.eval()
+    gm = trace(root, inputs, type(model).__name__)
+    for name, child in root.named_children():
+        setattr(gm, name, child)
+    for name, param in root.named_parameters(recurse=False):
+        gm.register_parameter(name, param)
+    for name, buf in root.named_buffers(recurse=False):
+        if name in gm._buffers or not hasattr(gm, name):
+            gm.register_buffer(name, buf, persistent=name not in root._non_persistent_buffers_set)
+    return root, gm
+
+
+def _finish(model: nn.Module, root: nn.Module, gm: torch.fx.GraphModule, fused: list["FusedChain"]) -> nn.Module:
+    """Drop the trace's constants no node reads any more, and give every module the user's mode."""
+    used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    for name in [n for n in gm._buffers if n.startswith("_tensor_constant") and n not in used]:
+        del gm._buffers[name]
+    gm.graph.lint()
+    gm.recompile()
+    modes = {name: m.training for name, m in model.named_modules()}
+    for name, m in root.named_modules():
+        m.training = modes.get(name, model.training)
+    gm.training = model.training
+    for chain in fused:
+        chain.training = model.training
+    return gm
+
+
+# --------------------------------------------------------------------------------------------------
+# Chains to configs, configs to winners
+
+
+@dataclasses.dataclass
+class Found:
+    chain: Any  # importer.Chain
+    spec: Any  # config.ProblemSpec
+    weights: dict[str, str]  # generated Model state key -> the user's name
+    full: Any = None  # the module of every variant (the search's), once rendered
+
+
+def _configs(gm: torch.fx.GraphModule, model_name: str) -> list[Found]:
+    """The importer's chains and configs (the longest prefix of each chain that validates)."""
+    from fusetune.config import parse_config
+    from fusetune.importer import _stem, find_chains, fit_chain
+
+    chains, refused = find_chains(gm)
+    for no in refused:
+        log.info("fusetune.optimize: no chain at %s: %s", no.node, no.reason)
+    found: list[Found] = []
+    stem = _stem(model_name)
+    for chain in chains:
+        name = f"{stem}_chain{len(found)}"
+        where = f"<{model_name}>/{name}"
+        fitted = fit_chain(chain, name, Path(where))
+        if isinstance(fitted, str):
+            log.info("fusetune.optimize: no chain at %s: %s", chain.producer_node, fitted)
+            continue
+        _, raw, weights = fitted
+        found.append(Found(chain, parse_config(raw, where), weights))
+    return found
+
+
+def _tune(found: list[Found], cache: Any, machine: Any, budget_s: float, trials: int | None,
+          benchmarker: Callable | None) -> dict[str, dict[str, Any]]:
+    """Each chain's winning variant (config name -> stage values): cached, or searched within the
+    budget left, shared by the chains still to go."""
+    from fusetune.cache import make_key
+    from fusetune.codegen import plan_space, render
+    from fusetune.plan import make_plan
+    from fusetune.search import key_fields, tune_shape
+
+    deadline = time.monotonic() + budget_s
+    worker_box: list[Any] = []
+    winners: dict[str, dict[str, Any]] = {}
+    # Chains that are the same problem at the same shape (a network's repeated blocks) are tuned once:
+    # the others read the cache. The budget is shared by the distinct ones still to go.
+    problems = [json.dumps([item.spec.canonical(), list(item.spec.shapes[0])], default=list) for item in found]
+    renders: dict[str, Any] = {}  # problem -> the module of every variant (rendering it takes a while)
+    try:
+        for i, item in enumerate(found):
+            if problems[i] not in renders:
+                renders[problems[i]] = render(make_plan(item.spec))
+            item.full = renders[problems[i]]
+            entry = cache.load(make_key(key_fields(item.spec, item.spec.shapes[0], machine, item.full.source_hash)))
+            if entry is not None and entry.winner is not None:  # what tune_shape would return, without its work
+                winners[item.spec.name] = entry.winner["variant"]
+                continue
+            left = deadline - time.monotonic()
+            to_go = len(set(problems[i:]) - set(problems[:i]))
+            factory = benchmarker or _gpu_factory(cache, machine, worker_box, max(1.0, left))
+            if left <= 1.0:
+                factory = _out_of_budget
+            shape = item.spec.shapes[0]
+            try:
+                result = tune_shape(item.spec, shape, cache, machine, factory, trials=trials,
+                                    timeout=max(1.0, left / max(1, to_go)), echo=log.debug)
+            except (_OutOfBudget, FusetuneError) as exc:
+                log.info("fusetune.optimize: %s %s not tuned: %s", item.spec.name, list(shape), exc)
+                continue
+            except Exception as exc:  # one chain's trouble never takes the others (or the model) down
+                log.warning("fusetune.optimize: %s %s not tuned: %s: %s", item.spec.name, list(shape),
+                            type(exc).__name__, exc)
+                continue
+            if result.candidate is None:
+                log.info("fusetune.optimize: %s %s: %s", item.spec.name, list(shape), result.message or result.status)
+                continue
+            winners[item.spec.name] = plan_space(make_plan(item.spec)).stage_values(result.candidate)
+            log.info("fusetune.optimize: %s %s %s: %.4f ms (eager %s ms)", item.spec.name, list(shape), result.status,
+                     result.time_ms or float("nan"), f"{result.eager_ms:.4f}" if result.eager_ms else "?")
+    finally:
+        for worker in worker_box:
+            worker.close()
+    return winners
+
+
+class _OutOfBudget(Exception):
+    def __str__(self) -> str:
+        return "the time budget is spent (a later optimize with more budget_s tunes it)"
+
+
+def _out_of_budget(plan: Any, shape: Any) -> Any:
+    raise _OutOfBudget()
+
+
+def _gpu_factory(cache: Any, machine: Any, worker_box: list, seconds_left: float) -> Callable:
+    from fusetune.runner import GpuBenchmarker
+    from fusetune.worker import Worker
+
+    def make(plan: Any, shape: Any) -> Any:
+        if not worker_box:
+            worker_box.append(Worker())
+        return GpuBenchmarker(plan, shape, cache, machine, worker_box[0], build_timeout=seconds_left,
+                              open_timeout=seconds_left, echo=log.debug)
+    return make
+
+
+# --------------------------------------------------------------------------------------------------
+# The fused module
+
+
+#: The winners' modules rendered in this process, by problem and variant (the sources depend on nothing else).
+_RENDERED: dict[str, Any] = {}
+
+
+class FusedChain(nn.Module):
+    """One chain of the user's model: its tuned kernels where they apply, else its reference path
+    (the user's own ops). Registers no parameters or submodules of its own: the model's state
+    stays under the user's names, and the tensors are read from the user's modules at every call,
+    so ``.to()`` and ``load_state_dict`` on the model reach the kernels too."""
+
+    def __init__(self, name: str, reference: torch.fx.GraphModule, kernel_model: nn.Module | None,
+                 shapes: set[tuple[int, ...]], modules: list[nn.Module], tensors: list[tuple[nn.Module, str]],
+                 loose: list[tuple[nn.Module, str, nn.Module, str]], root_tensors: list[str],
+                 rendered: Any, cache: Any, arch: str | None) -> None:
+        super().__init__()
+        state = {"name": name, "_reference": reference, "_kernel_model": kernel_model, "shapes": shapes,
+                 "_modules_used": modules, "_tensors": tensors, "_loose": loose, "_root_tensors": root_tensors,
+                 "_rendered": rendered, "_cache": cache, "_arch": arch, "_kernels": None, "_said": set(),
+                 "_root": None, "_spec": None, "kernel_calls": 0}
+        for key, value in state.items():
+            object.__setattr__(self, key, value)  # not registered: see the class docstring
+
+    # -- construction ---------------------------------------------------------------------------
+
+    @classmethod
+    def make(cls, gm: torch.fx.GraphModule, item: Found, variant: Mapping[str, Any] | None, cache: Any,
+             arch: str | None) -> "FusedChain | str":
+        """The fused module of a chain of ``gm`` (not yet in its graph), or why there is none."""
+        from fusetune.build import load_generated
+        from fusetune.plan import make_plan
+
+        reference = _reference_graph(gm, item)
+        if isinstance(reference, str):
+            return reference
+        sub, inputs_node = reference
+        ref = torch.fx.GraphModule(gm, sub)
+        root_tensors: list[str] = []
+        for top in {str(n.target).split(".")[0] for n in sub.nodes if n.op in ("get_attr", "call_module")}:
+            value = getattr(gm, top)
+            if isinstance(value, nn.Module):
+                setattr(ref, top, value)  # the user's module itself, not the trace's partial container
+            elif not top.startswith("_tensor_constant"):  # the trace's own constants never move
+                root_tensors.append(top)
+        modules = [gm.get_submodule(str(n.target)) for n in sub.nodes if n.op == "call_module"]
+        tensors = [_owner(gm, user) for user in item.weights.values()]
+        kernel_model = None
+        rendered = None
+        shapes: set[tuple[int, ...]] = set()
+        if variant is not None and variant.get("producer", {}).get("impl") != "eager":
+            from fusetune.winners import render_winners
+
+            memo = json.dumps([item.spec.canonical(), variant], sort_keys=True, default=list)
+            if _built(item.full, cache, arch):  # the search built every variant here: nothing to compile
+                rendered = item.full
+            elif memo in _RENDERED:  # a network repeats its blocks: one render per problem and winner
+                rendered = _RENDERED[memo]
+            else:
+                rendered = _RENDERED[memo] = render_winners(make_plan(item.spec), [variant])
+            generated = load_generated(rendered.write(cache.module_dir(rendered.name)))
+            kernel_model = generated.ModelNew(variant=dict(variant))
+            kernel_model.training = False  # not .eval(): that would reach the user's modules once bound
+            bound = _bind(kernel_model, gm, item.weights)
+            if isinstance(bound, str):
+                return bound
+            loose = bound
+            shapes = {tuple(s) for s in item.spec.shapes}
+        else:
+            loose = []
+        chain = cls(item.spec.name, ref, kernel_model, shapes, modules, tensors, loose, root_tensors, rendered, cache,
+                    arch)
+        object.__setattr__(chain, "_root", gm)
+        object.__setattr__(chain, "_spec", item.spec)
+        object.__setattr__(chain, "_input_node", inputs_node)
+        if variant is None:
+            chain._say("untuned", "not tuned (see the log above); it runs eagerly")
+        return chain
+
+    # -- running --------------------------------------------------------------------------------
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        why = self._why_eager(x)
+        if why is None:
+            for owner, attr, user, user_attr in self._loose:
+                _set_tensor(owner, attr, getattr(user, user_attr))
+            self.kernel_calls += 1  # how many calls ran the kernels: what a user (or a test) checks first
+            return self._kernel_model(x)
+        self._say(*why)
+        for name in self._root_tensors:
+            _set_tensor(self._reference, name, getattr(self._root, name))
+        return self._reference(x)
+
+    def _why_eager(self, x: Any) -> tuple[str, str] | None:
+        """Why this call takes the reference path (a key for saying it once, and the reason), or None."""
+        if self._kernel_model is None:
+            return ("untuned", "no tuned kernels (not tuned, or eager PyTorch won its search): eager")
+        if self.training or any(m.training for m in self._modules_used):
+            return ("training", "training mode: eager, so batch norm updates its running statistics")
+        if torch.is_grad_enabled() and (getattr(x, "requires_grad", False)
+                                        or any(getattr(o, a).requires_grad for o, a in self._tensors)):
+            return ("autograd", "autograd is recording (a parameter or the input requires grad): eager, so backward "
+                                "works; run under torch.no_grad() or torch.inference_mode() for the kernels")
+        if not isinstance(x, torch.Tensor):
+            return ("type", f"input of type {type(x).__name__}: eager")
+        if tuple(x.shape) not in self.shapes:
+            return (f"shape {tuple(x.shape)}", f"shape {list(x.shape)} was not tuned (tuned: "
+                                               f"{sorted(map(list, self.shapes))}): eager")
+        if not x.is_cuda:
+            return ("device", f"input on {x.device}: the kernels run on CUDA; eager")
+        if x.dtype != torch.float32:
+            return ("dtype", f"input of {x.dtype}: the kernels were tuned for float32; eager")
+        failed = self.load()
+        if failed:
+            return ("build", failed)
+        return None
+
+    def load(self) -> str | None:
+        """Build (or reuse from the cache) the winners' kernels and load them; why not, if they cannot be."""
+        if self._kernels is None:
+            from fusetune.build import build_and_load
+
+            arch = self._arch
+            if torch.cuda.is_available():
+                major, minor = torch.cuda.get_device_capability()
+                arch = f"{major}.{minor}"
+            try:
+                build_and_load(self._rendered, self._cache, arch)
+                object.__setattr__(self, "_kernels", "")
+            except Exception as exc:  # a build that fails leaves the model running, eagerly
+                object.__setattr__(self, "_kernels", f"the kernels did not build ({type(exc).__name__}: "
+                                                     f"{str(exc)[-500:]}): eager")
+        return self._kernels or None
+
+    def _say(self, key: str, message: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            log.info("fusetune: %s: %s", self.name, message)
+
+    @property
+    def reference(self) -> torch.fx.GraphModule:
+        """The chain's own ops, from the user's model (its eager path)."""
+        return self._reference
+
+    @property
+    def kernel_model(self) -> nn.Module | None:
+        """The generated ModelNew, bound to the user's tensors (None where the chain is not tuned)."""
+        return self._kernel_model
+
+    def extra_repr(self) -> str:
+        ops = [str(n.target) for n in self._reference.graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
+        return f"{self.name}: {' -> '.join(ops)}; tuned shapes {sorted(map(list, self.shapes))}"
+
+
+def _built(rendered: Any, cache: Any, arch: str | None) -> bool:
+    """Whether ``rendered`` has a finished build in the cache for ``arch`` (as fusetune.build names it)."""
+    from fusetune.build import BUILT_MARKER
+
+    return rendered is not None and arch is not None and (
+        cache.build_dir(f"{rendered.name}-sm{arch.replace('.', '')}") / BUILT_MARKER).exists()
+
+
+def _owner(root: nn.Module, name: str) -> tuple[nn.Module, str]:
+    """(the module holding the user's tensor ``name``, its attribute): modules outlive ``.to()``, tensors may not."""
+    owner, _, attr = name.rpartition(".")
+    return (root.get_submodule(owner) if owner else root), attr
+
+
+def _set_tensor(module: nn.Module, name: str, value: torch.Tensor) -> None:
+    """Make ``module.name`` the tensor object ``value`` (a Parameter stays one, anything else a buffer)."""
+    if module._parameters.get(name) is value or module._buffers.get(name) is value:
+        return
+    module._parameters.pop(name, None)
+    module._buffers.pop(name, None)
+    module.__dict__.pop(name, None)
+    if isinstance(value, nn.Parameter):
+        module.register_parameter(name, value)
+    else:
+        module.register_buffer(name, value, persistent=False)
+
+
+def _bind(kernel_model: nn.Module, root: nn.Module, weights: Mapping[str, str]) -> list | str:
+    """Give the generated ModelNew the user's tensors: a submodule whose every tensor is one user module's
+    (the convolution, a norm) becomes that module; the others (a functional convolution's weights, a
+    per-channel parameter) are bound at each call. Returns those, or why the chain cannot be bound."""
+    ours = {**dict(kernel_model.named_parameters()), **dict(kernel_model.named_buffers())}
+    missing = sorted(set(ours) - set(weights))
+    if missing:
+        return f"the generated model's {', '.join(missing)} have no tensor of the model"
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for key, user in weights.items():
+        owner, _, attr = key.rpartition(".")
+        groups.setdefault(owner, []).append((attr, user))
+    loose: list[tuple[nn.Module, str, nn.Module, str]] = []
+    for owner, items in groups.items():
+        users = {u.rpartition(".")[0] for _, u in items}
+        if owner and "." not in owner and len(users) == 1 and all(a == u.rpartition(".")[2] for a, u in items):
+            theirs = root.get_submodule(next(iter(users))) if next(iter(users)) else root
+            if isinstance(theirs, type(kernel_model.get_submodule(owner))):
+                setattr(kernel_model, owner, theirs)
+                continue
+        target = kernel_model.get_submodule(owner) if owner else kernel_model
+        for attr, user in items:
+            module, user_attr = _owner(root, user)
+            _set_tensor(target, attr, getattr(module, user_attr))
+            loose.append((target, attr, module, user_attr))
+    return loose
+
+
+def _reference_graph(gm: torch.fx.GraphModule, item: Found) -> tuple[torch.fx.Graph, torch.fx.Node] | str:
+    """The chain's nodes as a graph of their own: its input (the convolution's) a placeholder, the
+    parameters and constants it reads get_attr nodes; or why the chain cannot be cut out."""
+    from fusetune.importer import match_producer
+
+    nodes = {n.name: n for n in gm.graph.nodes}
+    inside = {nodes[name] for name in item.chain.nodes if name in nodes}
+    out = nodes.get(item.chain.output_node)
+    match = match_producer(gm, nodes[item.chain.producer_node])
+    if out is None or match is None or isinstance(match, str):
+        return "its nodes are not in the traced graph"
+    for node in inside - {out}:
+        outside = [u.name for u in node.users if u not in inside]
+        if outside:
+            return f"{node.name} is also read by {', '.join(outside)}"
+    sub = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {match.input: sub.placeholder("x")}
+
+    def arg(node: torch.fx.Node) -> torch.fx.Node:
+        if node not in env:
+            if node.op != "get_attr":
+                raise _Outside(node.name)
+            env[node] = sub.get_attr(node.target)
+        return env[node]
+
+    try:
+        for node in gm.graph.nodes:
+            if node in inside:
+                env[node] = sub.node_copy(node, arg)
+    except _Outside as exc:
+        return f"it reads {exc}, computed outside the chain"
+    sub.output(env[out])
+    return sub, match.input
+
+
+class _Outside(Exception):
+    pass
+
+
+def _replace(gm: torch.fx.GraphModule, item: Found, chain: FusedChain) -> str | None:
+    """Put ``chain`` in place of its nodes in ``gm``'s graph (one call_module node); why not, if it cannot."""
+    nodes = {n.name: n for n in gm.graph.nodes}
+    inside = [n for n in gm.graph.nodes if n.name in set(item.chain.nodes)]
+    out = nodes[item.chain.output_node]
+    name = f"fused_{item.spec.name}"
+    gm.add_submodule(name, chain)
+    with gm.graph.inserting_after(out):
+        new = gm.graph.call_module(name, (chain._input_node,))
+    out.replace_all_uses_with(new)
+    attrs = {a for n in inside for a in n.all_input_nodes if a.op == "get_attr"}
+    for node in reversed(inside):
+        gm.graph.erase_node(node)
+    for node in attrs:
+        if not node.users:
+            gm.graph.erase_node(node)
+    return None
+
+
+def fused_chains(model: nn.Module) -> Iterator[FusedChain]:
+    """The FusedChain modules of an optimized model, in order."""
+    return (m for m in model.modules() if isinstance(m, FusedChain))

@@ -1,0 +1,298 @@
+"""``fusetune.optimize``: chains found and replaced, the user's tensors shared, the model's output kept,
+training mode and autograd on the eager path, untuned shapes said once. CPU tests drive the search with
+the fake benchmarker; the GPU tests (marked gpu) optimize torchvision's resnet18 and resnet50 for real."""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import fusetune
+from fusetune.cache import Cache
+from fusetune.optimizer import FusedChain, fused_chains, optimize
+from fusetune.search import Machine
+
+from conftest import import_file
+from fake_handlers import MACHINE_FIELDS, FakeBench
+
+MODELS = Path(__file__).resolve().parent / "models"
+MACHINE = Machine(*MACHINE_FIELDS)
+TRIALS = 2
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    """One cache for the module: a model optimized twice is searched once (the second reads the cache)."""
+    return tmp_path_factory.mktemp("optimize-cache")
+
+
+def _model(stem: str):
+    module = import_file(MODELS / f"{stem}.py")
+    torch.manual_seed(0)
+    return module.Model(*module.get_init_inputs()), tuple(module.get_inputs())
+
+
+def _optimize(model, inputs, cache_dir: Path) -> torch.nn.Module:
+    return optimize(model, inputs, cache_dir=cache_dir, trials=TRIALS, benchmarker=FakeBench().factory,
+                    machine=MACHINE)
+
+
+def test_optimize_is_exported() -> None:
+    assert fusetune.optimize is optimize
+
+
+def test_chains_are_replaced_and_share_the_users_tensors(cache_dir: Path) -> None:
+    model, inputs = _model("two_chains_matmul")
+    opt = _optimize(model, inputs, cache_dir)
+    chains = list(fused_chains(opt))
+    assert len(chains) == 2 and all(c.kernel_model is not None for c in chains)
+    calls = [n for n in opt.graph.nodes if n.op in ("call_module", "call_function")]
+    assert [n.target for n in calls if n.op == "call_module"] == [f"fused_{c.name}" for c in chains]
+    assert not any(getattr(n.target, "__name__", "") in ("conv2d", "tanh", "abs") for n in calls)
+    first, second = (c.kernel_model for c in chains)
+    assert first.producer.weight is model.conv.weight and first.producer.bias is model.conv.bias
+    assert second.producer.weight is model.weight and second.producer.bias is model.b  # a functional conv2d
+    ours, theirs = opt.state_dict(), model.state_dict()
+    assert set(ours) == set(theirs)  # the user's names, nothing of the fused modules
+    assert all(ours[k].data_ptr() == theirs[k].data_ptr() for k in theirs)
+    with torch.no_grad():
+        model.weight.mul_(2)  # a change to the user's model is the optimized one's
+    with torch.no_grad():
+        assert torch.equal(opt(*inputs), model(*inputs))
+
+
+def test_only_the_winners_are_built_unless_the_search_built_every_variant(cache_dir: Path) -> None:
+    from fusetune.build import BUILT_MARKER
+    from fusetune.cache import Cache
+    from fusetune.codegen import render
+    from fusetune.plan import make_plan
+
+    model, inputs = _model("conv2d_groupnorm_scale_clamp")
+    model.eval()
+    chain = next(fused_chains(_optimize(model, inputs, cache_dir)))
+    full = render(make_plan(chain._spec))
+    assert chain._rendered.name != full.name  # the winner's variants alone: a fresh machine builds little
+    assert len(chain._rendered.cuda_sources) < len(full.cuda_sources)  # one unit per winner, not per variant
+    built = Cache(cache_dir).build_dir(f"{full.name}-sm{MACHINE.capability.replace('.', '')}")
+    built.mkdir(parents=True, exist_ok=True)
+    (built / BUILT_MARKER).write_text("1\n")  # as the search leaves it on the machine that tuned
+    try:
+        chain = next(fused_chains(_optimize(model, inputs, cache_dir)))
+        assert chain._rendered.name == full.name  # nothing to compile: the search's build is loaded
+    finally:
+        (built / BUILT_MARKER).unlink()
+
+
+@pytest.mark.parametrize("stem", ["conv2d_groupnorm_scale_clamp", "conv1d_batchnorm_eval", "convt2d_residual_clone"])
+def test_output_equals_the_models(stem: str, cache_dir: Path) -> None:
+    model, inputs = _model(stem)
+    model.eval()
+    opt = _optimize(model, inputs, cache_dir)
+    assert any(isinstance(m, FusedChain) for m in opt.modules())
+    fresh = tuple(torch.randn_like(x) for x in inputs)
+    with torch.no_grad():
+        assert torch.equal(opt(*fresh), model(*fresh))
+    for name, tensor in model.named_parameters():  # and the parameters the chain reads are the user's
+        assert opt.get_parameter(name) is tensor
+
+
+@pytest.mark.parametrize("stem", ["two_chains_matmul", "conv2d_nested_buffer_shift", "conv1d_batchnorm_eval"])
+def test_the_kernels_model_holds_the_users_tensors_where_its_reference_reads_them(stem: str, cache_dir: Path) -> None:
+    """What the fused kernels read is bound right: the generated ModelNew's own reference forward, on the
+    tensors bound to it, computes what the user's ops compute (the kernels themselves need a GPU)."""
+    model, inputs = _model(stem)
+    model.eval()
+    opt = _optimize(model, inputs, cache_dir)
+    for chain in fused_chains(opt):
+        x = torch.randn(*next(iter(chain.shapes)))
+        for owner, attr, user, user_attr in chain._loose:  # as each kernel call binds them
+            setattr(owner, attr, getattr(user, user_attr))
+        reference = type(chain.kernel_model).__mro__[1]  # the generated Model
+        with torch.no_grad():
+            assert torch.allclose(reference.forward(chain.kernel_model, x), chain.reference(x), rtol=1e-5, atol=1e-6)
+
+
+def test_moving_the_model_moves_what_the_chains_read(cache_dir: Path) -> None:
+    """``.to()`` replaces buffers by new tensors: the chains read them from the model at every call."""
+    model, inputs = _model("conv2d_nested_buffer_shift")
+    opt = _optimize(model, inputs, cache_dir)
+    opt.to(torch.float64)
+    model.to(torch.float64)
+    chain = next(fused_chains(opt))
+    assert opt.shift.dtype == torch.float64 and chain.reference.shift is not opt.shift
+    x = inputs[0].double()
+    with torch.no_grad():
+        assert torch.equal(opt(x), model(x))
+    assert chain.reference.shift is opt.shift
+
+
+def test_training_mode_updates_the_users_running_statistics(cache_dir: Path) -> None:
+    model, inputs = _model("convt3d_batchnorm_train_pools")
+    assert model.training
+    twin = copy.deepcopy(model)
+    opt = _optimize(model, inputs, cache_dir)
+    assert opt.training and model.bn.training  # the user's modes, and tracing left the statistics alone
+    assert torch.equal(model.bn.running_mean, twin.bn.running_mean)
+    out = opt(*inputs)
+    assert torch.equal(out, twin(*inputs))
+    assert torch.equal(model.bn.running_mean, twin.bn.running_mean) and not torch.equal(
+        model.bn.running_mean, torch.zeros_like(model.bn.running_mean))
+    assert int(model.bn.num_batches_tracked) == 1
+    opt.eval()
+    assert model.bn.training  # the copy's modes are its own
+    with torch.no_grad():
+        assert torch.equal(opt(*inputs), twin.eval()(*inputs))
+    assert int(model.bn.num_batches_tracked) == 1  # eval mode reads the statistics, never moves them
+
+
+def test_autograd_takes_the_eager_path_and_backward_works(cache_dir: Path, caplog) -> None:
+    model, inputs = _model("conv2d_groupnorm_scale_clamp")
+    model.eval()
+    twin = copy.deepcopy(model)
+    opt = _optimize(model, inputs, cache_dir)
+    caplog.set_level(logging.INFO, logger="fusetune.optimize")
+    for _ in range(3):
+        opt(*inputs).sum().backward()
+    twin(*inputs).sum().backward()
+    assert torch.allclose(model.scale.grad, 3 * twin.scale.grad)
+    said = [r.getMessage() for r in caplog.records if "autograd" in r.getMessage()]
+    assert len(said) == 1 and "torch.no_grad()" in said[0]
+
+
+def test_an_untuned_shape_runs_eagerly_and_is_said_once(cache_dir: Path, caplog) -> None:
+    model, inputs = _model("conv2d_groupnorm_scale_clamp")
+    model.eval()
+    opt = _optimize(model, inputs, cache_dir)
+    caplog.set_level(logging.INFO, logger="fusetune.optimize")
+    other = torch.randn(3, 3, 21, 17)
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(opt(other), model(other))
+    said = [r.getMessage() for r in caplog.records if "[3, 3, 21, 17]" in r.getMessage()]
+    assert len(said) == 1 and "not tuned" in said[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a CUDA device")
+def test_without_cuda_every_chain_is_eager_and_why_is_said_once(tmp_path: Path, caplog) -> None:
+    model, inputs = _model("two_chains_cat")
+    model.eval()
+    caplog.set_level(logging.INFO, logger="fusetune.optimize")
+    opt = optimize(model, inputs, cache_dir=tmp_path)
+    with torch.no_grad():
+        assert torch.equal(opt(*inputs), model(*inputs))
+    said = [r for r in caplog.records if "runs eagerly" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING and "CUDA" in said[0].getMessage()
+    assert not list(tmp_path.iterdir())  # nothing was tuned or cached
+
+
+# -- real models on a GPU ----------------------------------------------------------------------------
+
+#: Seconds of tuning per model in the GPU tests (each chain gets a share; cached chains none).
+GPU_BUDGET_S = float(os.environ.get("FUSETUNE_TEST_BUDGET_S", "300"))
+
+
+def _median_ms(fn, reps: int = 20) -> float:
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+class _NoEager:
+    """The GPU benchmarker, with PyTorch's own forward out of the running: the winner is a kernel, so
+    that the test runs kernels even where eager would win at a small shape."""
+
+    def __init__(self, bench) -> None:
+        self.bench = bench
+
+    def prepare(self) -> None:
+        self.bench.prepare()
+
+    def evaluate(self, candidate):
+        if candidate.get("producer.impl") == "eager":
+            return {"status": "infeasible", "log": "eager left out by the test"}
+        return self.bench.evaluate(candidate)
+
+    def confirm(self, candidate):
+        return self.bench.confirm(candidate)
+
+    def eager_ms(self):
+        return self.bench.eager_ms()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("stem", ["conv2d_nested_buffer_shift", "two_chains_matmul"])
+def test_the_fused_chains_run_their_kernels_on_a_gpu(stem: str, tmp_path: Path) -> None:
+    """Loose tensors (a functional convolution's, a buffer), modules bound whole, kernels built on first
+    use: the optimized model's output, with every chain on its kernels, is as close to float64 as eager's."""
+    from fusetune.runner import GpuBenchmarker
+    from fusetune.worker import Worker
+
+    model, inputs = _model(stem)
+    model = model.cuda().eval()
+    inputs = tuple(x.cuda() for x in inputs)
+    machine = Machine.detect()
+    with Worker() as worker:
+        def factory(plan, shape):
+            return _NoEager(GpuBenchmarker(plan, shape, Cache(tmp_path), machine, worker, echo=print))
+        opt = optimize(model, inputs, budget_s=240, trials=4, cache_dir=tmp_path, benchmarker=factory, machine=machine)
+    chains = list(fused_chains(opt))
+    assert chains and all(c.kernel_model is not None for c in chains)
+    with torch.no_grad():
+        exact = copy.deepcopy(model).double()(*(x.double() for x in inputs))
+        want, got = model(*inputs), opt(*inputs)
+
+    def error(y: torch.Tensor) -> float:
+        return ((y.double() - exact).norm() / exact.norm()).item()
+    print(f"\n{stem}: error vs float64: eager {error(want):.2e}, optimized {error(got):.2e}")
+    assert all(c.kernel_calls == 1 for c in chains)
+    assert error(got) <= max(8 * error(want), 1e-5)
+    other = tuple(torch.randn(x.shape[0] + 1, *x.shape[1:], device="cuda") for x in inputs)
+    with torch.no_grad():  # a shape not tuned: eager, exactly the model's
+        assert torch.equal(opt(*other), model(*other))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("arch", ["resnet18", "resnet50"])
+def test_torchvision_resnet_eval(arch: str, tmp_path: Path) -> None:
+    models = pytest.importorskip("torchvision.models", reason="torchvision is not installed")
+    torch.manual_seed(0)
+    model = getattr(models, arch)(weights=None).cuda().eval()
+    for m in model.modules():  # trained-looking statistics, not the initial zeros and ones
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(8, 3, 224, 224, device="cuda")
+    cache_dir = os.environ.get("FUSETUNE_TEST_CACHE_DIR") or tmp_path
+    start = time.perf_counter()
+    opt = optimize(model, x, budget_s=GPU_BUDGET_S, cache_dir=cache_dir)
+    seconds = time.perf_counter() - start
+    chains = list(fused_chains(opt))
+    tuned = [c for c in chains if c.kernel_model is not None]
+    with torch.no_grad():
+        exact = copy.deepcopy(model).double()(x.double())
+        want = model(x)
+        got = opt(x)
+        eager_ms = _median_ms(lambda: model(x))
+        fused_ms = _median_ms(lambda: opt(x))
+
+    def error(y: torch.Tensor) -> float:  # relative L2, as scripts/gpu-check measures it
+        return ((y.double() - exact).norm() / exact.norm()).item()
+    print(f"\n{arch}: {len(chains)} chains, {len(tuned)} tuned in {seconds:.1f} s; eager {eager_ms:.3f} ms, "
+          f"optimized {fused_ms:.3f} ms; error vs float64: eager {error(want):.2e}, optimized {error(got):.2e}")
+    assert len(chains) == sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+    assert tuned, "no chain was tuned within the budget"
+    # Eager PyTorch's own error (TF32 convolutions by default) sets the scale, as in verification.
+    assert error(got) <= max(8 * error(want), 1e-5)

@@ -9,6 +9,7 @@ holding it is stale and removed.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import importlib.util
 import os
@@ -23,6 +24,7 @@ from types import ModuleType
 from fusetune.cache import Cache
 from fusetune.codegen import RenderedModule
 from fusetune.errors import FusetuneError
+from fusetune.progress import Reporter
 
 #: Build processes running now, so Ctrl-C can kill those started from other threads.
 _LIVE: set[subprocess.Popen] = set()
@@ -57,8 +59,9 @@ def load_generated(module_dir: Path) -> ModuleType:
 
 
 def build(rendered: RenderedModule, cache: Cache, timeout: float = 900.0, arch: str | None = None,
-          force: bool = False) -> BuildResult:
-    """Build one module unless a build of the same sources finished (or failed: unless ``force``)."""
+          force: bool = False, reporter: Reporter | None = None) -> BuildResult:
+    """Build one module unless a build of the same sources finished (or failed: unless ``force``).
+    ``reporter`` shows that a build which runs is alive (nvcc can take a minute)."""
     module_dir = rendered.write(cache.module_dir(rendered.name))
     # One build per architecture: a cache shared by several GPU kinds must not reuse a .so.
     build_dir = cache.build_dir(f"{rendered.name}-sm{arch.replace('.', '')}" if arch else rendered.name)
@@ -77,7 +80,9 @@ def build(rendered: RenderedModule, cache: Cache, timeout: float = 900.0, arch: 
         if arch:
             env["TORCH_CUDA_ARCH_LIST"] = arch
         start = time.perf_counter()
-        ok, stopped, log = _run_child([sys.executable, "-m", "fusetune.build", str(module_dir), str(build_dir)], env, timeout)
+        with reporter.building(rendered.name) if reporter else contextlib.nullcontext():
+            ok, stopped, log = _run_child([sys.executable, "-m", "fusetune.build", str(module_dir), str(build_dir)],
+                                          env, timeout)
         seconds = time.perf_counter() - start
         if ok:
             marker.write_text(f"{seconds:.1f}\n")
@@ -115,7 +120,7 @@ def build_and_load(rendered: RenderedModule, cache: Cache, arch: str | None) -> 
 
 
 def build_many(modules: list[RenderedModule], cache: Cache, timeout: float = 900.0, arch: str | None = None,
-               jobs: int | None = None, force: bool = False) -> list[BuildResult]:
+               jobs: int | None = None, force: bool = False, reporter: Reporter | None = None) -> list[BuildResult]:
     """Build several modules at once (each child runs ninja itself).
 
     Ctrl-C reaches only the main thread: it kills every running build's process group and
@@ -124,7 +129,7 @@ def build_many(modules: list[RenderedModule], cache: Cache, timeout: float = 900
     jobs = jobs or max(1, min(len(modules), (os.cpu_count() or 2) // 4 or 1))
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=jobs)
     try:
-        futures = [pool.submit(build, m, cache, timeout, arch, force) for m in modules]
+        futures = [pool.submit(build, m, cache, timeout, arch, force, reporter) for m in modules]
         return [f.result() for f in futures]
     except KeyboardInterrupt:
         pool.shutdown(wait=False, cancel_futures=True)

@@ -42,3 +42,24 @@ class PlanError(FusetuneError):
 
 class CacheError(FusetuneError):
     """The cache directory cannot be used (permissions, not a directory)."""
+
+
+class NoGpuError(FusetuneError):
+    """No CUDA GPU can be used here (a CPU-only torch, no device visible): exit status 3, so that a
+    script can tell "run this elsewhere" from a failed search."""
+
+    exit_code = 3
+
+
+class MissingDependencyError(FusetuneError):
+    """An optional package a command needs is not installed (exit status 1): names the extra to install."""
+
+
+#: What ``fusetune`` exits with, for ``fusetune -h`` and the README (tests check each path).
+EXIT_CODES = {
+    0: "success (a deploy that falls back to eager PyTorch too, unless --strict)",
+    1: "a search found no verified candidate, a deploy --strict fell back, or another error",
+    2: "bad input: a config, option, argument, path or glob; nothing was tuned or written",
+    3: "no usable CUDA GPU (a CPU-only torch build, or no device visible)",
+    130: "interrupted (Ctrl-C); finished trials are kept",
+}

@@ -17,6 +17,7 @@ from fusetune.codegen import plan_space, render
 from fusetune.errors import FusetuneError
 from fusetune.ops import Shape
 from fusetune.plan import Plan
+from fusetune.progress import Reporter
 from fusetune.search import Machine
 from fusetune.space import Candidate
 from fusetune.worker import Worker
@@ -31,11 +32,12 @@ PREBUILD_ISOLATED = 16
 class GpuBenchmarker:
     def __init__(self, plan: Plan, shape: Shape, cache: Cache, machine: Machine, worker: Worker, *,
                  job_timeout: float = 60.0, build_timeout: float = 900.0, open_timeout: float = OPEN_TIMEOUT,
-                 reps: int = 20, force: bool = False, echo=print) -> None:
+                 reps: int = 20, force: bool = False, echo=print, reporter: Reporter | None = None) -> None:
         self.plan, self.shape, self.cache, self.machine, self.worker = plan, shape, cache, machine, worker
         self.job_timeout, self.build_timeout, self.reps, self.echo = job_timeout, build_timeout, reps, echo
         self.force = force  # rebuild sources whose build failed before
         self.open_timeout = open_timeout
+        self.reporter = reporter  # shows a running build's heartbeat
         self.space = plan_space(plan)
         self.main: BuildResult | None = None
         self.isolated: dict[str, BuildResult] = {}
@@ -44,7 +46,7 @@ class GpuBenchmarker:
     def _build(self, only: dict[str, list[dict[str, Any]]] | None = None) -> BuildResult:
         start = time.perf_counter()
         result = build(render(self.plan, only), self.cache, timeout=self.build_timeout, arch=self.machine.capability,
-                       force=self.force)
+                       force=self.force, reporter=self.reporter)
         self.timings["build_s"] += time.perf_counter() - start
         return result
 
@@ -63,7 +65,8 @@ class GpuBenchmarker:
             onlys = [{f.family: [v] for f, v in zip(self._kernel_families(), combo)} for combo in combos]
             start = time.perf_counter()
             results = build_many([render(self.plan, only) for only in onlys], self.cache,
-                                 timeout=self.build_timeout, arch=self.machine.capability, force=self.force)
+                                 timeout=self.build_timeout, arch=self.machine.capability, force=self.force,
+                                 reporter=self.reporter)
             self.timings["build_s"] += time.perf_counter() - start
             for only, result in zip(onlys, results):
                 self.isolated[_ident(only)] = result

@@ -1,0 +1,43 @@
+"""Config arguments as a user types them: files, folders of configs, or glob patterns.
+
+``fusetune search configs/`` and ``fusetune search 'configs/*.yaml'`` mean every config found,
+in sorted order, so that a run over a folder is repeatable. A folder or pattern that finds
+nothing is bad input (exit 2), named, rather than a search of nothing that looks like success.
+"""
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+from typing import Iterable
+
+from fusetune.errors import ConfigError
+
+#: What a folder's configs are called (as in tune-on-deploy).
+CONFIG_SUFFIXES = (".yaml", ".yml")
+GLOB_CHARS = frozenset("*?[")
+
+
+def configs_in(folder: Path) -> list[Path]:
+    """The configs directly in ``folder``, sorted."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in CONFIG_SUFFIXES)
+
+
+def expand_configs(arguments: Iterable[str]) -> list[str]:
+    """Each argument's configs in order, each file once: a folder's configs, a pattern's matches
+    (sorted), or the argument itself (a missing file is reported by ``load_config``)."""
+    found: list[str] = []
+    for argument in arguments:
+        path = Path(argument)
+        if path.is_dir():
+            matches = [str(p) for p in configs_in(path)]
+            if not matches:
+                raise ConfigError(argument, "", f"no configs ({', '.join('*' + s for s in CONFIG_SUFFIXES)}) "
+                                                "in this folder")
+        elif not path.exists() and GLOB_CHARS & set(argument):
+            matches = sorted(p for p in glob.glob(argument) if Path(p).is_file())
+            if not matches:
+                raise ConfigError(argument, "", "no file matches this pattern")
+        else:
+            matches = [argument]
+        found += [m for m in matches if m not in found]
+    return found

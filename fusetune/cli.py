@@ -13,8 +13,10 @@ import click
 
 from fusetune.cache import Cache, CacheWarning, default_root
 from fusetune.config import ProblemSpec, load_config
-from fusetune.errors import ConfigError, FusetuneError
+from fusetune.errors import EXIT_CODES, ConfigError, FusetuneError
 from fusetune.ops import Shape
+from fusetune.paths import expand_configs
+from fusetune.progress import NORMAL, QUIET, VERBOSE, Reporter, configure_logging, make_reporter
 
 
 @contextlib.contextmanager
@@ -67,7 +69,7 @@ def _confirm(question: str, yes: bool) -> bool:
         return True
     if not _interactive():
         raise _Refused(f"{question} Not asked in a non-interactive run: pass --yes to remove without asking")
-    return click.confirm(question)
+    return click.confirm(question, err=True)  # on stderr: stdout holds the result (--json)
 
 
 def _fail_cleanly(fn: Callable) -> Callable:
@@ -84,6 +86,12 @@ def _fail_cleanly(fn: Callable) -> Callable:
         except KeyboardInterrupt:
             click.echo("\ninterrupted: finished trials are saved; run the same command to resume", err=True)
             sys.exit(130)
+        except Exception as exc:
+            from fusetune.storage import database_trouble
+            if database_trouble(exc) is None:
+                raise
+            click.echo(f"error: {database_trouble(exc)}", err=True)
+            sys.exit(1)
     return wrapper
 
 
@@ -122,15 +130,61 @@ def _cache(ctx: click.Context) -> Cache:
     return Cache(ctx.obj["cache_dir"])
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+_storage_option = click.option(
+    "--storage", metavar="URL", envvar="FUSETUNE_STORAGE", default=None,
+    help="PostgreSQL URL shared by a fleet (postgresql://user:pass@host/db): studies, winners and jobs live "
+         "there (default: $FUSETUNE_STORAGE, else none: studies stay in the local cache).")
+
+
+def _storage(url: str | None) -> Any:
+    """The ``fusetune.storage.Storage`` for ``--storage``, or None without one."""
+    if not url:
+        return None
+    from fusetune.storage import Storage
+    return Storage(url)
+
+
+def _storage_for_deploy(url: str | None, strict: bool) -> Any:
+    """A deploy whose database cannot be reached tunes without it (unless --strict): never broken by it."""
+    try:
+        return _storage(url)
+    except FusetuneError as exc:
+        if strict:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        click.echo(f"fusetune: warning: {exc}; tuning without the shared database", err=True)
+        return None
+
+
+def _reporter(ctx: click.Context) -> Reporter:
+    """This command's progress display, from the global -q/-v/--no-progress (on stderr)."""
+    obj = ctx.find_root().obj or {}
+    return make_reporter(obj.get("verbosity", NORMAL), obj.get("progress", True),
+                         stream=click.get_text_stream("stderr"), echo=lambda text: click.echo(text, err=True))
+
+
+def _exit_codes_epilog() -> str:
+    rows = "\n".join(f"  {code:<4d} {what}" for code, what in EXIT_CODES.items())
+    return f"\b\nExit status:\n{rows}"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=_exit_codes_epilog())
 @click.option("--cache-dir", type=click.Path(file_okay=False), envvar="FUSETUNE_CACHE_DIR", default=None,
               help=f"Cache directory (default: $FUSETUNE_CACHE_DIR or {default_root()}).")
+@click.option("-q", "--quiet", is_flag=True, help="Only errors and the final result.")
+@click.option("-v", "--verbose", is_flag=True, help="Also debug lines: each trial's candidate and outcome.")
+@click.option("--no-progress", is_flag=True, help="Plain lines instead of a live display, even on a terminal.")
 @click.version_option(package_name="fusetune")
 @click.pass_context
-def main(ctx: click.Context, cache_dir: str | None) -> None:
+def main(ctx: click.Context, cache_dir: str | None, quiet: bool, verbose: bool, no_progress: bool) -> None:
     """Autotune fused convolution epilogues on NVIDIA GPUs."""
+    if quiet and verbose:
+        raise click.UsageError("-q and -v contradict each other: pass one")
     ctx.ensure_object(dict)
     ctx.obj["cache_dir"] = cache_dir
+    ctx.obj["verbosity"] = QUIET if quiet else VERBOSE if verbose else NORMAL
+    ctx.obj["progress"] = not no_progress
+    configure_logging(ctx.obj["verbosity"])
 
 
 @main.command()
@@ -141,18 +195,22 @@ def plan(configs: tuple[str, ...], as_json: bool) -> None:
     """Show how each config's chain is fused and the space searched (no GPU needed)."""
     from fusetune.codegen import plan_space
     from fusetune.plan import make_plan
+    from fusetune.worlds import refusals
 
     documents = []
-    for spec in [load_config(c) for c in configs]:
+    for spec in [load_config(c) for c in expand_configs(configs)]:
         plan_ = make_plan(spec)
         space = plan_space(plan_)
         if as_json:
             documents.append(_plan_document(spec, plan_, space))
             continue
         click.echo(f"{spec.name}: {plan_.describe()}")
+        click.echo(f"  numerics: {spec.describe_numerics()}")
         for line in plan_.regions():
             click.echo(f"  {line}")
-        for impl, reason in plan_.unoffered.items():
+        if plan_.rules:
+            click.echo(f"  rewrites: {', '.join(plan_.rules)}")
+        for impl, reason in refusals(plan_).items():
             click.echo(f"  no {impl} world: {reason}")
         for family in space.families:
             for p in family.params:
@@ -167,12 +225,14 @@ def plan(configs: tuple[str, ...], as_json: bool) -> None:
 def _plan_document(spec, plan_, space) -> dict:
     """What ``fusetune plan`` shows, as data: the fused region and the PyTorch tail (each op with the
     config entries it stands for), why the kernels stop, the worlds offered with their stages, the
-    worlds not offered with why, and the size of the space."""
+    worlds not offered with why, the rewrite rules that fired, and the size of the space."""
+    from fusetune.worlds import refusals
+
     def steps(region) -> list[dict]:
         return [{"op": step.op.kind, "entries": list(step.entries)} for step in region]
-    return {"config": spec.path, "name": spec.name, "fused": steps(plan_.head), "pytorch": steps(plan_.tail),
+    return {"config": spec.path, "name": spec.name, **spec.numerics(), "fused": steps(plan_.head), "pytorch": steps(plan_.tail),
             "ends": plan_.ends, "worlds": {impl: list(stages) for impl, stages in plan_.impl_stages.items()},
-            "not_offered": plan_.unoffered, "candidates": sum(1 for _ in space.all())}
+            "not_offered": refusals(plan_), "rules": list(plan_.rules), "candidates": sum(1 for _ in space.all())}
 
 
 @main.command()
@@ -183,44 +243,88 @@ def _plan_document(spec, plan_, space) -> dict:
 @click.option("--force", is_flag=True, help="Ignore cached winners and re-run known outcomes.")
 @click.option("--job-timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
               help="Seconds one candidate may take to verify and time before its worker is killed.")
+@click.option("--json", "as_json", is_flag=True, help="The results as one JSON document on stdout.")
+@_storage_option
+@click.option("--gpus", default=None, help="Spread the shapes over this host's GPUs: all, a count N, or indices "
+              "like 0,1 (a search process per GPU at a time; default: this process on the current GPU).")
 @click.pass_context
 @_fail_cleanly
 def search(ctx: click.Context, configs: tuple[str, ...], shapes: tuple[str, ...], trials: int | None,
-           timeout: float | None, force: bool, job_timeout: float) -> None:
-    """Tune every shape of each CONFIG and cache the winners."""
+           timeout: float | None, force: bool, job_timeout: float, as_json: bool, storage: str | None,
+           gpus: str | None) -> None:
+    """Tune every shape of each CONFIG (a file, a folder of configs or a quoted glob) and cache the winners."""
+    from fusetune import documents
     from fusetune.runner import GpuBenchmarker
     from fusetune.search import Machine, check_memory, tune_shape
     from fusetune.worker import Worker
 
-    specs = [load_config(c) for c in configs]  # all configs valid before any work starts
+    reporter = _reporter(ctx)
+    # At once: checking a config imports torch, seconds before the first line otherwise.
+    reporter.line("fusetune search: reading the configs, looking for a CUDA GPU")
+    specs = [load_config(c) for c in expand_configs(configs)]  # all configs valid before any work starts
     selected = _select_for_all(specs, shapes)
     machine = Machine.detect()  # before the cache: a machine without a GPU is left as it was
     cache = _cache(ctx)
+    store = _storage(storage)
     import torch
 
     free, _ = torch.cuda.mem_get_info()
     for spec, spec_shapes in selected:
         for shape in spec_shapes:
             check_memory(spec, shape, free)
-    click.echo(f"fusetune: {machine.gpu} (sm_{machine.capability.replace('.', '')}), CUDA {machine.cuda}, "
-               f"torch {machine.torch}; cache {cache.root}")
-    rows = []
-    with Worker() as worker:
+    reporter.line(f"fusetune: {machine.gpu} (sm_{machine.capability.replace('.', '')}), CUDA {machine.cuda}, "
+                  f"torch {machine.torch}; cache {cache.root}; {len(specs)} config(s), "
+                  f"{sum(len(s) for _, s in selected)} shape(s)")
+    if gpus is not None:
+        options = ([f"--trials={trials}"] if trials else []) + ([f"--timeout={timeout}"] if timeout else []) + (
+            ["--force"] if force else []) + [f"--job-timeout={job_timeout}"] + (
+            [f"--storage={storage}"] if storage else [])
+        with reporter:
+            code = _search_on_gpus(ctx, selected, gpus, machine, str(cache.root), options, as_json, reporter)
+        sys.exit(code)
+    rows, results = [], []
+    with reporter, Worker() as worker:
         for spec, spec_shapes in selected:
             for shape in spec_shapes:
-                click.echo(f"{spec.name} {list(shape)}")
+                reporter.line(f"{spec.name} {list(shape)}")
 
                 def make(plan_, shape_, spec_=spec):
                     return GpuBenchmarker(plan_, shape_, cache, machine, worker, job_timeout=job_timeout,
-                                          force=force, echo=click.echo)
+                                          force=force, echo=reporter.line, reporter=reporter)
                 result = tune_shape(spec, shape, cache, machine, make, trials=trials, timeout=timeout,
-                                    force=force, echo=click.echo)
+                                    force=force, reporter=reporter, storage=store)
                 rows.append((spec.name, result))
+                results.append(documents.search_result(spec.path, spec.name, result))
                 if result.timings:
-                    click.echo("  time: " + ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in result.timings.items()))
-    click.echo(_summary(rows))
+                    reporter.debug("  time: " + ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in result.timings.items()))
+    click.echo(documents.dumps(documents.search_document(machine, str(cache.root), results)) if as_json
+               else _summary(rows))
     if any(r.status == "failed" for _, r in rows):
         sys.exit(1)
+
+
+def _search_on_gpus(ctx: click.Context, selected: list, gpus: str, machine: Any, cache_root: str,
+                    options: list[str], as_json: bool, reporter: Reporter) -> int:
+    """``search --gpus``: each (config, shape) in a child search on the next free GPU; the summary (or
+    the one JSON document) of them all; the exit status."""
+    import torch
+
+    from fusetune import documents, fleet
+    from fusetune.search import ShapeResult
+
+    devices = fleet.parse_gpus(gpus, torch.cuda.device_count())
+    items = [(spec.path, shape) for spec, spec_shapes in selected for shape in spec_shapes]
+    found = fleet.search_on_gpus(items, devices, [f"--cache-dir={cache_root}"], options, echo=reporter.line)
+    if as_json:
+        click.echo(documents.dumps(documents.search_document(machine, cache_root, found)))
+    else:
+        click.echo(_summary([(r.get("name") or Path(r["config"]).stem, ShapeResult(
+            shape=tuple(r["shape"]), key=r["key"], status=r["status"], candidate=r["candidate"], time_ms=r["time_ms"],
+            eager_ms=r["eager_ms"], counts=r["counts"], message=r["message"], shown=r["winner"])) for r in found]))
+    for r in found:
+        if r["status"] == "failed" and r.get("message"):
+            click.echo(f"{r['config']} {r['shape']}: {r['message']}", err=True)
+    return 1 if any(r["status"] == "failed" for r in found) else 0
 
 
 def _summary(rows: list) -> str:
@@ -241,17 +345,20 @@ def _summary(rows: list) -> str:
 @click.option("--shape", "shapes", multiple=True, help="Export this configured shape's winner (default: all).")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
 @click.option("--gpu", default=None, help="Export winners tuned on this GPU (default: this machine's, if any).")
+@click.option("--prebuilt", is_flag=True, help="Include the extension built for this GPU's architecture, so that a "
+                                               "service with the same torch and CUDA starts without nvcc.")
 @click.pass_context
 @_fail_cleanly
-def export_cmd(ctx: click.Context, config: str, shapes: tuple[str, ...], out_dir: str, gpu: str | None) -> None:
-    """Write CONFIG's tuned kernels as a self-contained module."""
+def export_cmd(ctx: click.Context, config: str, shapes: tuple[str, ...], out_dir: str, gpu: str | None,
+               prebuilt: bool) -> None:
+    """Write CONFIG's tuned kernels (the winners' variants only) as a self-contained module."""
     from fusetune.export import export
 
     spec = load_config(config)
     chosen = _select_shapes(spec, shapes)
     if gpu is None:
         gpu = _this_gpu()
-    target = export(spec, chosen, _cache(ctx), Path(out_dir), gpu)
+    target = export(spec, chosen, _cache(ctx), Path(out_dir), gpu, prebuilt=prebuilt)
     click.echo(f"exported {spec.name} to {target} (import {target.name}.model and use ModelNew)")
 
 
@@ -269,11 +376,16 @@ def cache_group() -> None:
 
 
 @cache_group.command(name="list")
+@click.option("--json", "as_json", is_flag=True, help="The entries as one JSON document on stdout.")
 @click.pass_context
 @_fail_cleanly
-def cache_list(ctx: click.Context) -> None:
+def cache_list(ctx: click.Context, as_json: bool) -> None:
     """One line per cached (problem, shape, machine)."""
     entries = _cache(ctx.parent).entries()
+    if as_json:
+        from fusetune import documents
+        click.echo(documents.dumps([documents.entry_summary(e) for e in entries]))
+        return
     if not entries:
         click.echo("cache is empty")
     for e in entries:
@@ -289,16 +401,29 @@ def _entry_line(e: Any) -> str:
 
 @cache_group.command(name="show")
 @click.argument("key")
+@click.option("--json", "as_json", is_flag=True, help="The entries, every outcome and its log as one JSON document.")
 @click.pass_context
 @_fail_cleanly
-def cache_show(ctx: click.Context, key: str) -> None:
+def cache_show(ctx: click.Context, key: str, as_json: bool) -> None:
     """Everything stored for KEY (a key prefix or a config name): fields, winner, each outcome."""
+    from fusetune import documents
+
     found = _cache(ctx.parent).find(key)
     if not found:
         raise FusetuneError(f"no cache entry matches {key!r}; see `fusetune cache list`")
+    if as_json:
+        click.echo(documents.dumps([documents.entry_detail(e) for e in found]))
+        return
     for e in found:
-        click.echo(json.dumps({"key": e.key, "fields": e.fields, "winner": e.winner}, indent=1))
-        for ckey, o in sorted(e.outcomes.items(), key=lambda item: item[1].get("time_ms") or float("inf")):
+        click.echo(f"{e.key}  {e.fields.get('problem_name', '?')}  {'x'.join(map(str, e.fields.get('shape', [])))}"
+                   f"  {e.fields.get('gpu', '?')}")
+        for name, value in sorted(e.fields.items()):
+            if name not in ("problem", "problem_name", "shape", "gpu"):
+                click.echo(f"  {name}: {value}")
+        w = e.winner
+        click.echo(f"  winner: {w['time_ms']:.4f} ms (eager {w.get('eager_ms') or 0:.4f} ms) "
+                   + " ".join(f"{k}={v}" for k, v in w["candidate"].items()) if w else "  winner: none")
+        for ckey, o in documents.sorted_outcomes(e):
             t = f"{o['time_ms']:.4f} ms" if o.get("time_ms") else ""
             log = (o.get("log") or "").strip().splitlines()
             click.echo(f"  {o['status']:13s} {t:>12s}  {ckey}" + (f"\n      {log[-1][:400]}" if log else ""))
@@ -307,11 +432,18 @@ def cache_show(ctx: click.Context, key: str) -> None:
 @cache_group.command(name="clear")
 @click.argument("keys", nargs=-1)
 @click.option("--yes", is_flag=True, help="Do not ask (needed where nobody can answer, as in a script).")
+@click.option("--json", "as_json", is_flag=True, help="What was removed as one JSON document on stdout.")
 @click.pass_context
 @_fail_cleanly
-def cache_clear(ctx: click.Context, keys: tuple[str, ...], yes: bool) -> None:
+def cache_clear(ctx: click.Context, keys: tuple[str, ...], yes: bool, as_json: bool) -> None:
     """Remove the entries matching KEYS (prefixes or config names), or everything; lists them and
     asks first unless --yes."""
+    from fusetune import documents
+
+    def result(removed: int, which: list[str] | None) -> None:
+        click.echo(documents.dumps(documents.clear_document(removed, which)) if as_json
+                   else f"removed {removed} entries")
+
     if any(not k.strip() for k in keys):  # a prefix of every key
         raise _Refused("an empty KEY matches every entry; to remove everything, run `fusetune cache clear` "
                        "without KEY")
@@ -321,15 +453,19 @@ def cache_clear(ctx: click.Context, keys: tuple[str, ...], yes: bool) -> None:
         if not found:
             raise FusetuneError(f"no cache entry matches {', '.join(keys)}")
         for key in sorted(found):
-            click.echo(_entry_line(found[key]))
+            click.echo(_entry_line(found[key]), err=as_json)
         if not _confirm(f"remove these {len(found)} entries and their studies?", yes):
-            click.echo("nothing removed")
+            click.echo("nothing removed", err=as_json)
+            if as_json:
+                result(0, [])
             return
-        click.echo(f"removed {cache.clear(sorted(found))} entries")
+        result(cache.clear(sorted(found)), sorted(found))
         return
     if not _confirm(f"remove everything under {cache.root}?", yes):
+        if as_json:
+            result(0, [])
         return
-    click.echo(f"removed {cache.clear()} entries")
+    result(cache.clear(), None)
 
 
 @main.command()
@@ -337,16 +473,21 @@ def cache_clear(ctx: click.Context, keys: tuple[str, ...], yes: bool) -> None:
 @click.option("--budget", type=click.FloatRange(min=1), default=600.0, show_default=True,
               help="Seconds for tuning all untuned shapes together.")
 @click.option("--strict", is_flag=True, help="Exit 1 if any shape falls back to eager PyTorch, or there is no config.")
+@click.option("--json", "as_json", is_flag=True, help="The outcome as one JSON document on stdout.")
+@_storage_option
 @click.pass_context
 @_one_line_warnings
-def deploy(ctx: click.Context, config_dir: str, budget: float, strict: bool) -> None:
+def deploy(ctx: click.Context, config_dir: str, budget: float, strict: bool, as_json: bool,
+           storage: str | None) -> None:
     """Make sure every shape of every config in CONFIG_DIR is tuned for this GPU."""
-    from fusetune.deploy import ensure_tuned
+    from fusetune import documents
+    from fusetune.deploy import DeployReport, ensure_tuned
     from fusetune.search import Machine
 
     if not Path(config_dir).is_dir():  # click checks it too; a folder gone since is as mistyped
         click.echo(f"error: {config_dir}: no such folder of configs", err=True)
         sys.exit(2)
+    reporter = _reporter(ctx)
     try:
         cache = _cache(ctx)
         try:
@@ -362,19 +503,27 @@ def deploy(ctx: click.Context, config_dir: str, budget: float, strict: bool) -> 
                 worker_box.append(Worker())
             return lambda plan_, shape_: GpuBenchmarker(plan_, shape_, cache_, machine_, worker_box[0],
                                                         build_timeout=max(1.0, seconds_left),
-                                                        open_timeout=max(1.0, seconds_left), echo=click.echo)
-        report = ensure_tuned(Path(config_dir), cache, budget, make_bench_for, machine, echo=click.echo)
+                                                        open_timeout=max(1.0, seconds_left), echo=reporter.line,
+                                                        reporter=reporter)
+        with reporter:
+            report = ensure_tuned(Path(config_dir), cache, budget, make_bench_for, machine, reporter=reporter,
+                                  storage=_storage_for_deploy(storage, strict))
         for w in worker_box:
             w.close()
     except Exception as exc:  # never break a deploy unless asked to
         if strict:
             raise
         click.echo(f"tune-on-deploy: unexpected error, everything falls back to eager PyTorch: {exc}", err=True)
+        if as_json:
+            click.echo(documents.dumps(documents.deploy_document(DeployReport(fallback=[f"unexpected error: {exc}"]))))
         sys.exit(0)
-    click.echo(f"tune-on-deploy: {len(report.cached)} cached, {len(report.tuned)} tuned, "
-               f"{len(report.fallback)} on eager PyTorch")
-    for line in report.fallback:
-        click.echo(f"  fallback: {line}")
+    if as_json:
+        click.echo(documents.dumps(documents.deploy_document(report)))
+    else:
+        click.echo(f"tune-on-deploy: {len(report.cached)} cached, {len(report.tuned)} tuned, "
+                   f"{len(report.fallback)} on eager PyTorch")
+        for line in report.fallback:
+            click.echo(f"  fallback: {line}")
     if not report.configs:
         why = f"no configs (*.yaml, *.yml) in {config_dir}: nothing was tuned (is it the right folder?)"
         click.echo(f"error: {why}" if strict else f"fusetune: warning: {why}", err=True)
@@ -394,11 +543,104 @@ def bench(ctx: click.Context, config: str, shapes: tuple[str, ...], json_path: s
 
     spec = load_config(config)
     chosen = _select_shapes(spec, shapes) if shapes else [spec.shapes[0]]
-    results = [run_bench(spec, shape, _cache(ctx), reps=reps, echo=click.echo) for shape in chosen]
+    reporter = _reporter(ctx)
+    results = [run_bench(spec, shape, _cache(ctx), reps=reps, echo=reporter.line) for shape in chosen]
     click.echo(table(results))
     if json_path:
         from fusetune.cache import atomic_write_text
         atomic_write_text(Path(json_path), json.dumps(results, indent=1) + "\n")
+
+
+@main.command()
+@click.argument("configs", nargs=-1, required=True, type=click.Path())
+@click.option("--storage", metavar="URL", envvar="FUSETUNE_STORAGE", required=True,
+              help="The fleet's PostgreSQL URL (default: $FUSETUNE_STORAGE).")
+@click.option("--shape", "shapes", multiple=True, help="Queue only this configured shape (N,C,...); repeatable.")
+@click.option("--gpu", "gpus", multiple=True,
+              help="GPU type to tune for, as torch.cuda.get_device_name() says it; repeatable (default: this GPU's).")
+@_fail_cleanly
+def submit(configs: tuple[str, ...], storage: str, shapes: tuple[str, ...], gpus: tuple[str, ...]) -> None:
+    """Queue every shape of each CONFIG for the fleet's workers (`fusetune worker`)."""
+    from fusetune.fleet import Queue
+
+    specs = [load_config(c) for c in expand_configs(configs)]
+    selected = _select_for_all(specs, shapes)
+    if not gpus:
+        from fusetune.search import Machine
+        try:
+            gpus = (Machine.detect().gpu,)  # the name a worker on such a GPU claims by
+        except FusetuneError:
+            raise _Refused("no GPU here to name the jobs' GPU type: pass --gpu NAME as "
+                           "torch.cuda.get_device_name() says it (e.g. 'NVIDIA H100 80GB HBM3')") from None
+    queue = Queue(_storage(storage))
+    added = already = 0
+    for spec, spec_shapes in selected:
+        counts = queue.submit(spec, Path(spec.path).read_text(encoding="utf-8"), spec_shapes, gpus)
+        added, already = added + counts[0], already + counts[1]
+    click.echo(f"queued {added} jobs ({already} already queued or running) for {', '.join(gpus)}")
+
+
+@main.command()
+@click.option("--storage", metavar="URL", envvar="FUSETUNE_STORAGE", required=True,
+              help="The fleet's PostgreSQL URL (default: $FUSETUNE_STORAGE).")
+@click.option("--gpus", default="all", show_default=True,
+              help="Which GPUs get a worker process: all, a count N, or indices like 0,1.")
+@click.option("--trials", type=click.IntRange(min=1), help="Trials per shape (default: the config's).")
+@click.option("--timeout", type=click.FloatRange(min=1), help="Seconds per shape (default: the config's).")
+@click.option("--job-timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
+              help="Seconds one candidate may take to verify and time before its process is killed.")
+@click.option("--wait", is_flag=True, help="Keep waiting for new jobs instead of ending when the queue is empty.")
+@click.option("--one", is_flag=True, hidden=True, help="Run in this process on its visible GPU (per-GPU children).")
+@click.pass_context
+@_fail_cleanly
+def worker(ctx: click.Context, storage: str, gpus: str, trials: int | None, timeout: float | None,
+           job_timeout: float, wait: bool, one: bool) -> None:
+    """Tune the fleet's queued jobs of this host's GPU type(s), one process per GPU, until none is left."""
+    from fusetune import fleet
+    from fusetune.search import Machine, check_memory
+
+    if not one:
+        import torch
+
+        Machine.detect()  # no GPU here: said as search says it (exit 3), before any child starts
+        devices = fleet.parse_gpus(gpus, torch.cuda.device_count())
+        args = ([f"--cache-dir={ctx.obj['cache_dir']}"] if ctx.obj["cache_dir"] else []) + [
+            "worker", f"--storage={storage}", "--one", f"--job-timeout={job_timeout}"] + (
+            [f"--trials={trials}"] if trials else []) + ([f"--timeout={timeout}"] if timeout else []) + (
+            ["--wait"] if wait else [])
+        sys.exit(fleet.run_per_gpu(devices, args, echo=click.echo))
+    from fusetune.runner import GpuBenchmarker
+    from fusetune.worker import Worker
+
+    machine, cache, store = Machine.detect(), _cache(ctx), _storage(storage)
+    with Worker() as evaluator:
+        def make(plan_, shape_):
+            import torch
+
+            check_memory(plan_.spec, shape_, torch.cuda.mem_get_info()[0])  # too large: this job fails, not all
+            return GpuBenchmarker(plan_, shape_, cache, machine, evaluator, job_timeout=job_timeout, echo=click.echo)
+        summary = fleet.work(store, machine, cache, make, trials=trials, timeout=timeout, wait=wait, echo=click.echo)
+    click.echo(f"worker done: {len(summary.done)} jobs done, {len(summary.failed)} failed, "
+               f"{len(summary.lost)} finished by another worker")
+    sys.exit(1 if summary.failed else 0)
+
+
+@main.command()
+@click.argument("target", metavar="CONFIG|KEY")
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="The HTML file to write.")
+@click.option("--bench", "bench_files", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="A `fusetune bench --json` file: the winner beside eager and torch.compile; repeatable.")
+@_storage_option
+@click.pass_context
+@_fail_cleanly
+def report(ctx: click.Context, target: str, out: str, bench_files: tuple[str, ...], storage: str | None) -> None:
+    """Write one self-contained HTML page (no network needed) on the search of CONFIG or a cache KEY:
+    best time over trials per world, outcomes, parameter importances, the winner beside PyTorch."""
+    from fusetune.report import write_report
+
+    sections = write_report(target, _cache(ctx), Path(out), bench_files, _storage(storage))
+    click.echo(f"wrote {out}: {len(sections)} cache entr{'y' if len(sections) == 1 else 'ies'} "
+               f"({', '.join(s.title for s in sections)})")
 
 
 @main.command("import")

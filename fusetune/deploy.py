@@ -6,10 +6,11 @@ budget (or a machine without a GPU) falls back to eager PyTorch, and is reported
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 import warnings
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 
@@ -20,7 +21,10 @@ from fusetune.config import ProblemSpec, load_config
 from fusetune.errors import ConfigError, FusetuneError
 from fusetune.export import find_winner
 from fusetune.plan import make_plan
+from fusetune.progress import PlainReporter, Reporter
 from fusetune.search import Machine, ShapeResult, tune_shape
+from fusetune.storage import Storage
+from fusetune.winners import render_winners
 
 
 @dataclasses.dataclass
@@ -37,12 +41,16 @@ class DeployReport:
 
 
 def ensure_tuned(config_dir: Path, cache: Cache, budget_s: float, make_bench_for: Callable, machine: Machine | None,
-                 echo: Callable[[str], None] = print) -> DeployReport:
+                 echo: Callable[[str], None] = print, reporter: Reporter | None = None,
+                 storage: Storage | None = None) -> DeployReport:
     """Tune every untuned shape of every config in ``config_dir`` within ``budget_s`` seconds in all.
 
     ``make_bench_for(cache, machine, seconds_left)`` returns a benchmarker factory whose builds and
     set-up must also end within ``seconds_left``: the budget bounds more than the trials.
+    ``reporter`` shows progress (shape k of n; default: plain lines through ``echo``).
+    ``storage`` (``--storage``): winners stored in that database are used before anything is tuned.
     """
+    reporter = reporter or PlainReporter(echo)
     report = DeployReport()
     if not Path(config_dir).is_dir():
         raise ConfigError(str(config_dir), "", "no such folder of configs")
@@ -57,42 +65,52 @@ def ensure_tuned(config_dir: Path, cache: Cache, budget_s: float, make_bench_for
         except Exception as exc:  # one config never takes the others down
             report.fallback.append(f"{path}: {type(exc).__name__}: {exc}")
     deadline = time.monotonic() + budget_s
-    for spec in specs:
-        for shape in spec.shapes:
-            label = f"{spec.name} {list(shape)}"
-            if machine is None:
-                report.fallback.append(f"{label}: no CUDA GPU visible")
-                continue
-            left = deadline - time.monotonic()
-            if left <= 1:
-                report.fallback.append(f"{label}: time budget spent")
-                continue
-            try:
-                result: ShapeResult = tune_shape(spec, shape, cache, machine, make_bench_for(cache, machine, left),
-                                                 timeout=min(left, spec.search.timeout), echo=echo)
-            except FusetuneError as exc:
-                report.fallback.append(f"{label}: {exc}")
-                continue
-            {"cached": report.cached, "tuned": report.tuned}.get(result.status, report.fallback).append(
-                label if result.status != "failed" else f"{label}: {result.message}")
+    todo = [(spec, shape) for spec in specs for shape in spec.shapes]
+    for number, (spec, shape) in enumerate(todo, 1):
+        label = f"{spec.name} {list(shape)}"
+        reporter.deploy_item(number, len(todo), label)
+        if machine is None:
+            report.fallback.append(f"{label}: no CUDA GPU visible")
+            continue
+        left = deadline - time.monotonic()
+        if left <= 1:
+            report.fallback.append(f"{label}: time budget spent")
+            continue
+        try:
+            result: ShapeResult = tune_shape(spec, shape, cache, machine, make_bench_for(cache, machine, left),
+                                             timeout=min(left, spec.search.timeout), reporter=reporter,
+                                             storage=storage)
+        except FusetuneError as exc:
+            report.fallback.append(f"{label}: {exc}")
+            continue
+        {"cached": report.cached, "tuned": report.tuned}.get(result.status, report.fallback).append(
+            label if result.status != "failed" else f"{label}: {result.message}")
     return report
 
 
-def load_tuned(config: str | Path, cache: Cache | None = None) -> torch.nn.Module:
+def load_tuned(config: str | Path, cache: Cache | None = None, *,
+               weights: torch.nn.Module | Mapping[str, torch.Tensor] | None = None,
+               device: str | torch.device | None = None) -> torch.nn.Module:
     """The fused model with this GPU's winners, or the eager reference with a warning.
 
-    Each tuned shape uses its own winner; other shapes use the first tuned one.
+    Each tuned shape uses its own winner; other shapes use the first tuned one. Only the winners'
+    variants are built, into the cache directory (``winners.render_winners``).
+
+    ``weights``: the user's model or its ``state_dict``, by the user's own names where the config
+    was written by ``fusetune import`` (its map beside the config names them), else by the
+    generated model's (``producer.weight``, ...). ``device``: where the model goes (default: CUDA
+    where there is a GPU, else the CPU).
     """
     spec = load_config(config)
     cache = cache or Cache()
-    rendered = render(make_plan(spec))
-    module_dir = rendered.write(cache.module_dir(rendered.name))
-    generated = load_generated(module_dir)
+    plan = make_plan(spec)
+    rendered = render(plan)
     try:
         machine = Machine.detect()
     except FusetuneError as exc:
         warnings.warn(f"fusetune: {spec.name}: {exc}; using eager PyTorch", stacklevel=2)
-        return generated.Model()
+        return _placed(_eager(rendered, cache).Model(), spec, config, weights, device or "cpu")
+    device = device or "cuda"
     winners = {}
     for shape in spec.shapes:
         entry = find_winner(cache, spec, shape, rendered.source_hash, machine.gpu)
@@ -101,13 +119,63 @@ def load_tuned(config: str | Path, cache: Cache | None = None) -> torch.nn.Modul
     if not winners:
         warnings.warn(f"fusetune: {spec.name}: no tuned winner on {machine.gpu}; using eager PyTorch "
                       f"(run `fusetune search {config}`)", stacklevel=2)
-        return generated.Model()
+        return _placed(_eager(rendered, cache).Model(), spec, config, weights, device)
     try:
-        generated = build_and_load(rendered, cache, machine.capability)
+        generated = build_and_load(render_winners(plan, winners.values()), cache, machine.capability)
     except FusetuneError as exc:
         warnings.warn(f"fusetune: {spec.name}: {exc}; using eager PyTorch", stacklevel=2)
-        return generated.Model()
+        return _placed(_eager(rendered, cache).Model(), spec, config, weights, device)
     model = generated.ModelNew(variant=next(iter(winners.values())))
     for input_shape, variant in winners.items():
         model._by_shape[input_shape] = model._resolve(variant)
-    return model
+    return _placed(model, spec, config, weights, device)
+
+
+def _eager(rendered, cache: Cache):
+    """The generated module, for its reference Model (nothing is built)."""
+    return load_generated(rendered.write(cache.module_dir(rendered.name)))
+
+
+def _placed(model: torch.nn.Module, spec: ProblemSpec, config: str | Path,
+            weights: torch.nn.Module | Mapping[str, torch.Tensor] | None,
+            device: str | torch.device) -> torch.nn.Module:
+    """``model`` with ``weights`` loaded (see ``load_tuned``), on ``device``."""
+    if weights is not None:
+        model.load_state_dict(_renamed(model, spec, config, weights))
+    return model.to(device)
+
+
+def user_names(config: str | Path, spec: ProblemSpec) -> dict[str, str]:
+    """The generated model's state key -> the user's name, from the map ``fusetune import`` wrote beside
+    the config (``<stem>.map.json``); empty where there is none."""
+    folder = Path(config).parent
+    for path in sorted(folder.glob("*.map.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        for chain in doc.get("chains", []) if isinstance(doc, dict) else []:
+            if chain.get("name") == spec.name and Path(str(chain.get("config", ""))).name == Path(config).name:
+                return {str(k): str(v) for k, v in chain.get("weights", {}).items()}
+    return {}
+
+
+def _renamed(model: torch.nn.Module, spec: ProblemSpec, config: str | Path,
+             weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The generated model's state dict made of ``weights``, each key looked up by the user's name first."""
+    given = weights.state_dict() if isinstance(weights, torch.nn.Module) else dict(weights)
+    names = user_names(config, spec)
+    out: dict[str, torch.Tensor] = {}
+    missing: list[str] = []
+    for key in model.state_dict():
+        name = names.get(key, key)
+        if name in given:
+            out[key] = given[name]
+        elif key in given:
+            out[key] = given[key]
+        else:
+            missing.append(name if name == key else f"{name} (for {key})")
+    if missing:
+        raise FusetuneError(f"{config}: the weights lack {', '.join(missing)}; expected the user's model (or its "
+                            f"state_dict) the config was imported from, or the generated model's names")
+    return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
 import time
 import warnings
@@ -20,11 +21,13 @@ from fusetune import __version__
 from fusetune.cache import Cache, CacheWarning, Entry, make_key, repair_journal
 from fusetune.codegen import CUDA_FLAGS, plan_facts, plan_space, render
 from fusetune.config import ProblemSpec
-from fusetune.errors import FusetuneError
+from fusetune.errors import FusetuneError, NoGpuError
 from fusetune.evaluate import VERIFICATION
 from fusetune.ops import Shape
 from fusetune.plan import Plan, make_plan
+from fusetune.progress import PlainReporter, Reporter
 from fusetune.space import Candidate, PlanSpace, candidate_key
+from fusetune.storage import Storage, pull_winner, push_winner
 from fusetune.tiles import wide_axes, wide_cin_padded, wide_row_words, wide_workspace_words
 
 #: How many of the best candidates are timed again, head to head, before a winner is named.
@@ -51,11 +54,21 @@ class Machine:
         import torch
 
         if not torch.cuda.is_available():
-            raise FusetuneError("no CUDA GPU is visible: fusetune search and bench need one "
-                                "(CUDA_VISIBLE_DEVICES, driver, or a CPU-only torch build?)")
+            raise NoGpuError(no_gpu_reason(torch))
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         return cls(gpu=props.name, capability=f"{props.major}.{props.minor}",
                    cuda=str(torch.version.cuda), torch=torch.__version__.split("+")[0])
+
+
+def no_gpu_reason(torch: Any) -> str:
+    """Why no GPU can be used, from what this torch is rather than a guess."""
+    if torch.version.cuda is None:
+        return (f"this torch ({torch.__version__}) is a CPU-only build: fusetune search and bench need a CUDA "
+                "build of torch (see https://pytorch.org/get-started/locally/) and an NVIDIA GPU")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    hint = f"CUDA_VISIBLE_DEVICES is {visible!r} (does it name a device?); " if visible is not None else ""
+    return (f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA GPU: {hint}check that the "
+            "NVIDIA driver is loaded (nvidia-smi) and new enough for that CUDA version")
 
 
 class Benchmarker(Protocol):
@@ -118,11 +131,16 @@ def key_fields(spec: ProblemSpec, shape: Shape, machine: Machine, source_hash: s
             "cuda_flags": list(CUDA_FLAGS), "sources": source_hash}
 
 
-def _study(cache: Cache, key: str, trials: int, seed: int) -> optuna.Study:
+def _study(cache: Cache, key: str, trials: int, seed: int, storage: Storage | None = None) -> optuna.Study:
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own line per trial says more
+    if storage is not None:  # --storage: one study per key for every process of every host
+        study = optuna.create_study(study_name=key, storage=storage.optuna_storage(), direction="minimize",
+                                    load_if_exists=True)
+        study.sampler = optuna.samplers.TPESampler(seed=seed + len(study.trials), n_startup_trials=min(8, trials))
+        return study
     path = cache.study_path(key)
     repair_journal(path)  # a damaged journal is cut back to what is readable, never fatal
     try:
@@ -140,9 +158,10 @@ def _study(cache: Cache, key: str, trials: int, seed: int) -> optuna.Study:
 
 
 def _evaluated(study: optuna.Study, space: PlanSpace) -> set[str]:
-    """Distinct candidates finished trials ran: infeasible ones cost nothing and do not count."""
-    done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
-    return {candidate_key(space.canonical(t.params)) for t in study.get_trials(deepcopy=False, states=done)
+    """Distinct candidates trials ran to an outcome: infeasible ones cost nothing and do not count. A
+    trial with an outcome counts even if it was never finished: its process lost the database or
+    died between recording the outcome and telling the study (a shared study fails it later)."""
+    return {candidate_key(space.canonical(t.params)) for t in study.get_trials(deepcopy=False)
             if t.user_attrs.get("status") not in (None, "infeasible")}
 
 
@@ -156,9 +175,12 @@ class _Objective:
     """One optuna trial: suggest, reject the infeasible, reuse known outcomes, else run."""
 
     def __init__(self, space: PlanSpace, facts: dict[str, int], bench: Benchmarker, cache: Cache,
-                 key: str, fields: dict[str, Any], force: bool, echo: Callable[[str], None], total: int) -> None:
+                 key: str, fields: dict[str, Any], force: bool, reporter: Reporter, total: int,
+                 label: str = "") -> None:
         self.space, self.facts, self.bench, self.cache = space, facts, bench, cache
-        self.key, self.fields, self.force, self.echo, self.total = key, fields, force, echo, total
+        self.key, self.fields, self.force, self.reporter, self.total = key, fields, force, reporter, total
+        self.label = label  # the reporter's name for this search
+        self.best_ms: float | None = None  # the fastest ok outcome seen in this process
         self.rerun: set[str] = set()  # candidates already re-run under --force in this search
         self.timings = {"evaluate_s": 0.0, "verify_s": 0.0, "time_s": 0.0}  # evaluate: verify, time, the rest
         self.evaluated = 0  # feasible trials run or reused in this process
@@ -207,20 +229,33 @@ class _Objective:
         return outcome
 
     def _report(self, number: int, candidate: Candidate, outcome: dict[str, Any], source: str) -> None:
+        """Progress (n of N, best so far) for everyone; the candidate and its outcome with ``-v``."""
         params = " ".join(f"{k}={v}" for k, v in self.space.relevant(candidate).items())
         status = outcome["status"]
+        if status == "ok" and (self.best_ms is None or outcome["time_ms"] < self.best_ms):
+            self.best_ms = float(outcome["time_ms"])
         result = f"{outcome['time_ms']:.4f} ms" if status == "ok" else status
         note = " (known)" if source == "known" else ""
-        self.echo(f"  trial {number:>3}/{self.total}  {params}  -> {result}{note}")
+        self.reporter.trial_done(self.label, number, self.total, result + note, self.best_ms)
+        log = (outcome.get("log") or "").strip().splitlines() if status != "ok" else []
+        self.reporter.debug(f"  trial {number:>3}/{self.total}  {params}  -> {result}{note}"
+                            + (f"\n      {log[-1][:300]}" if log else ""))
 
 
 def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, make_bench: BenchmarkerFactory,
                *, trials: int | None = None, timeout: float | None = None, force: bool = False,
-               echo: Callable[[str], None] = print, plan: Plan | None = None) -> ShapeResult:
+               echo: Callable[[str], None] = print, plan: Plan | None = None,
+               reporter: Reporter | None = None, storage: Storage | None = None) -> ShapeResult:
     """Tune one shape, or return the cached winner. Resumes an interrupted study.
 
+    ``storage`` (``--storage``): the study lives in that database, a winner stored there is used
+    instead of a search, and the winner named here is stored there (the first writer's is kept).
+
     ``plan`` overrides the planner's choice (tests use it to search a fault-injection family).
+    ``reporter`` shows progress (default: plain lines through ``echo``).
     """
+    reporter = reporter or PlainReporter(echo)
+    echo = reporter.line
     start = time.perf_counter()
     plan = plan or make_plan(spec)
     rendered = render(plan)
@@ -229,6 +264,8 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
     key = make_key(fields)
     fields = {**fields, "problem_name": spec.name, "config": spec.path}
     entry = cache.load(key)
+    if storage is not None and not force:
+        entry = pull_winner(storage, cache, key, fields, entry)
     if entry is not None and entry.winner is not None and not force:
         return ShapeResult(shape=shape, key=key, status="cached", candidate=entry.winner["candidate"],
                            time_ms=entry.winner["time_ms"], eager_ms=entry.winner.get("eager_ms"),
@@ -240,7 +277,7 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
     prepare_start = time.perf_counter()
     bench.prepare()
     timings = {"prepare_s": time.perf_counter() - prepare_start}
-    study = _study(cache, key, trials, spec.search.seed)
+    study = _study(cache, key, trials, spec.search.seed, storage)
     facts = shape_facts(spec, plan, shape, machine.capability)
     evaluated = set() if force else _evaluated(study, space)
     known = set() if force else _recover_lost(study, space, cache, key, fields, bench, echo, timings)
@@ -249,7 +286,8 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
     remaining = trials - len(evaluated)
     if force:  # a forced search names its own winner, even a slower one than a stale entry's
         cache.update(key, fields, lambda e: setattr(e, "winner", None))
-    objective = _Objective(space, facts, bench, cache, key, fields, force, echo, max(remaining, 0))
+    label = f"{spec.name} {list(shape)}"
+    objective = _Objective(space, facts, bench, cache, key, fields, force, reporter, max(remaining, 0), label)
     objective.seen |= evaluated  # a resumed search does not spend budget on what ran before
     tried = set() if force else _tried(study, space)
     if known is not None:
@@ -277,6 +315,7 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
                            callbacks=[objective.stop_when_done])
 
     if remaining > 0 and feasible:
+        reporter.search_started(label, objective.total, timeout)
         run(queue, len(queue))  # all of a small space; else the starts
         if len(feasible) > remaining:
             entry = cache.load(key)
@@ -285,11 +324,15 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
                                            (objective.total - objective.evaluated) // 3)
             run(neighbours, len(neighbours))
             run([], remaining * 20)  # the sampler's; infeasible suggestions are free
+        reporter.search_finished(label)
     timings["search_s"] = time.perf_counter() - search_start
     timings.update(objective.timings)
     eager = bench.eager_ms()
     final_start = time.perf_counter()
     result = _name_winner(cache, key, fields, bench, eager, rendered.name, space, echo)
+    if storage is not None and result.status == "tuned":
+        shared = push_winner(storage, cache, key, fields, replace=force)
+        result.candidate, result.time_ms = shared.winner["candidate"], shared.winner["time_ms"]
     timings["final_s"] = time.perf_counter() - final_start
     result.shape, result.timings, result.seconds = shape, timings, time.perf_counter() - start
     result.shown = space.relevant(result.candidate) if result.candidate else None
@@ -411,11 +454,11 @@ def workspace_words(plan: Plan, shape: Shape) -> int:
     N, C = out[0], out[1]
     spatial = (1,) * (5 - len(out)) + tuple(out[2:])
     words = 0
-    if plan.wide_kernels:
+    if "gemm_wide" in plan.impl_stages:  # wide_stats or wide_main
         d, h, _ = (axis.extent(size) for axis, size in zip(wide_axes(conv), spatial))
         padded = N * wide_cin_padded(conv["cin"]) * d * h * wide_row_words(conv, spatial[2])
         words = wide_workspace_words(conv) + N * C + padded + N * C * 32
-    if plan.spectral:
+    if "spectral" in plan.impl_stages:
         bins = spatial[0] * spatial[1] * (spatial[2] // 2 + 1)
         words = max(words, 2 * N * conv["cin"] * bins + 2 * conv["cin"] * C * bins + N * C * 33)
     return words

@@ -16,13 +16,38 @@ import importlib
 import multiprocessing
 import multiprocessing.connection
 import os
+import signal
 import tempfile
 import time
 import traceback
 from typing import Any
 
+#: prctl(2)'s option that asks for a signal when the parent dies (linux/prctl.h).
+PR_SET_PDEATHSIG = 1
 
-def _serve(conn: multiprocessing.connection.Connection, target: str, device: int | None, log_path: str) -> None:
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel kill this process (SIGKILL) when its parent dies (Linux; elsewhere a no-op).
+
+    A parent killed with SIGKILL (a fleet worker, a search) runs no cleanup: without this its
+    evaluation process would stay on the GPU, perhaps spinning in a kernel that never ends. The signal
+    comes when the parent's *thread* that started this process ends, so parents start these from a
+    thread that outlives them (the main thread, or one that waits for them).
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before the request was made
+        os._exit(1)
+
+
+def _serve(conn: multiprocessing.connection.Connection, target: str, device: int | None, log_path: str,
+           parent_pid: int | None = None) -> None:
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
     # What the process prints (compiler, CUDA, a native crash's stack) goes to a file the
     # parent reads when the process dies, so a crash outcome carries its cause.
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -76,8 +101,8 @@ class Worker:
         parent, child = self._ctx.Pipe()
         with open(self.log_path, "w"):
             pass  # a fresh log for each process
-        self._proc = self._ctx.Process(target=_serve, args=(child, self.target, self.device, self.log_path),
-                                       daemon=True)
+        self._proc = self._ctx.Process(target=_serve, args=(child, self.target, self.device, self.log_path,
+                                                            os.getpid()), daemon=True)
         self._proc.start()
         child.close()
         self._conn = parent

@@ -29,6 +29,7 @@ from fusetune.config import load_config, parse_config  # noqa: E402
 from fusetune.evaluate import ERROR_RATIO  # noqa: E402
 from fusetune.export import export  # noqa: E402
 from fusetune.plan import make_plan  # noqa: E402
+from fusetune.worlds import WORLDS  # noqa: E402
 from fusetune.runner import GpuBenchmarker  # noqa: E402
 from fusetune.search import Machine, tune_shape  # noqa: E402
 from fusetune.space import candidate_key  # noqa: E402
@@ -445,8 +446,7 @@ EXTRA["convt3d_wide_stride213_maxpool3_gap"] = {
     "shapes": [[2, 16, 5, 9, 4]]}
 
 SPECS = {name: parse_config({"name": name, **raw}, f"<{name}>") for name, raw in EXTRA.items()}
-IMPLS = ["cudnn", "direct", "gemm", "gemm_extrema", "gemm_store", "gemm_cluster", "gemm_wide", "gemm_wide_recompute",
-         "spectral"]
+IMPLS = [impl for impl in WORLDS if impl != "eager"]  # every world with kernels of its own (or cuDNN's)
 #: (impl, chain) for every chain whose plan offers the impl: one test each, so a run can take a part
 #: of them (-k), and a failure names its chain.
 OFFERED = [(impl, name) for impl in IMPLS for name, spec in SPECS.items() if impl in make_plan(spec).impl_stages]
@@ -527,8 +527,7 @@ def test_families_beyond_the_seeds(impl, name, cache, worker):
     assert not failures, failures[:5]
 
 
-@pytest.mark.parametrize("impl", ["direct", "gemm", "gemm_extrema", "gemm_store", "gemm_cluster", "gemm_wide",
-                                  "gemm_wide_recompute", "spectral"])
+@pytest.mark.parametrize("impl", [name for name, world in WORLDS.items() if world.computes_conv_inside])
 @pytest.mark.parametrize("config", SEEDS, ids=lambda p: p.stem)
 def test_inside_kernels_at_seed_shapes(config, impl, cache, worker):
     """Every variant with the convolution inside the kernels (on CUDA cores: direct; on tensor cores:
@@ -567,7 +566,9 @@ def test_fault_injection(cache, monkeypatch):
                          "producer": {"op": "conv3d", "in_channels": 3, "out_channels": 5, "kernel_size": 3},
                          "epilogue": [{"op": "mul", "by": 0.5}, {"op": "relu"}],
                          "shapes": [[2, 3, 9, 11, 13]]}, "<fault>")
-    plan = dataclasses.replace(make_plan(spec), family="fault_map", direct=False, gemm=False)
+    # The worlds that compute the convolution inside refuse a main family they do not implement: cuDNN's alone.
+    plan = dataclasses.replace(make_plan(spec), family="fault_map")
+    assert set(plan.impl_stages) == {"cudnn", "eager"}
     machine = Machine.detect()
     with Worker() as worker:
         result = tune_shape(spec, spec.shapes[0], cache, machine,
@@ -617,7 +618,7 @@ def test_a_shape_beyond_a_kernels_shared_memory_is_refused_by_name(cache):
                          "epilogue": [{"op": "batch_norm"}, {"op": "adaptive_avg_pool"}],
                          "shapes": [[2, 1, 1, 2, 1400]]}, "<wide_spectral>")
     plan = make_plan(spec)
-    assert plan.spectral
+    assert ("spectral" in plan.impl_stages)
     generated = build_and_load(render(plan), cache, Machine.detect().capability)
     fused = generated.ModelNew(variant={"producer": {"impl": "spectral"}}).cuda()
     with pytest.raises(RuntimeError, match="more shared memory"):

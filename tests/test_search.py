@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fusetune.cache import STATUSES, Cache, CacheWarning, make_key
-from fusetune.codegen import plan_space, render
+from fusetune.codegen import plan_facts, plan_space, render
 from fusetune.config import load_config
 from fusetune.plan import make_plan
 from fusetune.search import Machine, _nearest, key_fields, shape_facts, tune_shape
@@ -436,14 +436,17 @@ def test_shape_facts(seed, shape):
     for check in (rows_fit, main_rows_fit):
         assert [check(bm, expected["H"], expected["W"], "row") for bm in (128, 256)] == [seed == "batchnorm"] * 2
     bins = expected["D"] * expected["H"] * (expected["W"] // 2 + 1)  # the output's half spectrum
-    assert facts == {**expected, "F": bins, "direct": int(plan.direct), "gemm": int(plan.gemm), "gemm_th": plan.gemm_th,
-                     "direct_cells": plan.direct_cells, "half_store": int(plan.half_store),
-                     "extrema": int(plan.extrema), "gemm_store": int(bool(plan.gemm_store_stages)),
+    world = plan_facts(plan)
+    assert facts == {**expected, "F": bins, "direct": int("direct" in plan.impl_stages), "gemm": int("gemm" in plan.impl_stages),
+                     "gemm_th": world["gemm_th"], "direct_cells": world["direct_cells"], "half_store": world["half_store"],
+                     "pool_extremes": world["pool_extremes"], "offered_impls": tuple(plan.impl_stages),
+                     "extrema": int("gemm_extrema" in plan.impl_stages), "gemm_store": int("gemm_store" in plan.impl_stages),
                      "pool_sh": plan.pool_window[1][1], "pool_sw": plan.pool_window[1][2],
                      "spectral": int(seed == "batchnorm"),  # the one seed whose output is its norm's statistics alone
                      "family": plan.family or "none", "sm": 90, "forward_form": int(seed == "batchnorm"),  # stride 1: the other convT has 2
                      "spatial_dims": spec.producer.spatial_dims,
-                     "cluster": int(plan.cluster), "cluster_boxes": cluster_boxes(spec.producer.geometry()) if plan.cluster else {},
+                     "cluster": int("gemm_cluster" in plan.impl_stages),
+                     "cluster_boxes": cluster_boxes(spec.producer.geometry()) if "gemm_cluster" in plan.impl_stages else {},
                      **WIDE_FACTS.get(seed, {"wide": 0, "wide_main": 0, "wide_depth": {}})}
     assert facts["cluster"] == (seed in ("groupnorm", "instancenorm"))  # instance and group norm on the tensor cores
     assert facts["direct"] == (seed != "batchnorm")  # its 64 -> 128 k=5 weights do not fit constant memory
@@ -529,7 +532,7 @@ def test_check_memory_counts_the_largest_workspace():
     # 16-channel stages and every tap's reach, and the weights of every tap
     relu = load_config(Path(__file__).resolve().parent.parent / "benchmarks" / "configs" / "convt3d_relu_batchnorm_gap.yaml")
     plan = make_plan(relu)
-    assert plan.wide and not plan.spectral
+    assert bool(plan_facts(plan)["wide"]) and "spectral" not in plan.impl_stages
     n, cin, d, h, w = relu.shapes[0]
     assert workspace_words(plan, relu.shapes[0]) > n * cin * (d + 8) * (h + 8) * (w + 8) + cin * 128 * 125
 

@@ -1,0 +1,436 @@
+"""A fleet on a real PostgreSQL server (tests/pg.py): shared studies and winners, the job queue, workers
+killed mid-job, the database restarted mid-run, two hosts of different GPU types. CPU only: each worker
+is a process with its own cache folder (a host), a GPU type by name and a FakeBench."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("psycopg", reason="the PostgreSQL driver is not installed (pip install -e .[test])")
+
+import optuna  # noqa: E402
+
+from click.testing import CliRunner  # noqa: E402
+
+from fusetune.cache import Cache  # noqa: E402
+from fusetune.codegen import plan_space  # noqa: E402
+from fusetune.plan import make_plan  # noqa: E402
+from fusetune.space import candidate_key  # noqa: E402
+from fusetune.cli import main  # noqa: E402
+from fusetune.config import load_config  # noqa: E402
+from fusetune.deploy import ensure_tuned  # noqa: E402
+from fusetune.fleet import GpusError, Queue, parse_gpus, search_on_gpus, visible_device  # noqa: E402
+from fusetune.search import Machine, tune_shape  # noqa: E402
+from fusetune.storage import Heartbeat, Storage, StorageError, engine_url, push_winner  # noqa: E402
+
+import pg  # noqa: E402
+from conftest import SEEDS  # noqa: E402
+from fake_handlers import MACHINE_FIELDS, FakeBench  # noqa: E402
+from fleet_worker import HEARTBEAT, hang_in_evaluator, run_worker  # noqa: E402
+
+TRIALS = 5
+#: The jobs: one per shape of this config (small shapes, quick to search with a FakeBench).
+JOBS = Path(__file__).parent / "fleet" / "convt3d_small_shapes.yaml"
+SPAWN = multiprocessing.get_context("spawn")
+
+
+@pytest.fixture(scope="module")
+def server():
+    bin_dir, why = pg.find_bin_dir()
+    if bin_dir is None:
+        pytest.skip(why)
+    srv = pg.PgServer(bin_dir)
+    yield srv
+    srv.close()
+
+
+@pytest.fixture
+def url(server) -> str:
+    return server.fresh_database(f"t_{uuid.uuid4().hex[:10]}")
+
+
+@pytest.fixture
+def storage(url):
+    store = Storage(url, Heartbeat(*HEARTBEAT))
+    yield store
+    store.close()
+
+
+def quiet(line: str) -> None:
+    pass
+
+
+def submit(storage: Storage, gpu: str, shapes: int = 4) -> list[int]:
+    """Queue the first ``shapes`` shapes of JOBS for ``gpu``; the job ids."""
+    queue = Queue(storage)
+    spec = load_config(JOBS)
+    assert queue.submit(spec, JOBS.read_text(), spec.shapes[:shapes], [gpu]) == (shapes, 0)
+    return [j["id"] for j in queue.jobs() if j["gpu"] == gpu]
+
+
+def start_workers(url: str, tmp_path: Path, gpus: list[str], delay: float, first: int = 0) -> list[tuple]:
+    """One process per entry of ``gpus`` (its GPU type), each a host with its own cache; (process, out)."""
+    out = []
+    for i, gpu in enumerate(gpus, first):
+        result = tmp_path / f"worker{i}.json"
+        proc = SPAWN.Process(target=run_worker, args=(url, str(tmp_path / f"host{i}"), gpu, TRIALS, delay,
+                                                      str(result)))
+        proc.start()
+        out.append((proc, result))
+    return out
+
+
+def wait_all(workers: list[tuple], timeout: float = 60) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    for proc, _ in workers:
+        proc.join(timeout=max(1.0, deadline - time.monotonic()))
+    for proc, _ in workers:
+        if proc.is_alive():
+            proc.kill()
+    assert all(p.exitcode == 0 for p, _ in workers), [(p.exitcode, r.with_suffix(".log").read_text()
+                                                       if r.with_suffix(".log").exists() else "") for p, r in workers]
+    return [json.loads(r.read_text()) for _, r in workers]
+
+
+def assert_each_done_once(storage: Storage, summaries: list[dict], ids: list[int], *, stale_failed: bool) -> None:
+    """Every job done, marked so by exactly one worker, with a stored winner; and each job's study ran
+    exactly its budget of distinct candidates: none lost to a dead worker, none counted twice. With
+    ``stale_failed``, no trial is left running: a dead worker's was failed by the one that took its job
+    (a trial cut off by a database restart may stay running, outcome counted, until a later search)."""
+    jobs = {j["id"]: j for j in Queue(storage).jobs()}
+    assert {i: jobs[i]["state"] for i in ids} == {i: "done" for i in ids}, [jobs[i]["message"] for i in ids]
+    marked = [i for s in summaries for i in s["done"]]
+    assert sorted(marked) == sorted(ids)
+    winners = {w["key"]: w for w in storage.winners()}
+    optuna_storage = storage.optuna_storage()
+    space = plan_space(make_plan(load_config(JOBS)))
+    for i in ids:
+        key = jobs[i]["key"]
+        assert key in winners and winners[key]["gpu"] == jobs[i]["gpu"]
+        study = optuna.load_study(study_name=key, storage=optuna_storage)
+        trials = study.get_trials()
+        history = [f"{t.number} {t.state.name} {t.user_attrs.get('status')} {sorted(t.params.values(), key=str)} "
+                   f"{'fixed' if 'fixed_params' in t.system_attrs else ''}" for t in trials]
+        if stale_failed:
+            assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING], history
+        ran = {candidate_key(space.canonical(t.params)) for t in trials  # as the search counts them
+               if t.user_attrs.get("status") not in (None, "infeasible")}
+        assert len(ran) == TRIALS, "\n".join([str(i)] + history)
+
+
+# -- the queue, workers and hosts ----------------------------------------------------------------
+
+def test_two_hosts_drain_the_queue_each_taking_only_its_gpu_type(storage, url, tmp_path):
+    ids_a = submit(storage, "FakeGPU-A")
+    ids_b = submit(storage, "FakeGPU-B", shapes=2)
+    assert len(ids_a) == 4 and len(ids_b) == 2
+    # a second submit of the same config queues nothing new
+    assert Queue(storage).submit(load_config(JOBS), JOBS.read_text(), load_config(JOBS).shapes[:2],
+                                 ["FakeGPU-B"]) == (0, 2)
+    summaries = wait_all(start_workers(url, tmp_path, ["FakeGPU-A", "FakeGPU-A", "FakeGPU-B"], delay=0.005))
+    assert_each_done_once(storage, summaries, ids_a + ids_b, stale_failed=True)
+    assert sorted(i for s in summaries if s["gpu"] == "FakeGPU-B" for i in s["done"]) == sorted(ids_b)
+    assert sorted(i for s in summaries if s["gpu"] == "FakeGPU-A" for i in s["done"]) == sorted(ids_a)
+    assert sum(bool(s["done"]) for s in summaries if s["gpu"] == "FakeGPU-A") == 2  # both A workers worked
+
+
+def test_a_worker_killed_mid_job_leaves_it_to_another(storage, url, tmp_path):
+    ids = submit(storage, "FakeGPU", shapes=2)
+    [victim] = start_workers(url, tmp_path, ["FakeGPU"], delay=0.15)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not running_trials_with_a_heartbeat(storage):
+        time.sleep(0.01)  # the victim is mid-trial, and optuna knows it is alive
+    assert running_trials_with_a_heartbeat(storage)
+    victim[0].kill()
+    victim[0].join()
+    summaries = wait_all(start_workers(url, tmp_path, ["FakeGPU"], delay=0.15, first=1))
+    jobs = {j["id"]: j for j in Queue(storage).jobs()}
+    assert max(jobs[i]["attempts"] for i in ids) == 2  # the victim's job was claimed again
+    assert_each_done_once(storage, summaries, ids, stale_failed=True)
+    retried = [t for i in ids for t in optuna.load_study(study_name=jobs[i]["key"], storage=storage.optuna_storage())
+               .get_trials() if t.state == optuna.trial.TrialState.FAIL and "status" not in t.user_attrs]
+    assert retried  # the victim's trial, failed by its heartbeat
+
+
+def running_trials_with_a_heartbeat(storage: Storage) -> int:
+    """Trials running in any study whose process has recorded a heartbeat (optuna's tables)."""
+    storage.optuna_storage()  # the tables exist
+    with storage.engine.connect() as conn:
+        return int(conn.exec_driver_sql("SELECT count(*) FROM trials t JOIN trial_heartbeats h ON h.trial_id = "
+                                        "t.trial_id WHERE t.state = 'RUNNING'").scalar())
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie nobody reaped yet is dead)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux's /proc")
+def test_a_tuning_process_killed_takes_its_evaluation_process_with_it(tmp_path):
+    pid_file = tmp_path / "evaluator.pid"
+    parent = SPAWN.Process(target=hang_in_evaluator, args=(str(pid_file),))
+    parent.start()
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    evaluator = int(pid_file.read_text())
+    time.sleep(1.0)  # the evaluator is up and hanging in its job
+    assert _running(evaluator)
+    parent.kill()
+    parent.join()
+    deadline = time.monotonic() + 10
+    while _running(evaluator) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _running(evaluator):
+        os.kill(evaluator, signal.SIGKILL)
+        pytest.fail("the evaluation process outlived its parent, killed with SIGKILL")
+
+
+def server_started(storage: Storage):
+    with storage.engine.connect() as conn:
+        return conn.exec_driver_sql("SELECT pg_postmaster_start_time()").scalar()
+
+
+def test_workers_reconnect_after_the_database_restarts(storage, url, server, tmp_path):
+    ids = submit(storage, "FakeGPU")
+    workers = start_workers(url, tmp_path, ["FakeGPU", "FakeGPU"], delay=0.05)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(j["state"] == "done" for j in Queue(storage).jobs()):
+        time.sleep(0.1)
+    started = server_started(storage)
+    assert [j for j in Queue(storage).jobs() if j["state"] != "done"]  # mid-run
+    server.restart()
+    summaries = wait_all(workers, timeout=90)
+    assert server_started(storage) > started  # it did restart
+    assert_each_done_once(storage, summaries, ids, stale_failed=False)
+
+
+# -- winners ---------------------------------------------------------------------------------
+
+def test_the_first_writer_wins(storage, tmp_path):
+    key, fields = "k" * 24, {"gpu": "FakeGPU"}
+    results: list[dict] = []
+    barrier = threading.Barrier(4)
+
+    def publish(n: int) -> None:
+        barrier.wait()
+        results.append(storage.publish(key, fields, {"time_ms": float(n), "candidate": {"n": n}}))
+    threads = [threading.Thread(target=publish, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({json.dumps(r) for r in results}) == 1  # all four were told the same winner
+    first = results[0]
+    assert storage.winner(key) == first
+    # a host whose own search named another winner adopts the stored one
+    cache = Cache(tmp_path / "cache")
+    cache.update(key, fields, lambda e: setattr(e, "winner", {"time_ms": 0.5, "candidate": {"n": 9}}))
+    assert push_winner(storage, cache, key, fields, replace=False).winner == first
+    assert cache.load(key).winner == first
+    # a forced search replaces it
+    forced = {"time_ms": 7.0, "candidate": {"n": 7}}
+    assert storage.publish(key, fields, forced, replace=True) == forced
+
+
+def test_deploy_with_the_winners_in_the_database_searches_nothing(storage, tmp_path):
+    machine = Machine(*MACHINE_FIELDS)
+    spec = load_config(SEEDS["maxpool_gap"])
+    for shape in spec.shapes:  # host 1 tunes
+        assert tune_shape(spec, shape, Cache(tmp_path / "host1"), machine, FakeBench().factory, trials=TRIALS,
+                          echo=quiet, storage=storage).status == "tuned"
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    shutil.copy(SEEDS["maxpool_gap"], configs)
+    bench = FakeBench()
+    start = time.perf_counter()
+    report = ensure_tuned(configs, Cache(tmp_path / "host2"), 60.0, lambda *a: bench.factory, machine,
+                          echo=quiet, storage=storage)
+    seconds = time.perf_counter() - start
+    assert bench.made == 0 and not report.tuned and not report.fallback
+    assert len(report.cached) == len(spec.shapes)
+    assert seconds < 2.0
+    winners = {w["key"]: w["winner"] for w in storage.winners()}
+    for entry in Cache(tmp_path / "host2").entries():  # the local cache was filled from the database
+        assert entry.winner == winners[entry.key]
+
+
+# -- the command line ------------------------------------------------------------------------
+
+def test_submit_queues_jobs_and_a_bad_url_is_a_usage_error(url, storage, tmp_path):
+    runner = CliRunner()
+    args = ["submit", str(SEEDS["maxpool_gap"]), "--storage", url, "--gpu", "FakeGPU"]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "queued 2 jobs" in result.output
+    again = runner.invoke(main, args)
+    assert "0 jobs" in again.output and "2 already" in again.output
+    bad = runner.invoke(main, ["submit", str(SEEDS["maxpool_gap"]), "--storage", "mysql://x/y", "--gpu", "G"])
+    assert bad.exit_code == 2 and "expected a PostgreSQL URL" in bad.output
+    assert len(Queue(storage).jobs()) == 2
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """The command line sees a GPU of type FakeGPU; a FakeBench times its candidates."""
+    import torch
+
+    monkeypatch.setattr(Machine, "detect", classmethod(lambda cls: Machine(*MACHINE_FIELDS)))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (80 << 30, 80 << 30))
+    monkeypatch.setattr("fusetune.runner.GpuBenchmarker", lambda plan, shape, *a, **k: FakeBench().factory(plan, shape))
+
+
+def test_submit_then_a_worker_then_search_and_deploy_on_another_host(url, storage, fake_gpu, tmp_path):
+    runner = CliRunner()
+    host = ["--cache-dir", str(tmp_path / "host1")]
+    queued = runner.invoke(main, ["submit", str(JOBS), "--storage", url, "--shape", "3,3,7,11,13"])
+    assert queued.exit_code == 0 and "queued 1 jobs" in queued.output and MACHINE_FIELDS[0] in queued.output
+    worked = runner.invoke(main, host + ["worker", "--storage", url, "--one", "--trials", str(TRIALS)])
+    assert worked.exit_code == 0, worked.output
+    assert "1 jobs done" in worked.output
+    [job] = Queue(storage).jobs()
+    assert job["state"] == "done" and storage.winner(job["key"]) is not None
+    # another host: search and deploy take the stored winner, no trial runs
+    other = ["--cache-dir", str(tmp_path / "host2")]
+    found = runner.invoke(main, other + ["search", str(JOBS), "--shape", "3,3,7,11,13", "--storage", url])
+    assert found.exit_code == 0 and "cached" in found.output and "trial" not in found.output, found.output
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / JOBS.name).write_text(JOBS.read_text().split("shapes:")[0] + "shapes:\n  - [3, 3, 7, 11, 13]\n"
+                                     "search: {trials: 5, timeout: 300, seed: 0}\n")
+    deployed = runner.invoke(main, ["--cache-dir", str(tmp_path / "host3"), "deploy", str(configs), "--storage", url,
+                                    "--strict"])
+    assert deployed.exit_code == 0 and "1 cached, 0 tuned" in deployed.output, deployed.output
+
+
+def _cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(_cuda(), reason="a GPU is visible: the worker would start tuning")
+def test_worker_without_a_gpu_exits_3(url):
+    result = CliRunner().invoke(main, ["worker", "--storage", url])
+    assert result.exit_code == 3, result.output
+    assert "GPU" in result.output
+
+
+def test_a_deploy_whose_database_is_down_tunes_without_it(fake_gpu, tmp_path):
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    (configs / JOBS.name).write_text(JOBS.read_text().split("shapes:")[0] + "shapes:\n  - [3, 3, 7, 11, 13]\n"
+                                     "search: {trials: 3, timeout: 300, seed: 0}\n")
+    down = f"postgresql://postgres@127.0.0.1:{pg.free_port()}/nowhere"
+    args = ["--cache-dir", str(tmp_path / "cache"), "deploy", str(configs), "--storage", down]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0 and "tuning without the shared database" in result.output, result.output
+    assert "0 cached, 1 tuned" in result.output
+    strict = CliRunner().invoke(main, args + ["--strict"])
+    assert strict.exit_code == 1 and "cannot use the database" in strict.output
+
+
+def test_a_search_whose_database_goes_away_says_so_in_one_line(url, fake_gpu, server, tmp_path):
+    args = ["--cache-dir", str(tmp_path), "search", str(JOBS), "--shape", "3,3,7,11,13", "--trials", "3",
+            "--storage", url]
+    server.stop()
+    try:
+        result = CliRunner().invoke(main, args)
+    finally:
+        server.start()
+    assert result.exit_code == 1, result.output
+    assert "error: cannot use the database" in result.output and "Traceback" not in result.output
+    # and one that went away mid-search: the database's error, with how to go on
+    import fusetune.search as search_module
+
+    original = search_module.push_winner
+
+    def stop_first(*args, **kwargs):
+        server.stop()
+        return original(*args, **kwargs)
+    try:
+        search_module.push_winner = stop_first
+        result = CliRunner().invoke(main, args)
+    finally:
+        search_module.push_winner = original
+        server.start()
+    assert result.exit_code == 1, result.output
+    assert "error: the database of --storage failed" in result.output and "resume" in result.output
+
+
+def test_search_on_gpus_gives_each_shape_to_the_next_free_gpu():
+    import sys
+
+    items = [("a", (1, 2)), ("b", (3, 4)), ("crash", (5, 6)), ("c", (7, 8)), ("d", (9, 10))]
+    lines: list[str] = []
+    program = (sys.executable, str(Path(__file__).parent / "fake_search_child.py"))
+    found = search_on_gpus(items, [0, 3], ["--cache-dir=/nowhere"], ["--trials=2"], echo=lines.append,
+                           program=program)
+    assert [(r["config"], tuple(r["shape"])) for r in found] == items  # each once, in the order given
+    crashed = found[2]
+    assert crashed["status"] == "failed" and "status 3" in crashed["message"] and "illegal memory" in crashed["message"]
+    devices = [r["message"] for r in found if r["status"] == "tuned"]
+    assert set(devices) == {"0", "3"}  # both cards worked, each child saw only its own
+    assert sum(line.startswith("[gpu 0] searching") for line in lines) + \
+        sum(line.startswith("[gpu 3] searching") for line in lines) == len(items)
+
+
+def test_search_gpus_all_prints_one_summary_of_every_child(fake_gpu, monkeypatch, tmp_path):
+    import sys
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr("fusetune.fleet.FUSETUNE_PROGRAM",
+                        (sys.executable, str(Path(__file__).parent / "fake_search_child.py")))
+    result = CliRunner().invoke(main, ["--cache-dir", str(tmp_path), "search", str(JOBS), "--gpus", "all"])
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.output.splitlines() if line.startswith(str(JOBS)) or "tuned" in line]
+    assert len(rows) == len(load_config(JOBS).shapes)
+
+
+def test_worker_gpus_starts_one_worker_per_gpu_each_seeing_its_own(url, fake_gpu, monkeypatch, tmp_path):
+    import sys
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr("fusetune.fleet.FUSETUNE_PROGRAM",
+                        (sys.executable, str(Path(__file__).parent / "fake_search_child.py")))
+    result = CliRunner().invoke(main, ["--cache-dir", str(tmp_path), "worker", "--storage", url, "--gpus", "1,3",
+                                       "--trials", "7"])
+    assert result.exit_code == 0, result.output
+    started = {p.name: json.loads(p.read_text()) for p in tmp_path.glob("worker-gpu*.json")}
+    assert sorted(started) == ["worker-gpu1.json", "worker-gpu3.json"]
+    for args in started.values():
+        assert args[:2] == ["worker", f"--storage={url}"] and "--one" in args and "--trials=7" in args
+
+
+def test_url_schemes_and_gpu_lists():
+    assert engine_url("postgresql://u:p@h/db") == "postgresql+psycopg://u:p@h/db"
+    assert engine_url("postgres://h/db") == "postgresql+psycopg://h/db"
+    with pytest.raises(StorageError, match=r"u:\*\*\*@"):
+        engine_url("sqlite://u:secret@h/db")
+    assert parse_gpus("all", 4) == [0, 1, 2, 3]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+        assert [visible_device(d) for d in (0, 1)] == ["2", "3"]  # the cards this process sees
+        patch.delenv("CUDA_VISIBLE_DEVICES")
+        assert visible_device(1) == "1"
+    assert parse_gpus("2", 4) == [0, 1]
+    assert parse_gpus("1,3", 4) == [1, 3]
+    for bad in ("5", "0,0", "0,4", "x"):
+        with pytest.raises(GpusError, match="--gpus"):
+            parse_gpus(bad, 4)

@@ -28,3 +28,9 @@ def test_the_readme_schema_names_every_producer_kind():
     for kind in KINDS:
         stem, dims = kind[:-2], kind[-2]
         assert kind in schema or re.search(rf"{stem}(\dd/)*{dims}d", schema), kind  # conv1d/2d/3d
+
+
+def test_the_readme_is_read_in_minutes():
+    """Issue 27: a user reads the README in three minutes; the design and the details live in docs/."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines; move details to docs/design.md"

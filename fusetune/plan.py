@@ -11,6 +11,7 @@ then depends on what the chain ends with:
 
   * ``plane_reduce``   a reduction over all spatial dims (optionally after pooling);
   * ``channel_reduce`` a reduction over the channel dim;
+  * ``channel_softmax`` a softmax or log_softmax over the channel dim (the cuDNN world's);
   * ``window_map``     neither: a pooled (or same-size) tensor.
 
 Where the convolution runs, and so which kernel stages run the chain, is a world (producer.impl):
@@ -32,7 +33,8 @@ from typing import Sequence
 from fusetune.config import ProblemSpec
 from fusetune.errors import PlanError
 from fusetune.ops import Add, DimReduce, Elementwise, Norm, Op, Pool, Reduce
-from fusetune.ops.reduce import KERNEL_MODES
+from fusetune.ops.reduce import Softmax
+from fusetune.ops.reductions import REDUCTIONS, KernelReduction
 from fusetune.regions import CANCELS_BIAS, FROM_STATISTICS, Step, affine, rewrite
 
 #: The norms the kernels compute: statistics per (sample, channel) sums (batch, group, instance) or none
@@ -59,6 +61,12 @@ class Plan:
     tail: tuple[Step, ...] = ()  # the ops after it, run in PyTorch inside ModelNew
     ends: str | None = None  # why the fused region ends before the tail (None: no tail)
     rules: tuple[str, ...] = ()  # the rewrite rules that changed or marked the chain (regions.RULES)
+    softmax: Softmax | None = None  # a softmax or log_softmax over the channels in the reduce slot (channel_softmax)
+
+    @property
+    def softmax_kernel(self) -> KernelReduction:
+        """The accumulator channel_softmax folds a position's channels into: logsumexp's (its max and sum)."""
+        return REDUCTIONS["logsumexp"]
 
     @property
     def bias_in_epilogue(self) -> bool:
@@ -145,11 +153,15 @@ class Plan:
         return lines
 
     def describe(self) -> str:
+        """One line: the default world's stages, each other world's (not the reference's own forwards,
+        which have none), and the region's slots."""
+        from fusetune.worlds import DEFAULT, WORLDS
+
         def names(ops: Sequence[Op]) -> str:
             return ",".join(op.kind for op in ops) or "-"
         worlds = "".join(f" {impl}={'+'.join(stages)}" for impl, stages in self.impl_stages.items()
-                         if impl not in ("cudnn", "eager"))
-        return (f"stages={'+'.join(self.impl_stages['cudnn'])}{worlds} pre={names(self.pre)} "
+                         if impl != DEFAULT and not WORLDS[impl].runs_reference)
+        return (f"stages={'+'.join(self.impl_stages[DEFAULT])}{worlds} pre={names(self.pre)} "
                 f"norm={self.norm.kind if self.norm else '-'} mid={names(self.mid)} "
                 f"pool={self.pool.kind if self.pool else '-'} post={names(self.post)} "
                 f"reduce={self.reduce.kind if self.reduce else '-'} final={names(self.final)} "
@@ -159,7 +171,8 @@ class Plan:
 #: Learnable per-channel parameters one module can read (FT_MAX_PARAMS in templates/args.h.j2).
 MAX_PARAMS = 8
 _SLOTS = ("pre", "norm", "mid", "pool", "post", "reduce", "final")
-_ROLE_SLOT = {"norm": 1, "pool": 3, "reduce": 5}
+#: A softmax over the channels takes the reduce slot: it ends the region's reductions and maps as a reduction does.
+_ROLE_SLOT = {"norm": 1, "pool": 3, "reduce": 5, "softmax": 5}
 
 
 def make_plan(spec: ProblemSpec) -> Plan:
@@ -234,14 +247,14 @@ def _plan_region(spec: ProblemSpec, steps: Sequence[Step]) -> Plan:
     if len(plan_params) > MAX_PARAMS:
         raise PlanError(f"{spec.path}: the chain reads {len(plan_params)} learnable parameters; the kernels take "
                         f"at most {MAX_PARAMS}")
+    softmax = reduce.op if reduce and isinstance(reduce.op, Softmax) else None
     return Plan(spec=spec, pre=ops["pre"], norm=norm.op if norm else None, mid=ops["mid"], pool=pool,
-                post=ops["post"], reduce=reduce.op if reduce else None, final=ops["final"], family=family,
-                drop_bias=norm is not None and CANCELS_BIAS in norm.marks)
+                post=ops["post"], reduce=reduce.op if reduce and not softmax else None, final=ops["final"],
+                family=family, drop_bias=norm is not None and CANCELS_BIAS in norm.marks, softmax=softmax)
 
 
 #: Why the kernels do not take an op of a role, where no kernel family computes that role at all.
 _ROLE_REFUSALS = {
-    "softmax": "a softmax needs every value of its dim before it writes any; it runs in PyTorch",
     "view": "a view of the kernels' output, free in PyTorch",
     "adaptive": "adaptive pooling to a size other than 1 has windows that depend on the input's size; "
                 "it runs in PyTorch",
@@ -252,10 +265,13 @@ def _kernel_refusal(op: Op) -> str | None:
     """Why no kernel family takes this op wherever it stands, None where one may."""
     if op.role in _ROLE_REFUSALS:
         return _ROLE_REFUSALS[op.role]
+    if isinstance(op, Softmax) and op.dim != 1:
+        return (f"a {op.kind} over dim {op.dim} (the kernels normalise over the channels, dim 1, only); "
+                "it runs in PyTorch")
     if isinstance(op, Norm) and op.scope not in KERNEL_SCOPES:
         return f"the kernels' norms are per channel ({', '.join(KERNEL_SCOPES)}); a {op.kind} runs in PyTorch"
-    if isinstance(op, Reduce) and op.mode not in KERNEL_MODES:
-        return f"the kernels reduce by {', '.join(KERNEL_MODES)}; {op.mode} runs in PyTorch"
+    if isinstance(op, Reduce) and op.mode not in REDUCTIONS:
+        return f"the kernels reduce by {', '.join(REDUCTIONS)}; {op.mode} runs in PyTorch"
     if isinstance(op, DimReduce) and op.dims != (1,) and op.dims != (op.dim,):
         return (f"the kernels reduce over the channel dim or over every spatial dim, not dims {list(op.dims)}; "
                 "it runs in PyTorch")
@@ -264,9 +280,15 @@ def _kernel_refusal(op: Op) -> str | None:
 
 def _family(spec: ProblemSpec, pool: Pool | None, reduce: Step | None) -> str | None:
     """The main kernel family that ends the region, None where finalize computes the output (the rule
-    regions.mean_of_norm marked the reduction)."""
+    regions.mean_of_norm marked the reduction); a softmax over the channels in the reduce slot is
+    channel_softmax's."""
     if reduce is None:
         return "window_map"
+    if isinstance(reduce.op, Softmax):
+        if pool is not None:
+            raise PlanError(f"{spec.path}: the kernels do not normalise over channels after a pool; the "
+                            f"{reduce.op.kind} runs in PyTorch")
+        return "channel_softmax"
     if FROM_STATISTICS in reduce.marks:
         return None
     if reduce.op.over == "spatial":

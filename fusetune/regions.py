@@ -34,9 +34,10 @@ import dataclasses
 from typing import Callable, Sequence
 
 from fusetune.config import ProblemSpec
-from fusetune.ops import (Add, AdaptivePool, DimReduce, Div, Flatten, Mul, Norm, Op, Pool, Reduce, Shape,
-                          SpatialReduce, Unsqueeze)
+from fusetune.ops import (Add, AdaptivePool, DimReduce, Div, Flatten, Mul, Norm, Op, Pool, Reduce, SpatialReduce,
+                          Unsqueeze)
 from fusetune.ops.reduce import KERNEL_MODES
+from fusetune.ops.reductions import REDUCTIONS
 
 #: amax/amin hold the same values as max/min without indices.
 _SAME_MODE = {"amax": "max", "amin": "min"}
@@ -146,14 +147,6 @@ def _mean_of_norm(steps: list[Step], spec: ProblemSpec) -> list[Step]:
     return out
 
 
-def shapes_of(steps: Sequence[Step], shape: Shape) -> list[Shape]:
-    """The shape after each step (the first: its input)."""
-    shapes = [shape]
-    for step in steps:
-        shapes.append(step.op.out_shape(shapes[-1]))
-    return shapes
-
-
 def _drop_identity(steps: list[Step], rank: int) -> list[Step]:
     return [s for s in steps if s.op.role != "identity"]
 
@@ -214,9 +207,9 @@ def _kernel_reductions(steps: list[Step], rank: int) -> list[Step]:
         op = step.op
         if isinstance(op, AdaptivePool) and op.global_ and current == rank:
             out.append(Step(op.as_reduce(), None, step.entries))
-        elif isinstance(op, DimReduce) and _SAME_MODE.get(op.mode, op.mode) in KERNEL_MODES and current == rank:
-            mode = _SAME_MODE.get(op.mode, op.mode)
-            if _kernel_form(op.dims, rank) and op.dims != (1,):
+        elif isinstance(op, DimReduce) and _SAME_MODE.get(op.mode, op.mode) in REDUCTIONS and current == rank:
+            mode = _SAME_MODE.get(op.mode, op.mode)  # logsumexp: over the channel dim only (channel_reduce)
+            if _kernel_form(op.dims, rank) and op.dims != (1,) and mode in KERNEL_MODES:
                 out.append(Step(SpatialReduce(mode=mode), None, step.entries))
                 if not op.keepdim:
                     out.append(Step(Flatten(start_dim=1, end_dim=-1), None, step.entries))

@@ -10,7 +10,7 @@ import yaml
 from fusetune.config import load_config, parse_config
 from fusetune.errors import PlanError
 from fusetune.plan import make_plan
-from fusetune.tiles import gemm_fits
+from fusetune.tiles import gemm_refusal
 from fusetune.worlds import WORLDS, conv_passes, refusals
 from fusetune.worlds import all_facts as world_facts
 from fusetune.worlds.facts import pool_at_extremes, pool_increasing
@@ -85,7 +85,7 @@ def test_seed_plans(key):
     assert list(plan.impl_stages) == (["cudnn"] + ["direct"] * bool(direct) + ["gemm"] * bool(gemm)
                                       + ["gemm_extrema"] * bool(extrema) + ["gemm_store"] * bool(store)
                                       + ["gemm_cluster"] * bool(cluster) + ["gemm_wide"] * bool(wide)
-                                      + ["spectral"] * bool(spectral) + ["eager"])
+                                      + ["spectral"] * bool(spectral) + ["eager", "inductor"])
     assert plan.family == family
     assert plan.drop_bias is drop_bias
     assert plan.needs_stats is ("stats" in stages)
@@ -111,8 +111,8 @@ def test_tensor_core_kernels_only_where_they_fit():
     assert not offers(_plan("maxpool_gap", [{"op": "relu"}]), "gemm")
     # weights staged in shared memory: K (in channels x taps, padded to 8) x the channel stride <= 16384 floats
     conv = {"cin": 24, "cout": 64, "kernel": (1, 3, 3), "stride": (1, 1, 1), "transposed": False}
-    assert gemm_fits(conv, [((1, 1, 1), (1, 1, 1))])  # 216 x 72
-    assert not gemm_fits({**conv, "cin": 240}, [((1, 1, 1), (1, 1, 1))])  # 2160 x 72
+    assert gemm_refusal(conv, [((1, 1, 1), (1, 1, 1))]) is None  # 216 x 72
+    assert "staged words" in gemm_refusal({**conv, "cin": 240}, [((1, 1, 1), (1, 1, 1))])  # 2160 x 72
     # a large pooling window makes the box, and so its staged input and output, too large
     assert not offers(_plan("groupnorm", [{"op": "max_pool", "kernel_size": 30}]), "gemm")
 
@@ -166,13 +166,15 @@ def test_seed_slots():
      "do not reduce over channels after a pool"),
     ("instancenorm", [{"op": "instance_norm"}, {"op": "avg_pool", "kernel_size": 2}, {"op": "mean", "dim": 1}],
      ["reduce"], "do not reduce over channels after a pool"),
-    ("groupnorm", [{"op": "relu"}, {"op": "softmax", "dim": 1}, {"op": "relu"}], ["softmax", "relu"],
-     "epilogue[1] (softmax): a softmax needs every value"),
+    ("groupnorm", [{"op": "relu"}, {"op": "softmax", "dim": 2}, {"op": "relu"}], ["softmax", "relu"],
+     "epilogue[1] (softmax): a softmax over dim 2"),  # over the channels (dim 1): channel_softmax
+    ("groupnorm", [{"op": "max_pool", "kernel_size": 2}, {"op": "log_softmax", "dim": 1}], ["log_softmax"],
+     "do not normalise over channels after a pool"),
     ("groupnorm", [{"op": "avg_pool", "kernel_size": 3, "padding": 1}, {"op": "max_pool", "kernel_size": 2}],
      ["max_pool"], "epilogue[1] (max_pool)"),
     ("groupnorm", [{"op": "gelu"}, {"op": "layer_norm", "normalized_shape": [35, 43]}], ["layer_norm"],
      "a layer_norm runs in PyTorch"),
-    ("groupnorm", [{"op": "logsumexp", "dim": 1}], ["reduce"], "logsumexp runs in PyTorch"),
+    ("groupnorm", [{"op": "logsumexp", "dim": [2, 3]}], ["reduce"], "not dims [2, 3]"),  # over channels: fused
     ("groupnorm", [{"op": "group_norm", "num_groups": 4}, {"op": "add", "by": "producer"}], ["group_norm", "add"],
      "epilogue[1] (add) reads the convolution's output"),
 ])
@@ -435,8 +437,8 @@ def test_a_padded_pool_is_fused_by_the_cudnn_worlds_main_kernels_only():
     pool = {"op": "max_pool", "kernel_size": 3, "stride": 2, "padding": 1}
     plan = _plan("groupnorm", [{"op": "relu"}, pool, {"op": "mean", "dim": [2, 3]}])
     assert plan.tail[0].op.kind == "flatten" and plan.pool.padding == (1, 1) and plan.pool_padding == (0, 1, 1)
-    assert plan.family == "plane_reduce" and set(plan.impl_stages) == {"cudnn", "eager"}
-    assert set(refusals(plan)) == set(WORLDS) - {"cudnn", "eager"}
+    assert plan.family == "plane_reduce" and set(plan.impl_stages) == {"cudnn", "eager", "inductor"}
+    assert set(refusals(plan)) == set(WORLDS) - {"cudnn", "eager", "inductor"}
     assert all("padded pool" in refusals(plan)[impl] for impl in ("direct", "gemm", "gemm_wide"))
     wide = _plan("groupnorm", [{"op": "batch_norm"}, pool], out_channels=96, kernel_size=5, padding=2)
     assert wide.impl_stages["gemm_wide"] == ("wide_stats", "finalize", "window_map")

@@ -12,10 +12,13 @@ import dataclasses
 from typing import Any, ClassVar, Mapping
 
 from fusetune.ops.base import Op, OpContext, Shape, reject_unknown, take_bool, take_int
+from fusetune.ops.reductions import REDUCTIONS, KernelReduction
 
 #: Reduction modes torch names; amax/amin are max/min without indices, which the values equal.
 REDUCE_MODES = ("max", "min", "sum", "mean", "amax", "amin", "logsumexp")
-#: The modes the kernels compute (over space or over channels).
+#: The modes every kernel that reduces computes (over space or over channels); most that reduce over
+#: the channels take logsumexp too (fusetune/worlds/facts.py's STAGE_REDUCE_MODES). How each mode is
+#: computed is fusetune/ops/reductions.py's table.
 KERNEL_MODES = ("max", "min", "sum", "mean")
 
 
@@ -24,9 +27,14 @@ class Reduce(Op):
     """``over`` is "spatial" (all spatial dims, keeping size-1 dims) or "dim" (one dim, dropped)."""
 
     role: ClassVar[str] = "reduce"
-    mode: str = "mean"  # max | min | sum | mean
+    mode: str = "mean"  # max | min | sum | mean | logsumexp (the last over channels only)
     over: str = "dim"
     dim: int = 1
+
+    @property
+    def kernel(self) -> KernelReduction:
+        """How the kernels compute this mode (its accumulator, step, merge and end), for the modes they take."""
+        return REDUCTIONS[self.mode]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from fusetune.ops.reduce import KERNEL_MODES
+from fusetune.ops.reductions import REDUCTIONS
 from fusetune.tiles import BOX_HEIGHTS, WIDE_BN, WIDEST_BOX, gemm_refusal as _gemm_geometry_refusal, wide_fits
 
 if TYPE_CHECKING:
@@ -21,6 +23,15 @@ SAMPLE_SCOPES = ("instance", "group")
 #: gemm_main and wide_main each take these three); another main family (one a test injects, one added
 #: later) gets none of them until they learn that family's end.
 INSIDE_FAMILIES = ("window_map", "plane_reduce", "channel_reduce")
+#: The reduction modes of each kernel family that reduces (how each is computed: fusetune/ops/reductions.py).
+#: The kernels that reduce over the channels one thread a position, in one loop, take every mode of that
+#: table (channel_reduce, and direct_main, gemm_main and gemm_cluster's channel reductions; a logsumexp over
+#: space is never planned, regions.py); wide_main, whose blocks reduce tiles of channels that a second
+#: kernel merges through one float a tile, and plane_reduce, the four of one float accumulator. A world
+#: with a stage that lacks the region's mode does not take the region (reduce_mode_refusal, World.refusal).
+STAGE_REDUCE_MODES: dict[str, tuple[str, ...]] = {
+    "channel_reduce": tuple(REDUCTIONS), "direct_main": tuple(REDUCTIONS), "gemm_main": tuple(REDUCTIONS),
+    "gemm_cluster": tuple(REDUCTIONS), "plane_reduce": KERNEL_MODES, "wide_main": KERNEL_MODES}
 #: Largest convolution weight (floats) the direct kernels take: they keep it in constant memory (64 KB).
 DIRECT_MAX_WEIGHTS = 12288
 #: Channel counts a direct channel reduction takes: a thread holds every channel (ct == C), so C must
@@ -39,6 +50,18 @@ def stages_of(plan: Plan, stats: str, main: str | None) -> tuple[str, ...]:
     if plan.family is not None and main is not None:
         stages.append(main)
     return tuple(stages)
+
+
+def reduce_mode_refusal(plan: Plan, stages: tuple[str, ...]) -> str | None:
+    """Why these stages do not compute the region's reduction (STAGE_REDUCE_MODES), None where they do
+    or where a main kernel does not reduce (finalize's mean from the statistics included)."""
+    if plan.reduce is None or plan.family is None:
+        return None
+    for stage in stages:
+        modes = STAGE_REDUCE_MODES.get(stage, tuple(REDUCTIONS))
+        if plan.reduce.mode not in modes:
+            return f"a {plan.reduce.mode} reduction ({stage} reduces by {', '.join(modes)})"
+    return None
 
 
 def padded_pool(plan: Plan) -> str | None:
@@ -119,8 +142,8 @@ def wide_refusal(plan: Plan) -> str | None:
     parity class). They stage the weights a row or a plane of taps and a few input channels at a
     time, so any channel count goes (tiles.wide_fits: some variant within the shared memory). But not
     where the direct kernels take a convolution of fewer output channels than the narrowest tile of
-    them (64): most of every MMA would multiply zero weights (the 3 -> 16 transposed seed: 13.5 ms at
-    best, against the direct kernel's 0.33, on an H200)."""
+    them (64): most of every MMA would multiply zero weights, where the direct kernels' products on the
+    CUDA cores spend nothing on padding."""
     conv = plan.spec.producer.geometry()
     refusal = plan.spec.producer.inside_refusal()  # dilation, groups, asymmetric padding
     if refusal is not None:
@@ -149,7 +172,7 @@ def wide_main_refusal(plan: Plan) -> str | None:
         return PADDED_POOL
     if plan.family not in INSIDE_FAMILIES:
         return f"a chain that ends in {plan.family or 'finalize'}, not a map or a reduction it implements"
-    return None
+    return reduce_mode_refusal(plan, ("wide_main",))
 
 
 def wide_stats_refusal(plan: Plan) -> str | None:

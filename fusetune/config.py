@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from fusetune.dtypes import DEFAULT_DTYPE
 from fusetune.dtypes import DTYPES as ELEMENT_TYPES
 from fusetune.errors import ConfigError, did_you_mean
 from fusetune.ops import REGISTRY, LayerNorm, Op, OpContext, ParamDecl, Shape
@@ -30,7 +31,7 @@ DEFAULT_PRECISION = "tf32"
 TOLERANCE_KEYS = ("atol", "rtol")
 PARAM_INITS = ("ones", "zeros", "randn")
 TOP_KEYS = ("name", "dtype", "precision", "tolerance", "producer", "parameters", "epilogue", "shapes", "search")
-SEARCH_KEYS = ("trials", "timeout", "seed")
+SEARCH_KEYS = ("trials", "timeout", "seed", "exclude_worlds")
 #: Largest element count any one tensor of a tuned shape may have; kernels index with 64-bit
 #: offsets, but cuDNN and PyTorch refuse or misbehave past this on some paths.
 MAX_ELEMENTS = 2**31 - 1
@@ -41,6 +42,9 @@ class SearchSettings:
     trials: int = 32
     timeout: float = 600.0  # seconds per shape
     seed: int = 0
+    #: Worlds (producer.impl) the search leaves out, e.g. inductor to see what fusetune's own kernels
+    #: reach against torch.compile. Part of the cache key where any: it changes the answer.
+    exclude_worlds: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,16 +184,11 @@ def load_config(path: str | Path) -> ProblemSpec:
 
 def parse_config(raw: Any, path: str = "<config>") -> ProblemSpec:
     """Validate an already-parsed YAML document."""
-    if not isinstance(raw, Mapping):
-        raise ConfigError(path, "", f"expected a mapping of keys ({', '.join(TOP_KEYS)}), got {type(raw).__name__}")
-    for key in raw:
-        if key not in TOP_KEYS:
-            raise ConfigError(path, str(key), f"unknown key{did_you_mean(key, TOP_KEYS)} (expected one of: "
-                                              f"{', '.join(TOP_KEYS)})")
+    _check_keys(raw, TOP_KEYS, path, "", f"a mapping of keys ({', '.join(TOP_KEYS)})")
     name = raw.get("name")
     if not isinstance(name, str) or not name or not all(ch.isascii() and (ch.isalnum() or ch in "_-") for ch in name):
         raise ConfigError(path, "name", f"expected a non-empty name of letters, digits, '_' and '-', got {name!r}")
-    dtype = raw.get("dtype", "float32")
+    dtype = raw.get("dtype", DEFAULT_DTYPE)
     if dtype not in DTYPES:
         raise ConfigError(path, "dtype", f"expected one of {', '.join(DTYPES)}, got {dtype!r}")
     precision = _parse_precision(raw, dtype, path)
@@ -206,12 +205,24 @@ def parse_config(raw: Any, path: str = "<config>") -> ProblemSpec:
                        shapes=shapes, search=search, precision=precision, tolerance=tolerance)
 
 
+def _check_keys(raw: Any, known: tuple[str, ...], path: str, where: str, expected: str) -> None:
+    """A section (``where``; "" for the whole file) must be a mapping whose keys are all ``known``: else
+    the error names the section, or the first unknown key with a close match and the keys it takes."""
+    if not isinstance(raw, Mapping):
+        got = type(raw).__name__ if not where else repr(raw)  # the whole file's text would not fit a line
+        raise ConfigError(path, where, f"expected {expected}, got {got}")
+    for key in raw:
+        if key not in known:
+            raise ConfigError(path, f"{where}.{key}" if where else str(key),
+                              f"unknown key{did_you_mean(key, known)} (expected one of: {', '.join(known)})")
+
+
 def _parse_precision(raw: Mapping[str, Any], dtype: str, path: str) -> str | None:
     """float32's precision (default: eager PyTorch's own, TF32 allowed); none for the half types,
     whose products the tensor cores and cuDNN take at their own precision anyway."""
-    if dtype != "float32":
+    if dtype != DEFAULT_DTYPE:
         if "precision" in raw:
-            raise ConfigError(path, "precision", f"applies to dtype float32 only (tf32 or ieee); remove it for "
+            raise ConfigError(path, "precision", f"applies to dtype {DEFAULT_DTYPE} only (tf32 or ieee); remove it for "
                                                  f"dtype {dtype}")
         return None
     precision = raw.get("precision", DEFAULT_PRECISION)
@@ -224,12 +235,7 @@ def _parse_precision(raw: Mapping[str, Any], dtype: str, path: str) -> str | Non
 def _parse_tolerance(raw: Any, path: str) -> Tolerance | None:
     if raw is None:
         return None
-    if not isinstance(raw, Mapping):
-        raise ConfigError(path, "tolerance", f"expected a mapping like {{atol: 1.0e-4, rtol: 1.0e-4}}, got {raw!r}")
-    for key in raw:
-        if key not in TOLERANCE_KEYS:
-            raise ConfigError(path, f"tolerance.{key}", f"unknown key{did_you_mean(key, TOLERANCE_KEYS)} (expected "
-                                                        f"{' and '.join(TOLERANCE_KEYS)})")
+    _check_keys(raw, TOLERANCE_KEYS, path, "tolerance", "a mapping like {atol: 1.0e-4, rtol: 1.0e-4}")
     values = {}
     for key in TOLERANCE_KEYS:
         if key not in raw:
@@ -384,12 +390,7 @@ def _structured(shape: Shape, producer: Producer) -> str | None:
 def _parse_search(raw: Any, path: str) -> SearchSettings:
     if raw is None:
         raw = {}
-    if not isinstance(raw, Mapping):
-        raise ConfigError(path, "search", f"expected a mapping with keys {', '.join(SEARCH_KEYS)}, got {raw!r}")
-    for key in raw:
-        if key not in SEARCH_KEYS:
-            raise ConfigError(path, f"search.{key}", f"unknown key{did_you_mean(key, SEARCH_KEYS)} (expected one of: "
-                                                     f"{', '.join(SEARCH_KEYS)})")
+    _check_keys(raw, SEARCH_KEYS, path, "search", f"a mapping with keys {', '.join(SEARCH_KEYS)}")
     defaults = SearchSettings()
     trials = raw.get("trials", defaults.trials)
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
@@ -400,4 +401,20 @@ def _parse_search(raw: Any, path: str) -> SearchSettings:
     seed = raw.get("seed", defaults.seed)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(path, "search.seed", f"expected an integer, got {seed!r}")
-    return SearchSettings(trials=trials, timeout=float(timeout), seed=seed)
+    exclude = _parse_exclude_worlds(raw.get("exclude_worlds", []), path)
+    return SearchSettings(trials=trials, timeout=float(timeout), seed=seed, exclude_worlds=exclude)
+
+
+def _parse_exclude_worlds(raw: Any, path: str, where: str = "search.exclude_worlds") -> tuple[str, ...]:
+    """A list of world names (fusetune.worlds.WORLDS), each once, that leaves at least one world in."""
+    from fusetune.worlds import WORLDS
+
+    if isinstance(raw, str) or not isinstance(raw, (list, tuple)):
+        raise ConfigError(path, where, f"expected a list of worlds ({', '.join(WORLDS)}), got {raw!r}")
+    for name in raw:
+        if not isinstance(name, str) or name not in WORLDS:
+            raise ConfigError(path, where, f"unknown world {name!r}{did_you_mean(str(name), tuple(WORLDS))} "
+                                           f"(expected some of: {', '.join(WORLDS)})")
+    if set(raw) >= set(WORLDS):
+        raise ConfigError(path, where, "leaves no world to search")
+    return tuple(sorted(set(raw), key=list(WORLDS).index))

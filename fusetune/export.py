@@ -25,12 +25,14 @@ from fusetune.winners import machine_fields, prebuilt_entry, render_winners, wri
 
 
 def find_winner(cache: Cache, spec: ProblemSpec, shape: Shape, source_hash: str, gpu: str | None) -> Entry | None:
-    """The cached entry with a winner for this problem, shape and sources; on ``gpu`` if given."""
+    """The cached entry with a winner for this problem, shape and sources, searched with the worlds the
+    config leaves out (search.exclude_worlds: none, or the same); on ``gpu`` if given."""
     problem = json.loads(json.dumps(spec.canonical()))  # as stored: tuples become lists
+    excluded = list(spec.search.exclude_worlds)
     found = [e for e in cache.entries()
              if e.winner is not None and e.fields.get("problem") == problem
              and tuple(e.fields.get("shape", ())) == tuple(shape) and e.fields.get("sources") == source_hash
-             and (gpu is None or e.fields.get("gpu") == gpu)]
+             and e.fields.get("exclude_worlds", []) == excluded and (gpu is None or e.fields.get("gpu") == gpu)]
     return max(found, key=lambda e: e.updated) if found else None
 
 

@@ -21,6 +21,7 @@ from fusetune.progress import Reporter
 from fusetune.search import Machine
 from fusetune.space import Candidate
 from fusetune.worker import Worker
+from fusetune.worlds import DEFAULT, WORLDS, World
 
 #: Seconds for a worker to build the float64 reference of a shape (one per module and shape).
 OPEN_TIMEOUT = 600.0
@@ -104,23 +105,42 @@ class GpuBenchmarker:
                     raise FusetuneError(f"{self.plan.spec.path}: cannot prepare shape {list(self.shape)} on the "
                                         f"GPU ({opened['status']}): {opened.get('log', '')[-1500:]}")
                 return opened
-            return self.worker.run(self._job(kind, candidate, module), self.job_timeout)
+            return self.worker.run(self._job(kind, candidate, module), self.job_timeout + _warmup_s(candidate))
 
     def evaluate(self, candidate: Candidate) -> dict[str, Any]:
-        return _clean(self._run("evaluate", candidate))
+        return _machine_refusal(candidate) or _clean(self._run("evaluate", candidate))
 
     def verify(self, candidate: Candidate) -> dict[str, Any]:
         """Verification alone, on the session's inputs (no timing)."""
-        return _clean(self._run("verify", candidate))
+        return _machine_refusal(candidate) or _clean(self._run("verify", candidate))
 
     def confirm(self, candidate: Candidate) -> dict[str, Any]:
-        return _clean(self._run("confirm", candidate))
+        return _machine_refusal(candidate) or _clean(self._run("confirm", candidate))
 
     def eager_ms(self) -> float | None:
         if self.main is None or not self.main.ok:
             return None
         result = self._run("eager", None)
         return result.get("time_ms") if result["status"] == "ok" else None
+
+
+def _world(candidate: Candidate | None) -> World | None:
+    return WORLDS.get(candidate.get("producer.impl", DEFAULT)) if candidate is not None else None
+
+
+def _warmup_s(candidate: Candidate | None) -> float:
+    """What the candidate's world adds to the job timeout (World.warmup_s: a compiler's run at its first
+    forward in the worker, torch.compile's max-autotune for inductor)."""
+    world = _world(candidate)
+    return world.warmup_s if world is not None else 0.0
+
+
+def _machine_refusal(candidate: Candidate) -> dict[str, Any] | None:
+    """An infeasible outcome, without a job, where this machine cannot run the candidate's world at all
+    (World.machine_refusal: inductor without triton); None where it can."""
+    world = _world(candidate)
+    why = world.machine_refusal() if world is not None else None
+    return {"status": "infeasible", "log": f"the {world.name} world on this machine: {why}"} if why else None
 
 
 def _ident(only: dict[str, list[dict[str, Any]]]) -> str:

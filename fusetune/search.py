@@ -29,6 +29,7 @@ from fusetune.progress import PlainReporter, Reporter
 from fusetune.space import Candidate, PlanSpace, candidate_key
 from fusetune.storage import Storage, pull_winner, push_winner
 from fusetune.tiles import wide_axes, wide_cin_padded, wide_row_words, wide_workspace_words
+from fusetune.worlds import DEFAULT as DEFAULT_WORLD
 
 #: How many of the best candidates are timed again, head to head, before a winner is named.
 RETIME_TOP = 3
@@ -124,11 +125,15 @@ def shape_facts(spec: ProblemSpec, plan: Plan, shape: Shape, capability: str) ->
 
 
 def key_fields(spec: ProblemSpec, shape: Shape, machine: Machine, source_hash: str) -> dict[str, Any]:
-    """Everything that can change the answer. Not the config's name or its search settings."""
-    return {"problem": spec.canonical(), "shape": list(shape), "dtype": spec.dtype, "input_layout": "contiguous",
-            "gpu": machine.gpu, "capability": machine.capability, "cuda": machine.cuda,
-            "torch": machine.torch, "fusetune": __version__, "verification": VERIFICATION,
-            "cuda_flags": list(CUDA_FLAGS), "sources": source_hash}
+    """Everything that can change the answer. Not the config's name, nor its search settings but the
+    worlds it leaves out (only where it leaves some out: the keys of other searches stay as they were)."""
+    fields = {"problem": spec.canonical(), "shape": list(shape), "dtype": spec.dtype, "input_layout": "contiguous",
+              "gpu": machine.gpu, "capability": machine.capability, "cuda": machine.cuda,
+              "torch": machine.torch, "fusetune": __version__, "verification": VERIFICATION,
+              "cuda_flags": list(CUDA_FLAGS), "sources": source_hash}
+    if spec.search.exclude_worlds:
+        fields["exclude_worlds"] = list(spec.search.exclude_worlds)
+    return fields
 
 
 def _study(cache: Cache, key: str, trials: int, seed: int, storage: Storage | None = None) -> optuna.Study:
@@ -176,8 +181,9 @@ class _Objective:
 
     def __init__(self, space: PlanSpace, facts: dict[str, int], bench: Benchmarker, cache: Cache,
                  key: str, fields: dict[str, Any], force: bool, reporter: Reporter, total: int,
-                 label: str = "") -> None:
+                 label: str = "", excluded: tuple[str, ...] = ()) -> None:
         self.space, self.facts, self.bench, self.cache = space, facts, bench, cache
+        self.excluded = excluded  # the config's search.exclude_worlds
         self.key, self.fields, self.force, self.reporter, self.total = key, fields, force, reporter, total
         self.label = label  # the reporter's name for this search
         self.best_ms: float | None = None  # the fastest ok outcome seen in this process
@@ -218,7 +224,7 @@ class _Objective:
         return float(outcome["time_ms"])
 
     def _run(self, candidate: Candidate) -> dict[str, Any]:
-        broken = self.space.violations(candidate, self.facts)
+        broken = self.space.violations(candidate, self.facts) + _left_out(candidate, self.excluded)
         if broken:
             return {"status": "infeasible", "log": "; ".join(broken)}
         start = time.perf_counter()
@@ -287,12 +293,14 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
     if force:  # a forced search names its own winner, even a slower one than a stale entry's
         cache.update(key, fields, lambda e: setattr(e, "winner", None))
     label = f"{spec.name} {list(shape)}"
-    objective = _Objective(space, facts, bench, cache, key, fields, force, reporter, max(remaining, 0), label)
+    excluded = spec.search.exclude_worlds
+    objective = _Objective(space, facts, bench, cache, key, fields, force, reporter, max(remaining, 0), label,
+                           excluded)
     objective.seen |= evaluated  # a resumed search does not spend budget on what ran before
     tried = set() if force else _tried(study, space)
     if known is not None:
         tried &= known
-    feasible = [c for c in space.all() if not space.violations(c, facts)]
+    feasible = [c for c in space.all() if not space.violations(c, facts) and not _left_out(c, excluded)]
     if len(feasible) <= remaining:
         queue = [c for c in feasible if candidate_key(c) not in tried]  # small space: try all of it
     else:
@@ -339,6 +347,12 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
     return result
 
 
+def _left_out(candidate: Candidate, excluded: tuple[str, ...]) -> list[str]:
+    """Why the config's search.exclude_worlds leaves the candidate out (one reason, or none)."""
+    impl = candidate.get("producer.impl", DEFAULT_WORLD)
+    return [f"search.exclude_worlds leaves the {impl} world out"] if impl in excluded else []
+
+
 def _recover_lost(study: optuna.Study, space: PlanSpace, cache: Cache, key: str, fields: dict[str, Any],
                   bench: Benchmarker, echo: Callable[[str], None], timings: dict[str, float]) -> set[str] | None:
     """Where the study holds finished trials whose outcomes the cache entry lacks (the entry was
@@ -378,7 +392,7 @@ def _world_neighbours(outcomes: dict[str, dict[str, Any]], feasible: list[Candid
     best: dict[str, tuple[float, Candidate]] = {}
     for outcome in outcomes.values():
         if outcome["status"] == "ok":
-            impl = outcome["candidate"].get("producer.impl", "cudnn")
+            impl = outcome["candidate"].get("producer.impl", DEFAULT_WORLD)
             if impl not in best or outcome["time_ms"] < best[impl][0]:
                 best[impl] = (outcome["time_ms"], outcome["candidate"])
     if not best or cap <= 0:
@@ -388,7 +402,7 @@ def _world_neighbours(outcomes: dict[str, dict[str, Any]], feasible: list[Candid
     for impl, (time_ms, centre) in sorted(best.items(), key=lambda item: item[1][0]):
         if time_ms > COMPETITIVE * fastest:
             continue
-        near = [c for c in feasible if c.get("producer.impl", "cudnn") == impl and candidate_key(c) not in tried
+        near = [c for c in feasible if c.get("producer.impl", DEFAULT_WORLD) == impl and candidate_key(c) not in tried
                 and sum(c.get(k) != v for k, v in centre.items()) == 1]
         rng.shuffle(near)
         chosen += near[:NEIGHBOURS_PER_WORLD]

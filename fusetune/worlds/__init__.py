@@ -15,21 +15,27 @@ from fusetune.worlds.gemm_extrema import GemmExtrema
 from fusetune.worlds.gemm_store import GemmStore
 from fusetune.worlds.gemm_wide import GemmWide
 from fusetune.worlds.gemm_wide_recompute import GemmWideRecompute
+from fusetune.worlds.inductor import Inductor
 from fusetune.worlds.spectral import Spectral
 
 if TYPE_CHECKING:
     from fusetune.plan import Plan
 
-__all__ = ["WORLDS", "World", "all_facts", "conv_passes", "launches", "offered", "refusals"]
+__all__ = ["DEFAULT", "WORLDS", "World", "all_facts", "conv_passes", "launches", "machine_refusals", "offered",
+           "refusals", "won_note"]
 
-#: producer.impl -> its world; cudnn first (the default), eager last (the search's floor).
+#: producer.impl -> its world; cudnn first (the default), then the kernels' worlds, then the search's
+#: floors: eager (PyTorch's own forward) and inductor (torch.compile's max-autotune of it).
 WORLDS: dict[str, World] = {world.name: world for world in (
     Cudnn(), Direct(), Gemm(), GemmExtrema(), GemmStore(), GemmCluster(), GemmWide(), GemmWideRecompute(),
-    Spectral(), Eager())}
+    Spectral(), Eager(), Inductor())}
+#: The world a candidate that names none runs in (producer.impl's default): the registry's first.
+DEFAULT: str = next(iter(WORLDS))
 
 
 def offered(plan: Plan) -> dict[str, tuple[str, ...]]:
-    """The worlds that take the region, each with its stages in launch order (cudnn and eager always)."""
+    """The worlds that take the region, each with its stages in launch order (cudnn, eager and inductor
+    always)."""
     return {name: world.stages(plan) for name, world in WORLDS.items() if world.refusal(plan) is None}
 
 
@@ -39,18 +45,38 @@ def refusals(plan: Plan) -> dict[str, str]:
     return {name: reason for name, reason in why.items() if reason is not None}
 
 
+def machine_refusals(plan: Plan) -> dict[str, str]:
+    """The offered worlds this machine cannot run, each with why (World.machine_refusal: inductor
+    without triton): the plan offers them, the search here leaves them out."""
+    why = {name: WORLDS[name].machine_refusal() for name in plan.impl_stages}
+    return {name: reason for name, reason in why.items() if reason is not None}
+
+
+def won_note(candidate: dict[str, Any] | None) -> str | None:
+    """What a winner means where its world has no kernels of fusetune's (World.won), else None."""
+    world = WORLDS.get((candidate or {}).get("producer.impl", "cudnn"))
+    return world.won if world is not None else None
+
+
 def all_facts(plan: Plan) -> dict[str, Any]:
-    """Every world's facts (whether it is offered or not: a stage's constraints read them by name)."""
+    """Every world's facts (whether it is offered or not: a stage's constraints read them by name). The
+    names are one namespace: two worlds naming a fact alike would have one silently read the other's."""
     merged: dict[str, Any] = {}
     for world in WORLDS.values():
-        merged.update(world.facts(plan))
+        facts = world.facts(plan)
+        clash = set(facts) & set(merged)
+        assert not clash, f"world {world.name} redefines facts {sorted(clash)} another world names"
+        merged.update(facts)
     return merged
 
 
 def launches(plan: Plan) -> dict[str, dict[str, Any]]:
     """For the generated model: each offered world's launch ("cudnn", "kernels", "cluster", "spectral",
-    "eager") and whether its statistics pass stores the convolution output ("", "float", "choice")."""
-    return {name: {"launch": WORLDS[name].launch, "store": WORLDS[name].store(plan)} for name in plan.impl_stages}
+    "eager", "inductor"), whether its statistics pass stores the convolution output ("", "float", "choice"),
+    and where the launch compiles the reference, torch.compile's mode."""
+    return {name: {"launch": WORLDS[name].launch, "store": WORLDS[name].store(plan),
+                   **({"mode": WORLDS[name].compile_mode} if WORLDS[name].compile_mode else {})}
+            for name in plan.impl_stages}
 
 
 def conv_passes(plan: Plan, impl: str) -> int:

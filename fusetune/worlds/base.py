@@ -9,13 +9,16 @@ from __future__ import annotations
 import abc
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from fusetune.dtypes import DEFAULT_DTYPE
+from fusetune.worlds.facts import reduce_mode_refusal
+
 if TYPE_CHECKING:
     from fusetune.plan import Plan
 
 
 class World(abc.ABC):
     """One value of producer.impl. Subclasses set the class attributes and answer ``why_not`` and
-    ``stages``; ``refusal`` adds what every world checks (the dtype)."""
+    ``stages``; ``refusal`` adds what every world checks (the dtype, the reduction mode its stages take)."""
 
     name: ClassVar[str]
     #: One line, for docs and ``fusetune plan``.
@@ -25,23 +28,36 @@ class World(abc.ABC):
     #: The oldest GPU (compute capability, as 10 * major + minor) its kernels run on; 0: any.
     min_sm: ClassVar[int] = 0
     #: The element types its kernels take.
-    dtypes: ClassVar[tuple[str, ...]] = ("float32",)
+    dtypes: ClassVar[tuple[str, ...]] = (DEFAULT_DTYPE,)
     #: Whether its convolution's products are TF32 MMAs on the tensor cores: refused under a config's
     #: ``precision: ieee`` (float32 products only; a split-TF32 product, three MMAs, is not implemented yet).
     tf32: ClassVar[bool] = False
     #: How the generated model launches it: "cudnn" (cuDNN, then the stages on its output), "kernels"
     #: (the stages with the convolution inside), "cluster" (one cluster kernel), "spectral" (the
-    #: input's spectrum first), "eager" (the reference's own forward).
+    #: input's spectrum first), "eager" (the reference's own forward), "inductor" (the reference's
+    #: forward compiled by torch.compile).
     launch: ClassVar[str] = "kernels"
+    #: Whether its candidate is the reference's forward itself (PyTorch's own, or compiled): no kernel
+    #: stages of fusetune's, nothing of fusetune's to profile or to count against a peak.
+    runs_reference: ClassVar[bool] = False
+    #: Seconds its candidate may take beyond the evaluation worker's job timeout at first use in a
+    #: process: a compiler's run (torch.compile's max-autotune) before the first forward.
+    warmup_s: ClassVar[float] = 0.0
+    #: torch.compile's mode, for a world whose launch compiles the reference's forward; else None.
+    compile_mode: ClassVar[str | None] = None
+    #: What it means that this world won, where that is no kernels of fusetune's (said by the export and
+    #: the report); None for the worlds of kernels.
+    won: ClassVar[str | None] = None
 
     def refusal(self, plan: Plan) -> str | None:
-        """Why this world is not offered for the region, None where it is."""
-        return self.numerics_refusal(plan) or self.why_not(plan)
+        """Why this world is not offered for the region, None where it is: the dtype, its own reasons, and
+        a reduction mode one of its stages does not compute (facts.STAGE_REDUCE_MODES)."""
+        return self.numerics_refusal(plan) or self.why_not(plan) or reduce_mode_refusal(plan, self.stages(plan))
 
     def numerics_refusal(self, plan: Plan) -> str | None:
         """Why its kernels do not take the config's dtype or precision, None where they do. Its facts
         (whether it is offered) must say no then too: the templates render a world's code by them."""
-        dtype = getattr(plan.spec, "dtype", "float32")
+        dtype = getattr(plan.spec, "dtype", DEFAULT_DTYPE)
         if dtype not in self.dtypes:
             return f"dtype {dtype} (its kernels take {', '.join(self.dtypes)} only)"
         if self.tf32 and getattr(plan.spec, "precision", None) == "ieee":
@@ -59,6 +75,11 @@ class World(abc.ABC):
     def facts(self, plan: Plan) -> dict[str, Any]:
         """Named facts its stages' ``when``, constraints and compile_if read (codegen.plan_facts)."""
         return {}
+
+    def machine_refusal(self) -> str | None:
+        """Why this machine cannot run the world whatever the region, None where it can: not part of
+        the plan (which does not depend on the machine), asked where the search runs the candidate."""
+        return None
 
     def store(self, plan: Plan) -> str:
         """Whether its statistics pass writes the convolution output for a main kernel that reads it as

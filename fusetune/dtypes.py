@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 
+#: A config's dtype where it names none: eager PyTorch's own, and the one dtype whose convolution has a
+#: choice of precision (TF32 or float32 products: config.PRECISIONS).
+DEFAULT_DTYPE = "float32"
+
 
 @dataclasses.dataclass(frozen=True)
 class Dtype:
@@ -24,12 +28,14 @@ class Dtype:
     to_float: str  # its conversion to float, and back (round to nearest even)
     from_float: str
     bytes: int
+    pair: str = ""  # two of them in one 4-byte word (CUDA's __half2, __nv_bfloat162): a paired load
+    pair_to_float: str = ""  # its conversion to float2
 
 
 DTYPES: dict[str, Dtype] = {
     "float32": Dtype("float32", "float32", "kFloat", "float", "float4", "", "", "", "", 4),
     "float16": Dtype("float16", "float16", "kHalf", "ft_t", "ft_t4", "__half", "cuda_fp16.h",
-                     "__half2float", "__float2half_rn", 2),
+                     "__half2float", "__float2half_rn", 2, "__half2", "__half22float2"),
     "bfloat16": Dtype("bfloat16", "bfloat16", "kBFloat16", "ft_t", "ft_t4", "__nv_bfloat16", "cuda_bf16.h",
-                      "__bfloat162float", "__float2bfloat16_rn", 2),
+                      "__bfloat162float", "__float2bfloat16_rn", 2, "__nv_bfloat162", "__bfloat1622float2"),
 }

@@ -14,6 +14,7 @@ import pytest
 from fusetune.codegen import PER_VARIANT_UNITS, plan_facts, render
 from fusetune.config import load_config, parse_config
 from fusetune.plan import make_plan
+from fusetune.worlds.facts import wide_main_refusal
 from fusetune.space import load_family
 
 from conftest import ROOT, SEEDS
@@ -126,6 +127,21 @@ EXTRA["convt3d_wide_stride2_avgpool_overlap_gap"] = {
     "epilogue": [{"op": "avg_pool", "kernel_size": 3, "stride": 2}, {"op": "adaptive_avg_pool"}, {"op": "add", "by": 0.1}],
     "shapes": [[2, 16, 5, 7, 6]],
 }
+# logsumexp over channels: channel_reduce's two-float accumulator (20 channels: no world but cuDNN's, one unit).
+EXTRA["conv2d_logsumexp_channels_relu"] = {
+    "name": "conv2d_logsumexp_channels_relu",
+    "producer": {"op": "conv2d", "in_channels": 4, "out_channels": 20, "kernel_size": 3},
+    "epilogue": [{"op": "logsumexp", "dim": 1, "keepdim": True}, {"op": "relu"}],
+    "shapes": [[2, 4, 9, 11]],
+}
+# log_softmax over channels after eval-mode batch norm (its map): channel_softmax, the cuDNN world's alone
+# (20 channels, no statistics pass: finalize and one unit).
+EXTRA["conv2d_bneval_log_softmax_channels"] = {
+    "name": "conv2d_bneval_log_softmax_channels",
+    "producer": {"op": "conv2d", "in_channels": 4, "out_channels": 20, "kernel_size": 3},
+    "epilogue": [{"op": "batch_norm", "training": False}, {"op": "log_softmax", "dim": 1}, {"op": "mul", "by": 0.5}],
+    "shapes": [[2, 4, 9, 11]],
+}
 EXPECTED_EXTRA = {  # name: (stages, reduce mode or None, pool mode or None, norm scope or None)
     "conv2d_bneval_relu_avgpool_gap": (("finalize", "plane_reduce"), "mean", "avg", "running"),
     "conv3d_relu_sum_channels": (("channel_reduce",), "sum", None, None),
@@ -140,13 +156,19 @@ EXPECTED_EXTRA = {  # name: (stages, reduce mode or None, pool mode or None, nor
     "conv2d_wide_bneval_relu_maxpool": (("finalize", "window_map"), None, "max", "running"),
     "convt3d_wide_stride2_relu_maxpool_scale": (("window_map",), None, "max", None),
     "convt3d_wide_stride2_avgpool_overlap_gap": (("plane_reduce",), "mean", "avg", None),
+    "conv2d_logsumexp_channels_relu": (("channel_reduce",), "logsumexp", None, None),
+    "conv2d_bneval_log_softmax_channels": (("finalize", "channel_softmax"), None, None, "running"),
 }
 #: Chains of the corpus (tests/chains/) compiled whole here: padded pools (window_map after a 1-D
 #: convolution's batch norm; plane_reduce after a grouped one), which only the cuDNN world's kernels take.
 CORPUS = ("conv1d_batchnorm_relu_maxpool_padded", "conv2d_grouped_strided_relu_maxpool_gap")
-#: Half precision (benchmarks/half/): the cuDNN world's kernels, the one world that takes float16 and bfloat16,
-#: each main family and norm scope once (window_map after group norm, channel_reduce after instance norm,
-#: finalize alone after batch norm, plane_reduce after a pool), both types.
+#: Half precision (benchmarks/half/): the cuDNN world's kernels, each main family and norm scope once (window_map
+#: after group norm, channel_reduce after instance norm, finalize alone after batch norm, plane_reduce after a
+#: pool), both types; the direct world's where the weights fit in constant memory (a map after group norm in
+#: float16; a reduction over channels after instance norm, and a transposed convolution's pooled mean, in
+#: bfloat16); the spectral world's (batch norm's statistics alone, float16). Of the stages with a unit per
+#: variant (direct, spectral) a half config compiles a sample (_units): such a unit is 5 to 40 s of nvcc,
+#: and every variant of the same template text compiles in float32 for the seeds.
 HALF = ("conv2d_groupnorm_scale_maxpool_clamp_fp16", "conv3d_mul_instancenorm_clamp_mul_max_bf16",
         "convt3d_scale_batchnorm_gap_fp16", "convt3d_scale_maxpool_gap_clamp_bf16")
 NAMES = sorted(SEEDS) + sorted(EXTRA) + list(CORPUS) + list(HALF)
@@ -167,6 +189,20 @@ def rendered():
     return {name: (make_plan(_spec(name)), render(make_plan(_spec(name)))) for name in NAMES}
 
 
+def _units(name: str, plan, module) -> dict[str, str]:
+    """The units a config compiles here: all, but for a half config, of each stage with a unit per variant,
+    the first and the last variant the plan compiles (the smallest and the largest choices, so the most
+    values a thread holds): at half precision those kernels differ from float32's in their loads alone."""
+    if name not in HALF:
+        return module.cuda_sources
+    keep = set()
+    for stage in (s for s in plan.stages if s in PER_VARIANT_UNITS):
+        built = [i for i in range(len(load_family(stage).variants())) if f"{stage}_{i}.cu" in module.cuda_sources]
+        keep |= {f"{stage}_{built[0]}.cu", f"{stage}_{built[-1]}.cu"}
+    per_variant = re.compile(rf"({'|'.join(PER_VARIANT_UNITS)})_\d+\.cu")
+    return {unit: text for unit, text in module.cuda_sources.items() if unit in keep or not per_variant.fullmatch(unit)}
+
+
 @pytest.fixture(scope="module")
 def compiled(rendered, tmp_path_factory):
     """Start every nvcc at once (one per translation unit, as many at a time as there are cores,
@@ -182,8 +218,8 @@ def compiled(rendered, tmp_path_factory):
                                "-c", str(source), "-o", str(source.with_suffix(".o"))],
                               capture_output=True, text=True, timeout=900)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 2))
-    futures = {name: [pool.submit(compile_one, name, unit, text) for unit, text in module.cuda_sources.items()]
-               for name, (_, module) in rendered.items()}
+    futures = {name: [pool.submit(compile_one, name, unit, text) for unit, text in _units(name, plan, module).items()]
+               for name, (plan, module) in rendered.items()}
     yield folder, futures
     pool.shutdown(wait=True, cancel_futures=True)
 
@@ -195,6 +231,10 @@ def test_extra_configs_cover_what_they_claim(rendered):
     assert {plan.spec.dtype for plan in half} == {"float16", "bfloat16"}
     assert {plan.family for plan in half} == {"window_map", "channel_reduce", "plane_reduce", None}
     assert {plan.norm.scope for plan in half if plan.norm} == {"group", "instance", "batch"}
+    assert {plan.spec.dtype for plan in half if "direct" in plan.impl_stages} == {"float16", "bfloat16"}
+    assert {(plan.family, plan.spec.producer.transposed) for plan in half if "direct" in plan.impl_stages} == {
+        ("window_map", False), ("channel_reduce", False), ("plane_reduce", True)}
+    assert any("spectral" in plan.impl_stages for plan in half)
     for name, (stages, reduce, pool, scope) in EXPECTED_EXTRA.items():
         plan = rendered[name][0]
         assert plan.impl_stages["cudnn"] == stages, name
@@ -204,10 +244,10 @@ def test_extra_configs_cover_what_they_claim(rendered):
     # wide_main in each way a chain ends, with and without a pool: alone, and after group norm (a channel
     # reduction)
     assert {(rendered[name][0].family, rendered[name][0].pool is not None) for name in EXTRA
-            if rendered[name][0].wide_main} == {("plane_reduce", False), ("window_map", False), ("channel_reduce", False),
+            if wide_main_refusal(rendered[name][0]) is None} == {("plane_reduce", False), ("window_map", False), ("channel_reduce", False),
                                                 ("plane_reduce", True), ("window_map", True)}
-    assert rendered["conv2d_wide_relu_groupnorm_sum_channels"][0].wide_recompute_stages
-    assert rendered["conv2d_wide_bneval_relu_maxpool"][0].wide_stages == ("finalize", "wide_main")
+    assert "gemm_wide_recompute" in rendered["conv2d_wide_relu_groupnorm_sum_channels"][0].impl_stages
+    assert rendered["conv2d_wide_bneval_relu_maxpool"][0].impl_stages["gemm_wide"] == ("finalize", "wide_main")
     kinds = {op.kind for name in EXTRA for op in rendered[name][0].spec.epilogue}
     assert {"avg_pool", "relu", "batch_norm"} <= kinds
     assert rendered["conv2d_bneval_relu_avgpool_gap"][0].spec.producer.spatial_dims == 2
@@ -267,7 +307,8 @@ def test_kernels_compile_for_sm90_without_spills(rendered, compiled, name):
     for result in results:
         assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
     # The units link into one library: nothing is defined twice across them (torch's build links them so).
-    objects = [str(folder / f"{name}-{unit}").replace(".cu", ".o") for unit in rendered[name][1].cuda_sources]
+    units = _units(name, *rendered[name])
+    objects = [str(folder / f"{name}-{unit}").replace(".cu", ".o") for unit in units]
     linked = subprocess.run([NVCC, "-arch=sm_90", "-shared", "-o", str(folder / f"{name}.so"), *objects],
                             capture_output=True, text=True, timeout=300)
     assert linked.returncode == 0, linked.stdout + linked.stderr
@@ -283,7 +324,8 @@ def test_kernels_compile_for_sm90_without_spills(rendered, compiled, name):
     searched = [s for s in plan.stages if load_family(s).params]
     # Every variant is compiled, but those the plan's constraints rule out (said so in the launcher).
     skipped = sum(text.count("not compiled") for text in rendered[name][1].cuda_sources.values())
-    assert len(entries) >= sum(len(load_family(s).variants()) for s in searched) - skipped
+    sampled_out = len(rendered[name][1].cuda_sources) - len(units)  # a half config's sample (_units)
+    assert len(entries) >= sum(len(load_family(s).variants()) for s in searched) - skipped - sampled_out
 
 
 @pytest.mark.nvcc

@@ -9,7 +9,6 @@ builds with tests/test_gpu.py).
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -20,35 +19,17 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 from fusetune.build import build_and_load  # noqa: E402
-from fusetune.cache import Cache  # noqa: E402
 from fusetune.codegen import plan_space, render  # noqa: E402
 from fusetune.config import load_config  # noqa: E402
 from fusetune.plan import make_plan  # noqa: E402
 from fusetune.runner import GpuBenchmarker  # noqa: E402
 from fusetune.search import Machine, _nearest, shape_facts, tune_shape  # noqa: E402
-from fusetune.worker import Worker  # noqa: E402
+from fusetune.worlds import WORLDS  # noqa: E402
 
 HALF_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "half"
 HALF = sorted(HALF_DIR.glob("*_fp16.yaml")) + sorted(HALF_DIR.glob("*_bf16.yaml"))
 IEEE = sorted(HALF_DIR.glob("*_ieee.yaml"))
-TF32_WORLDS = {"gemm", "gemm_extrema", "gemm_store", "gemm_cluster", "gemm_wide", "gemm_wide_recompute"}
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Cache:
-    root = tmp_path_factory.mktemp("cache")
-    shared = os.environ.get("FUSETUNE_TEST_CACHE")
-    if shared:
-        for part in ("modules", "builds"):
-            (Path(shared) / part).mkdir(parents=True, exist_ok=True)
-            (root / part).symlink_to(Path(shared) / part, target_is_directory=True)
-    return Cache(root)
-
-
-@pytest.fixture(scope="module")
-def worker():
-    with Worker() as w:
-        yield w
+TF32_WORLDS = {name for name, world in WORLDS.items() if world.tf32}
 
 
 def _factory(cache, machine, worker):
@@ -76,7 +57,7 @@ def test_half_seed_verifies_and_tunes(config, cache, worker):
     verifies against float64 within 8x eager's error at the dtype; a small search tunes and caches."""
     spec = load_config(config)
     plan = make_plan(spec)
-    assert set(plan.impl_stages) == {"cudnn", "eager"}
+    assert "cudnn" in plan.impl_stages and all(spec.dtype in WORLDS[name].dtypes for name in plan.impl_stages)
     machine = Machine.detect()
     space = plan_space(plan)
     for shape in spec.shapes:
@@ -117,13 +98,14 @@ def test_ieee_seed_tunes_and_is_allclose_to_eager_float32(config, cache, worker)
     winner = cache.load(result.key).winner
     fused = generated.ModelNew(variant=winner["variant"]).cuda()
     fused.load_state_dict(reference.state_dict())
-    before = torch.backends.cudnn.allow_tf32
+    owner, name, _off = generated._conv_tf32_switch()
+    before = getattr(owner, name)
     for _ in range(3):
         x = torch.rand(shape, device="cuda")
         with torch.no_grad():
             got, want = fused(x), reference(x)
         assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (winner["candidate"], (got - want).abs().max().item())
-    assert torch.backends.cudnn.allow_tf32 == before
+    assert getattr(owner, name) == before
 
 
 def test_bench_times_every_column_at_the_dtype(cache, worker):
@@ -140,3 +122,78 @@ def test_bench_times_every_column_at_the_dtype(cache, worker):
     assert result["dtype"] == "float16" and result["precision"] is None
     assert result["eager_ms"] > 0 and result["compile_default_ms"] > 0 and result["fusetune_ms"] > 0
     assert result["error_rel"] < 8 * result["eager_error_rel"] + 1e-5
+
+
+#: The half seeds whose convolution fusetune's own kernels compute at the dtype: the direct world where the
+#: weights fit in constant memory (x and the output in the dtype, the weights widened to float in constant
+#: memory), after group norm (direct_stats, a map), instance norm (a reduction over channels) and a max pool
+#: (a spatial mean); and the spectral world, where batch norm's statistics are the whole output (x and the
+#: weights widened to float32 for the spectra).
+HALF_WORLDS = [(config, "direct") for config in HALF if config.stem.startswith(
+    ("convt3d_scale_maxpool_gap_clamp", "conv2d_groupnorm_scale_maxpool_clamp", "conv3d_mul_instancenorm_clamp_mul_max"))]
+HALF_WORLDS += [(config, "spectral") for config in HALF if config.stem.startswith("convt3d_scale_batchnorm_gap")]
+
+
+def _world_candidates(space, facts, world: str) -> list[dict]:
+    """The world's default, and each value of each compile-time parameter of its stages, feasible ones
+    nearest to that."""
+    feasible = [c for c in space.all({"producer.impl": world}) if not space.violations(c, facts)]
+    default = space.canonical({**space.default(), "producer.impl": world})
+    wanted = [default] + [{**default, f"{family.family}.{p.name}": v} for family in space.active(default)
+                          if family.family != "producer" for p in family.compile_params for v in p.choices]
+    found = [_nearest(space.canonical(c), feasible) for c in wanted]
+    unique = {repr(sorted(c.items())): c for c in found if c is not None}
+    return list(unique.values())
+
+
+@pytest.mark.parametrize(("config", "world"), HALF_WORLDS, ids=lambda v: getattr(v, "stem", v))
+def test_half_seed_verifies_in_fusetunes_convolution_worlds(config, world, cache, worker):
+    """The world at the dtype, at both configured shapes (the seed's and one no tile divides; for direct, the
+    seed's rows of even length it reads in pairs, the other's odd rows one value at a time): its default and
+    each value of each of its stages' compile-time parameters verify against float64 within 8x eager's error
+    at the dtype."""
+    spec = load_config(config)
+    plan = make_plan(spec)
+    assert world in plan.impl_stages
+    machine = Machine.detect()
+    space = plan_space(plan)
+    if world == "direct":
+        assert spec.shapes[0][-1] % 2 == 0 and spec.shapes[-1][-1] % 2 == 1  # pairs, then one at a time
+    for shape in spec.shapes:
+        bench = GpuBenchmarker(plan, shape, cache, machine, worker, echo=print)
+        bench.prepare()
+        candidates = _world_candidates(space, shape_facts(spec, plan, shape, machine.capability), world)
+        assert len(candidates) >= 3, candidates
+        for candidate in candidates:
+            outcome = bench.verify(candidate)
+            assert outcome["status"] == "ok", (shape, candidate, outcome)
+            assert outcome["eager_error_rel"] > 1e-5  # eager's error is half precision's, not float32's
+
+
+@pytest.mark.parametrize("config", [c for c, world in HALF_WORLDS if world == "direct" and c.stem.startswith("convt3d")],
+                         ids=lambda p: p.stem)
+def test_half_direct_world_reads_a_misaligned_input_one_value_at_a_time(config, cache):
+    """An input 2 bytes past a 4-byte boundary (a contiguous view one element into its storage), at the seed
+    shape whose rows the direct kernels would read in pairs: they read it one value at a time, and verify
+    against float64 as the aligned input does, with one window a thread and with several."""
+    from fusetune.build import build
+    from fusetune.evaluate import Session
+
+    spec = load_config(config)
+    plan = make_plan(spec)
+    space = plan_space(plan)
+    machine = Machine.detect()
+    built = build(render(plan), cache, arch=machine.capability)
+    assert built.ok, built.log[-3000:]
+    session = Session(str(built.module_dir), str(built.build_dir), tuple(spec.shapes[0]), seed=0,
+                      arch=machine.capability)
+    storage = torch.empty(session.x.numel() + 1, device="cuda", dtype=session.x.dtype)
+    storage[1:].copy_(session.x.reshape(-1))
+    session.x = storage[1:].view(session.x.shape)
+    assert session.x.is_contiguous() and session.x.data_ptr() % 4 == 2
+    facts = shape_facts(spec, plan, tuple(spec.shapes[0]), machine.capability)
+    for cells in (1, 2):
+        candidate = space.canonical({**space.default(), "producer.impl": "direct", "direct_main.cells": cells})
+        assert not space.violations(candidate, facts), candidate
+        outcome = session.verify(space.stage_values(candidate))
+        assert outcome["status"] == "ok", (candidate, outcome)

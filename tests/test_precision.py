@@ -23,7 +23,7 @@ from conftest import ROOT, SEEDS, import_file
 HALF = sorted((ROOT / "benchmarks" / "half").glob("*.yaml"))
 BY_KIND = {kind: [p for p in HALF if p.stem.endswith(f"_{kind}")] for kind in ("fp16", "bf16", "ieee")}
 #: The worlds whose products are TF32 MMAs: refused under precision ieee.
-TF32_WORLDS = {"gemm", "gemm_extrema", "gemm_store", "gemm_cluster", "gemm_wide", "gemm_wide_recompute"}
+TF32_WORLDS = {name for name, world in WORLDS.items() if world.tf32}
 
 
 def _seed_of(path: Path) -> Path:
@@ -61,14 +61,17 @@ def test_numerics_defaults():
 
 @pytest.mark.parametrize("path", HALF, ids=lambda p: p.stem)
 def test_worlds_offered_at_the_numerics(path):
-    """Half precision: cuDNN's world and eager only, the others refused naming the dtype. precision ieee:
-    no TF32 tensor-core world, each refused naming the precision."""
+    """Half precision: the worlds the seed is offered whose kernels take the dtype (cuDNN's, direct,
+    spectral, eager, inductor), the others refused naming the dtype. precision ieee: no TF32 tensor-core
+    world, each refused naming the precision."""
     spec = load_config(path)
     plan = make_plan(spec)
     if spec.dtype != "float32":
-        assert set(plan.impl_stages) == {"cudnn", "eager"}
-        assert set(refusals(plan)) == set(WORLDS) - {"cudnn", "eager"}
-        assert all(f"dtype {spec.dtype}" in why for why in refusals(plan).values())
+        takes = {name for name, world in WORLDS.items() if spec.dtype in world.dtypes}
+        assert {"cudnn", "direct", "spectral", "eager", "inductor"} <= takes
+        seed_plan = make_plan(load_config(_seed_of(path)))
+        assert set(plan.impl_stages) == set(seed_plan.impl_stages) & takes
+        assert all(f"dtype {spec.dtype}" in refusals(plan)[name] for name in set(WORLDS) - takes)
     else:
         assert not TF32_WORLDS & set(plan.impl_stages)
         for name in TF32_WORLDS:
@@ -85,8 +88,9 @@ def test_plan_shows_the_numerics(path):
     assert f"  numerics: dtype {spec.dtype}" in text.output
     if spec.precision == "ieee":
         assert "precision ieee" in text.output and "allclose(atol=0.0001, rtol=0.0001)" in text.output
-        assert re.search(r"no gemm\w* world: precision ieee", text.output) or not make_plan(
-            load_config(_seed_of(path))).gemm
+        # every TF32 world the float32 seed is offered is refused here, for its precision
+        for name in TF32_WORLDS & set(make_plan(load_config(_seed_of(path))).impl_stages):
+            assert f"no {name} world: precision ieee" in text.output, name
     document = json.loads(CliRunner().invoke(main, ["plan", "--json", str(path)]).output)[0]
     assert {k: document[k] for k in ("dtype", "precision", "tolerance")} == spec.numerics()
 
@@ -107,6 +111,30 @@ def test_half_module_renders_at_its_dtype(path):
             assert "reinterpret_cast<const float4*>(a.y" not in text, unit  # 16 bytes of halves are 8 values
     assert f"torch::{dtype.scalar_type}" in module.files["binding.cpp"]
     assert f"DTYPE = torch.{dtype.torch}" in module.files["model.py"]
+
+
+@pytest.mark.parametrize("path", BY_KIND["fp16"] + BY_KIND["bf16"], ids=lambda p: p.stem)
+def test_half_convolution_worlds_render_their_numerics(path):
+    """The direct world at a half type keeps the weights in float constant memory (the reorder kernel widens
+    them from the dtype) and reads x in the dtype, in pairs of the CUDA pair type where rows allow; the
+    spectral world's model widens x and the weights to float32 for the spectra, which its kernels read."""
+    spec = load_config(path)
+    plan = make_plan(spec)
+    dtype = DTYPES[spec.dtype]
+    module = render(plan)
+    direct = [text for unit, text in module.cuda_sources.items() if re.fullmatch(r"direct_(stats|main)_\d+\.cu", unit)]
+    assert bool(direct) is ("direct" in plan.impl_stages)
+    for text in direct:
+        assert "static __constant__ float ft_weight[" in text
+        assert "ft_reorder_weights_kernel(const ft_t* __restrict__ weight)" in text
+        assert "const ft_t* xn = a.x" in text and "ft_conv_cells<" in text
+        assert f"__ldg(reinterpret_cast<const {dtype.pair}*>(row + w + 2 * k))" in text
+    spectral = [text for unit, text in module.cuda_sources.items() if re.fullmatch(r"spectral_stats_\d+\.cu", unit)]
+    assert bool(spectral) is ("spectral" in plan.impl_stages)
+    for text in spectral:
+        assert "const float* taps = reinterpret_cast<const float*>(a.weight)" in text
+    widened = "torch.fft.rfftn(x.float(), s=size, dim=axes)), self.producer.weight.float().contiguous()"
+    assert (widened in module.files["model.py"]) is bool(spectral)
 
 
 def test_float32_module_has_no_half_code():
@@ -134,10 +162,32 @@ def test_reference_model_is_in_the_dtype_on_cpu(path, tmp_path):
     assert generated.TOLERANCE == spec.numerics()["tolerance"]
     assert generated.PRECISION == spec.precision
     assert ("with _ConvPrecision()" in module.files["model.py"]) is (spec.precision == "ieee")
-    before = torch.backends.cudnn.allow_tf32
+    owner, name, off = generated._conv_tf32_switch()
+    before = getattr(owner, name)
     with generated._ConvPrecision():
-        assert torch.backends.cudnn.allow_tf32 is False
-    assert torch.backends.cudnn.allow_tf32 == before
+        assert getattr(owner, name) == off
+    assert getattr(owner, name) == before
+
+
+@pytest.mark.parametrize("user_setting", ["ieee", "tf32"])
+def test_conv_precision_after_the_new_tf32_api(user_setting, tmp_path):
+    """A user who set torch.backends.cudnn.conv.fp32_precision (torch >= 2.9) makes reading the legacy
+    allow_tf32 raise; the precision switch goes through the new API, turns TF32 off and restores theirs."""
+    import torch
+
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    if conv is None or not hasattr(conv, "fp32_precision"):
+        pytest.skip("this torch has no torch.backends.cudnn.conv.fp32_precision")
+    path = next(p for p in BY_KIND["ieee"])
+    generated = import_file(render(make_plan(load_config(path))).write(tmp_path / "module") / "model.py")
+    saved = conv.fp32_precision
+    try:
+        conv.fp32_precision = user_setting
+        with generated._ConvPrecision():
+            assert conv.fp32_precision == "ieee"
+        assert conv.fp32_precision == user_setting
+    finally:
+        conv.fp32_precision = saved
 
 
 def test_allclose_refusal_is_torch_allclose_and_says_where():

@@ -5,12 +5,12 @@ agrees with the registry."""
 from __future__ import annotations
 
 import ast
-import dataclasses
 import importlib
 import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fusetune.codegen import plan_facts, plan_space
 from fusetune.config import load_config
@@ -18,7 +18,7 @@ from fusetune.plan import make_plan
 from fusetune.search import shape_facts
 from fusetune.space import load_family
 from fusetune.templates import template_dir
-from fusetune.worlds import WORLDS, World, offered, refusals
+from fusetune.worlds import DEFAULT, WORLDS, World, offered, refusals
 
 from conftest import ROOT
 
@@ -41,7 +41,11 @@ def test_every_world_is_a_module_of_its_own_with_its_data(name):
     assert world.doc.strip() and "\n" not in world.doc  # one line, for docs and `fusetune plan`
     assert isinstance(world.computes_conv_inside, bool) and world.min_sm in (0, 80, 90)
     assert "float32" in world.dtypes
-    assert world.launch in ("cudnn", "kernels", "cluster", "spectral", "eager")
+    assert world.launch in ("cudnn", "kernels", "cluster", "spectral", "eager", "inductor")
+    # the worlds without kernels of fusetune's run the reference (eager: as it is; inductor: compiled, in
+    # its mode), and only a compiler's world needs time beyond the job timeout to warm up
+    assert world.runs_reference == (world.launch in ("eager", "inductor"))
+    assert (world.compile_mode is not None) == (world.launch == "inductor") == (world.warmup_s > 0)
 
 
 def test_each_chain_is_offered_or_refused_with_why_by_every_world(plans):
@@ -49,24 +53,29 @@ def test_each_chain_is_offered_or_refused_with_why_by_every_world(plans):
     for chain, plan in plans.items():
         stages, why = offered(plan), refusals(plan)
         assert set(stages) | set(why) == set(WORLDS) and not set(stages) & set(why), chain
-        assert "cudnn" in stages and stages["eager"] == (), chain
+        assert DEFAULT in stages and stages["eager"] == stages["inductor"] == (), chain
         assert all(reason.strip() for reason in why.values()), (chain, why)
         for name, world_stages in stages.items():
-            assert name == "eager" or world_stages, (chain, name)
+            assert WORLDS[name].runs_reference == (not world_stages), (chain, name)
             assert set(world_stages) <= declared, (chain, name, world_stages)
-            assert (template_dir() / f"{s}.cu.j2" for s in world_stages)
+            assert all((template_dir() / f"{s}.cu.j2").is_file() for s in world_stages), (chain, name)
         assert plan.impl_stages == stages and list(plan.impl_stages) == [w for w in WORLDS if w in stages]
 
 
-def test_a_dtype_a_world_does_not_take_is_refused_with_why(plans):
-    plan = plans["conv2d_groupnorm_scale_maxpool_clamp"]
-    half = dataclasses.replace(plan, spec=dataclasses.replace(plan.spec, dtype="float16"))
-    for name, world in WORLDS.items():
-        reason = world.refusal(half)
-        assert (reason is None) == ("float16" in world.dtypes and world.why_not(half) is None), name
-        if "float16" not in world.dtypes:
-            assert "float16" in reason, (name, reason)
-    assert "eager" in offered(half)  # PyTorch's own forward takes any dtype
+EXPECTED = yaml.safe_load((ROOT / "tests" / "worlds_expected.yaml").read_text())
+
+
+@pytest.mark.parametrize("entry", EXPECTED, ids=lambda e: Path(e["config"]).stem)
+def test_which_worlds_take_a_chain_and_why_not_match_the_reviewed_table(entry):
+    """Seeds, their float16, bfloat16 and precision-ieee variants and a few chains: the worlds offered,
+    in order, and why each other one is not (its reason's first words), as tests/worlds_expected.yaml
+    records them."""
+    plan = make_plan(load_config(ROOT / entry["config"]))
+    assert list(offered(plan)) == entry["offered"]
+    why = refusals(plan)
+    assert set(why) == set(entry["refused"])
+    for name, start in entry["refused"].items():
+        assert why[name].startswith(start), (name, why[name])
 
 
 def test_producer_impl_choices_and_constraints_come_from_the_registry(plans):
@@ -74,6 +83,7 @@ def test_producer_impl_choices_and_constraints_come_from_the_registry(plans):
         producer = plan_space(plan).families[0]
         impl = producer.params[0]
         assert producer.family == "producer" and impl.name == "impl" and list(impl.choices) == list(WORLDS)
+        assert impl.default == DEFAULT == next(iter(WORLDS))  # the registry's first: cudnn
         exprs = {c.expr: c.why for c in producer.constraints}
         for name, reason in refusals(plan).items():
             assert exprs[f"impl != {name!r}"].endswith(reason), (chain, name)
@@ -122,3 +132,16 @@ def test_the_design_docs_world_table_is_the_registrys():
 def test_every_world_file_is_registered():
     modules = {p.stem for p in Path(importlib.import_module("fusetune.worlds").__file__).parent.glob("*.py")}
     assert modules - {"__init__", "base", "facts"} == set(WORLDS)
+
+
+def test_two_worlds_may_not_name_one_fact(plans, monkeypatch):
+    """The worlds' facts are one namespace that the stages' spaces read by name: a second world defining
+    a fact of the same name is refused, not silently merged over the first."""
+    from fusetune.worlds import all_facts
+
+    plan = plans["conv2d_groupnorm_scale_maxpool_clamp"]
+    owner = next(w for w in WORLDS.values() if w.facts(plan))
+    other = next(w for w in WORLDS.values() if w is not owner)
+    monkeypatch.setattr(type(other), "facts", lambda self, plan_: dict(owner.facts(plan_)))
+    with pytest.raises(AssertionError, match="redefines facts"):
+        all_facts(plan)

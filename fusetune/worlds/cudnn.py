@@ -1,6 +1,7 @@
 """cudnn: cuDNN computes the convolution, then the stages run the chain on its output."""
 from __future__ import annotations
 
+from fusetune.dtypes import DTYPES
 from fusetune.worlds.base import World
 from fusetune.worlds.facts import stages_of
 
@@ -10,7 +11,7 @@ class Cudnn(World):
     doc = ("cuDNN computes the convolution (contiguous or channels-last, native or forward form); the "
            "statistics pass, finalize and the main kernel read its output")
     computes_conv_inside = False
-    dtypes = ("float32", "float16", "bfloat16")  # cuDNN convolves at the dtype; the stages load it, compute in float
+    dtypes = tuple(DTYPES)  # cuDNN convolves at the dtype; the stages load it, compute in float
     launch = "cudnn"
 
     def why_not(self, plan):

@@ -11,6 +11,9 @@ class Direct(World):
     doc = ("the convolution inside the fused kernels on CUDA cores (direct_stats, direct_main), its output "
            "never in memory; where the weights fit in constant memory")
     computes_conv_inside = True
+    #: At half precision the input and output are in the dtype (paired loads), the weights widened to
+    #: float in constant memory, the products, the chain and the statistics in float.
+    dtypes = ("float32", "float16", "bfloat16")
 
     def why_not(self, plan):
         return direct_refusal(plan)

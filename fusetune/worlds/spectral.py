@@ -11,6 +11,9 @@ class Spectral(World):
            "them from the spectra of the input (cuFFT) and of the weights, by Parseval's theorem")
     computes_conv_inside = True
     launch = "spectral"
+    #: At half precision the generated model widens the input and the weights to float32 before the
+    #: spectra (model.py's _spectra): the statistics are float32's, the output the dtype's.
+    dtypes = ("float32", "float16", "bfloat16")
 
     def why_not(self, plan):
         """A transposed convolution with stride 1 and no padding is the full linear convolution of its
@@ -18,9 +21,9 @@ class Spectral(World):
         product of theirs per channel pair: U[n, c, f] = sum_ci X[n, ci, f] W[ci, c, f]. By Parseval's
         theorem a plane's sum of squares is its spectrum's (over the bin count), and its sum is bin 0.
         Where the chain is an affine pre chain, a norm, and the spatial mean that finalize takes from the
-        statistics (family None), those sums are the whole output: the product per bin costs N * CIN * C
-        complex multiply-adds (1.8 G for the 64->128 seed, 7.2 G real ones, against its 268 G in space)
-        and the output is never computed. Not with dilation or groups: spectral_stats builds the
+        statistics (family None), those sums are the whole output: the product costs N * CIN * C complex
+        multiply-adds per bin, where the convolution in space costs N * CIN * C per output element times
+        the kernel's taps, and the output is never computed. Not with dilation or groups: spectral_stats builds the
         weights' spectrum from contiguous taps of every channel pair (producers.geometry_refusal)."""
         producer = plan.spec.producer
         if not producer.is_full_transposed:

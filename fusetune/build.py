@@ -12,6 +12,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import importlib.util
+import json
 import os
 import re
 import signal
@@ -30,6 +31,39 @@ from fusetune.progress import Reporter
 _LIVE: set[subprocess.Popen] = set()
 BUILT_MARKER = "fusetune.built"
 FAILED_MARKER = "fusetune.failed"  # holds the log of a failed build: the same sources fail again
+#: Beside the .so: the PREBUILT_KEYS it was built for (the generated model.py writes it, and reads it
+#: before importing a finished build: the folder's name holds the architecture alone).
+BUILD_STAMP = "fusetune.stamp.json"
+
+
+def finished(build_dir: Path, arch: str | None) -> bool:
+    """Whether ``build_dir`` holds a finished build (BUILT_MARKER) for this torch, CUDA and Python (and
+    ``arch``, where given) by its BUILD_STAMP. A build without a stamp, or stamped for another torch,
+    is not finished: it is built again (a torch upgrade changes the extension ABI)."""
+    from fusetune.winners import PREBUILT_KEYS, software_fields
+
+    if not (build_dir / BUILT_MARKER).exists():
+        return False
+    try:
+        stamp = json.loads((build_dir / BUILD_STAMP).read_text())
+    except (OSError, ValueError):
+        return False
+    wanted = {**software_fields(), **({"arch": arch} if arch else {})}
+    return isinstance(stamp, dict) and all(str(stamp.get(k)) == wanted[k] for k in PREBUILT_KEYS if k in wanted)
+
+
+def _stamp(build_dir: Path, arch: str | None) -> None:
+    """Stamp a build that just finished (its child ran this very Python and torch). The generated
+    model.py stamps its own builds (with the architecture it built for, where ``arch`` is None); a
+    stamp left by a build for another torch is replaced."""
+    from fusetune.winners import software_fields
+
+    try:
+        old = json.loads((build_dir / BUILD_STAMP).read_text())
+    except (OSError, ValueError):
+        old = {}
+    old = old if isinstance(old, dict) else {}
+    (build_dir / BUILD_STAMP).write_text(json.dumps({**old, **software_fields(), **({"arch": arch} if arch else {})}))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,13 +101,14 @@ def build(rendered: RenderedModule, cache: Cache, timeout: float = 900.0, arch: 
     build_dir = cache.build_dir(f"{rendered.name}-sm{arch.replace('.', '')}" if arch else rendered.name)
     marker = build_dir / BUILT_MARKER
     failed = build_dir / FAILED_MARKER
-    if marker.exists():
+    if finished(build_dir, arch):
         return BuildResult(rendered.name, True, 0.0, "", module_dir, build_dir, cached=True)
     if failed.exists() and not force:
         return BuildResult(rendered.name, False, 0.0, failed.read_text(), module_dir, build_dir, cached=True)
     with cache.lock(f"build-{rendered.name}"):
-        if marker.exists():  # another process finished it while we waited
+        if finished(build_dir, arch):  # another process finished it while we waited
             return BuildResult(rendered.name, True, 0.0, "", module_dir, build_dir, cached=True)
+        marker.unlink(missing_ok=True)  # a build for another torch: model.py clears its outputs and builds
         build_dir.mkdir(parents=True, exist_ok=True)
         (build_dir / "lock").unlink(missing_ok=True)  # torch's FileBaton from a killed build
         env = dict(os.environ)
@@ -85,6 +120,7 @@ def build(rendered: RenderedModule, cache: Cache, timeout: float = 900.0, arch: 
                                           env, timeout)
         seconds = time.perf_counter() - start
         if ok:
+            _stamp(build_dir, arch)
             marker.write_text(f"{seconds:.1f}\n")
             failed.unlink(missing_ok=True)
         elif not stopped:  # a compiler error is for good; a timeout or a kill may pass another time

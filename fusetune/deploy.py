@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 import warnings
 from pathlib import Path
@@ -21,10 +22,13 @@ from fusetune.config import ProblemSpec, load_config
 from fusetune.errors import ConfigError, FusetuneError
 from fusetune.export import find_winner
 from fusetune.plan import make_plan
+from fusetune.paths import configs_in
 from fusetune.progress import PlainReporter, Reporter
 from fusetune.search import Machine, ShapeResult, tune_shape
 from fusetune.storage import Storage
 from fusetune.winners import render_winners
+
+log = logging.getLogger("fusetune.deploy")
 
 
 @dataclasses.dataclass
@@ -54,7 +58,7 @@ def ensure_tuned(config_dir: Path, cache: Cache, budget_s: float, make_bench_for
     report = DeployReport()
     if not Path(config_dir).is_dir():
         raise ConfigError(str(config_dir), "", "no such folder of configs")
-    configs = sorted(Path(config_dir).glob("*.yaml")) + sorted(Path(config_dir).glob("*.yml"))
+    configs = configs_in(Path(config_dir))
     report.configs = [str(p) for p in configs]
     specs: list[ProblemSpec] = []
     for path in configs:
@@ -111,6 +115,9 @@ def load_tuned(config: str | Path, cache: Cache | None = None, *,
         warnings.warn(f"fusetune: {spec.name}: {exc}; using eager PyTorch", stacklevel=2)
         return _placed(_eager(rendered, cache).Model(), spec, config, weights, device or "cpu")
     device = device or "cuda"
+    if torch.device(device).type != "cuda":  # the kernels take CUDA tensors alone
+        log.info("fusetune: %s: device %s: the tuned kernels run on CUDA; using eager PyTorch", spec.name, device)
+        return _placed(_eager(rendered, cache).Model(), spec, config, weights, device)
     winners = {}
     for shape in spec.shapes:
         entry = find_winner(cache, spec, shape, rendered.source_hash, machine.gpu)
@@ -122,12 +129,13 @@ def load_tuned(config: str | Path, cache: Cache | None = None, *,
         return _placed(_eager(rendered, cache).Model(), spec, config, weights, device)
     try:
         generated = build_and_load(render_winners(plan, winners.values()), cache, machine.capability)
-    except FusetuneError as exc:
-        warnings.warn(f"fusetune: {spec.name}: {exc}; using eager PyTorch", stacklevel=2)
+        model = generated.ModelNew(variant=next(iter(winners.values())))
+        for input_shape, variant in winners.items():
+            model._by_shape[input_shape] = model._resolve(variant)
+    except Exception as exc:  # a failed build, an extension that does not load: a deploy never breaks on it
+        warnings.warn(f"fusetune: {spec.name}: the tuned kernels did not load ({type(exc).__name__}: "
+                      f"{str(exc)[-1000:]}); using eager PyTorch", stacklevel=2)
         return _placed(_eager(rendered, cache).Model(), spec, config, weights, device)
-    model = generated.ModelNew(variant=next(iter(winners.values())))
-    for input_shape, variant in winners.items():
-        model._by_shape[input_shape] = model._resolve(variant)
     return _placed(model, spec, config, weights, device)
 
 

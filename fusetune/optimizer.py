@@ -151,7 +151,68 @@ def _finish(model: nn.Module, root: nn.Module, gm: torch.fx.GraphModule, fused: 
     gm.training = model.training
     for chain in fused:
         chain.training = model.training
+    _share(model, gm)
     return gm
+
+
+class SharedGraphModule(torch.fx.GraphModule):
+    """The optimized model: a GraphModule whose tensors are the user's model's own.
+
+    Why more than sharing the tensor objects once: ``.to()``/``.cuda()``/``.double()`` swap a
+    parameter's data in place (both models see it) but replace a buffer by a new tensor in the moved
+    model alone (a batch norm's running statistics, a registered constant). So each call first takes
+    the user's current tensors (the user moved the model: this one follows), and ``_apply`` (what
+    ``.to()`` and the like run) takes them, moves them, and gives the moved ones back to the user's
+    modules (this one was moved: the user's model follows)."""
+
+    # _shared: (this model's module's _parameters or _buffers, the user's module's, a name), in __dict__;
+    # a deep copy has none (torch.fx copies what the graph reads): its tensors are its own, shared with no model.
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        _pull(self.__dict__.get("_shared", ()))
+        return super().__call__(*args, **kwargs)
+
+    def _apply(self, *args: Any, **kwargs: Any) -> Any:
+        _pull(self.__dict__.get("_shared", ()))
+        result = super()._apply(*args, **kwargs)
+        _push(self.__dict__.get("_shared", ()))
+        return result
+
+
+def _share(model: nn.Module, gm: torch.fx.GraphModule) -> None:
+    """Make ``gm`` a SharedGraphModule tied to ``model``'s modules, name by name. The class made here is
+    named as torch.fx names its per-instance classes, so that a deep copy is made of SharedGraphModule."""
+    shared: list[tuple[dict, dict, str]] = []
+    for name, theirs in model.named_modules():
+        try:
+            ours = gm.get_submodule(name) if name else gm
+        except AttributeError:
+            continue
+        if ours is theirs:
+            continue
+        for kind in ("_parameters", "_buffers"):
+            mine, users = getattr(ours, kind), getattr(theirs, kind)
+            shared += [(mine, users, key) for key in users if key in mine]
+    gm.__class__ = type("GraphModuleImpl", (SharedGraphModule,), {})
+    gm._shared = shared
+    gm.recompile()  # the forward lives on the instance's class
+
+
+def _pull(shared: Sequence[tuple[dict, dict, str]]) -> None:
+    """Give our modules the user's current tensors. A flat list of (our module's parameters or buffers,
+    the user's, a name) keeps it to tens of microseconds for a ResNet-50: it runs before every call."""
+    for mine, users, key in shared:
+        tensor = users.get(key)
+        if tensor is not None and mine.get(key) is not tensor:
+            mine[key] = tensor
+
+
+def _push(shared: Sequence[tuple[dict, dict, str]]) -> None:
+    """Give the user's modules our tensors (after ``_apply`` replaced some)."""
+    for mine, users, key in shared:
+        tensor = mine.get(key)
+        if tensor is not None and key in users and users[key] is not tensor:
+            users[key] = tensor
 
 
 # --------------------------------------------------------------------------------------------------
@@ -176,6 +237,7 @@ def _configs(gm: torch.fx.GraphModule, model_name: str) -> list[Found]:
         log.info("fusetune.optimize: no chain at %s: %s", no.node, no.reason)
     found: list[Found] = []
     stem = _stem(model_name)
+    precision = conv_precision()
     for chain in chains:
         name = f"{stem}_chain{len(found)}"
         where = f"<{model_name}>/{name}"
@@ -184,8 +246,29 @@ def _configs(gm: torch.fx.GraphModule, model_name: str) -> list[Found]:
             log.info("fusetune.optimize: no chain at %s: %s", chain.producer_node, fitted)
             continue
         _, raw, weights = fitted
+        if raw.get("dtype", "float32") == "float32":  # as the user's own convolutions multiply
+            raw = {**raw, "precision": precision}
         found.append(Found(chain, parse_config(raw, where), weights))
     return found
+
+
+def conv_precision() -> str:
+    """The config precision of the user's cuDNN convolutions now: ``ieee`` where TF32 is turned off,
+    else ``tf32`` (torch's default). The per-operator API (torch.backends.cudnn.conv.fp32_precision,
+    'none' inheriting from cudnn's, then the backends') is read first: on a torch that has it, reading
+    the legacy allow_tf32 after the new API set a value raises ("a mix of the legacy and new APIs").
+    Where all of it says 'none' (the legacy flag was set, which the new API does not show), the
+    legacy flag decides."""
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    if conv is not None and hasattr(conv, "fp32_precision"):
+        for owner in (conv, torch.backends.cudnn, torch.backends):
+            value = getattr(owner, "fp32_precision", "none")
+            if value in ("ieee", "tf32"):
+                return value
+    try:
+        return "tf32" if torch.backends.cudnn.allow_tf32 else "ieee"
+    except RuntimeError:  # new and legacy settings mixed: the new API's 'none' left nothing set
+        return "tf32"
 
 
 def _tune(found: list[Found], cache: Any, machine: Any, budget_s: float, trials: int | None,
@@ -206,20 +289,20 @@ def _tune(found: list[Found], cache: Any, machine: Any, budget_s: float, trials:
     renders: dict[str, Any] = {}  # problem -> the module of every variant (rendering it takes a while)
     try:
         for i, item in enumerate(found):
-            if problems[i] not in renders:
-                renders[problems[i]] = render(make_plan(item.spec))
-            item.full = renders[problems[i]]
-            entry = cache.load(make_key(key_fields(item.spec, item.spec.shapes[0], machine, item.full.source_hash)))
-            if entry is not None and entry.winner is not None:  # what tune_shape would return, without its work
-                winners[item.spec.name] = entry.winner["variant"]
-                continue
-            left = deadline - time.monotonic()
-            to_go = len(set(problems[i:]) - set(problems[:i]))
-            factory = benchmarker or _gpu_factory(cache, machine, worker_box, max(1.0, left))
-            if left <= 1.0:
-                factory = _out_of_budget
             shape = item.spec.shapes[0]
-            try:
+            try:  # everything of one chain, its render and its cache entry too
+                if problems[i] not in renders:
+                    renders[problems[i]] = render(make_plan(item.spec))
+                item.full = renders[problems[i]]
+                entry = cache.load(make_key(key_fields(item.spec, shape, machine, item.full.source_hash)))
+                if entry is not None and entry.winner is not None:  # what tune_shape would return, without its work
+                    winners[item.spec.name] = dict(entry.winner["variant"])
+                    continue
+                left = deadline - time.monotonic()
+                to_go = len(set(problems[i:]) - set(problems[:i]))
+                factory = benchmarker or _gpu_factory(cache, machine, worker_box, max(1.0, left))
+                if left <= 1.0:
+                    factory = _out_of_budget
                 result = tune_shape(item.spec, shape, cache, machine, factory, trials=trials,
                                     timeout=max(1.0, left / max(1, to_go)), echo=log.debug)
             except (_OutOfBudget, FusetuneError) as exc:
@@ -270,23 +353,47 @@ def _gpu_factory(cache: Any, machine: Any, worker_box: list, seconds_left: float
 _RENDERED: dict[str, Any] = {}
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class ChainState:
+    """What a FusedChain runs on, fixed when it is made (FusedChain.make). The modules and tensors named
+    here are the optimized model's own, which hold the user's tensors (SharedGraphModule)."""
+
+    name: str  # the chain's config name
+    spec: Any  # its config.ProblemSpec
+    reference: torch.fx.GraphModule  # the chain's own ops, on the model's modules: its eager path
+    kernel_model: nn.Module | None  # the generated ModelNew bound to the model's tensors; None: untuned
+    shapes: frozenset[tuple[int, ...]]  # the input shapes tuned (the kernels run on these alone)
+    modules: tuple[nn.Module, ...]  # the modules the reference calls: any in training mode means eager
+    tensors: tuple[tuple[nn.Module, str], ...]  # (owner, attribute) of each tensor the chain reads
+    loose: tuple[tuple[nn.Module, str, nn.Module, str], ...]  # (ModelNew's owner, attr, model's owner, attr)
+    root_tensors: tuple[str, ...]  # the model's top-level tensors the reference reads
+    root: torch.fx.GraphModule  # the optimized model
+    input_node: torch.fx.Node  # the chain's input in the model's graph
+    rendered: Any  # the generated module whose kernels are built (codegen.RenderedModule), or None
+    cache: Any  # the cache its build goes to
+    arch: str | None  # the compute capability it was tuned for
+
+
 class FusedChain(nn.Module):
     """One chain of the user's model: its tuned kernels where they apply, else its reference path
     (the user's own ops). Registers no parameters or submodules of its own: the model's state
     stays under the user's names, and the tensors are read from the user's modules at every call,
-    so ``.to()`` and ``load_state_dict`` on the model reach the kernels too."""
+    so ``.to()`` and ``load_state_dict`` on the model reach the kernels too. What it runs on is its
+    ``state`` (frozen); what changes is whether its kernels loaded, what the log said, and the count
+    of calls that ran the kernels."""
 
-    def __init__(self, name: str, reference: torch.fx.GraphModule, kernel_model: nn.Module | None,
-                 shapes: set[tuple[int, ...]], modules: list[nn.Module], tensors: list[tuple[nn.Module, str]],
-                 loose: list[tuple[nn.Module, str, nn.Module, str]], root_tensors: list[str],
-                 rendered: Any, cache: Any, arch: str | None) -> None:
+    def __init__(self, state: ChainState) -> None:
         super().__init__()
-        state = {"name": name, "_reference": reference, "_kernel_model": kernel_model, "shapes": shapes,
-                 "_modules_used": modules, "_tensors": tensors, "_loose": loose, "_root_tensors": root_tensors,
-                 "_rendered": rendered, "_cache": cache, "_arch": arch, "_kernels": None, "_said": set(),
-                 "_root": None, "_spec": None, "kernel_calls": 0}
-        for key, value in state.items():
+        for key, value in {"state": state, "_kernels": None, "_said": set(), "kernel_calls": 0}.items():
             object.__setattr__(self, key, value)  # not registered: see the class docstring
+
+    @property
+    def name(self) -> str:
+        return self.state.name
+
+    @property
+    def shapes(self) -> frozenset[tuple[int, ...]]:
+        return self.state.shapes
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -334,11 +441,10 @@ class FusedChain(nn.Module):
             shapes = {tuple(s) for s in item.spec.shapes}
         else:
             loose = []
-        chain = cls(item.spec.name, ref, kernel_model, shapes, modules, tensors, loose, root_tensors, rendered, cache,
-                    arch)
-        object.__setattr__(chain, "_root", gm)
-        object.__setattr__(chain, "_spec", item.spec)
-        object.__setattr__(chain, "_input_node", inputs_node)
+        chain = cls(ChainState(
+            name=item.spec.name, spec=item.spec, reference=ref, kernel_model=kernel_model, shapes=frozenset(shapes),
+            modules=tuple(modules), tensors=tuple(tensors), loose=tuple(loose), root_tensors=tuple(root_tensors),
+            root=gm, input_node=inputs_node, rendered=rendered, cache=cache, arch=arch))
         if variant is None:
             chain._say("untuned", "not tuned (see the log above); it runs eagerly")
         return chain
@@ -347,24 +453,25 @@ class FusedChain(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         why = self._why_eager(x)
+        state = self.state
         if why is None:
-            for owner, attr, user, user_attr in self._loose:
+            for owner, attr, user, user_attr in state.loose:
                 _set_tensor(owner, attr, getattr(user, user_attr))
             self.kernel_calls += 1  # how many calls ran the kernels: what a user (or a test) checks first
-            return self._kernel_model(x)
+            return state.kernel_model(x)
         self._say(*why)
-        for name in self._root_tensors:
-            _set_tensor(self._reference, name, getattr(self._root, name))
-        return self._reference(x)
+        for name in state.root_tensors:
+            _set_tensor(state.reference, name, getattr(state.root, name))
+        return state.reference(x)
 
     def _why_eager(self, x: Any) -> tuple[str, str] | None:
         """Why this call takes the reference path (a key for saying it once, and the reason), or None."""
-        if self._kernel_model is None:
+        if self.state.kernel_model is None:
             return ("untuned", "no tuned kernels (not tuned, or eager PyTorch won its search): eager")
-        if self.training or any(m.training for m in self._modules_used):
+        if self.training or any(m.training for m in self.state.modules):
             return ("training", "training mode: eager, so batch norm updates its running statistics")
         if torch.is_grad_enabled() and (getattr(x, "requires_grad", False)
-                                        or any(getattr(o, a).requires_grad for o, a in self._tensors)):
+                                        or any(getattr(o, a).requires_grad for o, a in self.state.tensors)):
             return ("autograd", "autograd is recording (a parameter or the input requires grad): eager, so backward "
                                 "works; run under torch.no_grad() or torch.inference_mode() for the kernels")
         if not isinstance(x, torch.Tensor):
@@ -386,12 +493,12 @@ class FusedChain(nn.Module):
         if self._kernels is None:
             from fusetune.build import build_and_load
 
-            arch = self._arch
+            arch = self.state.arch
             if torch.cuda.is_available():
                 major, minor = torch.cuda.get_device_capability()
                 arch = f"{major}.{minor}"
             try:
-                build_and_load(self._rendered, self._cache, arch)
+                build_and_load(self.state.rendered, self.state.cache, arch)
                 object.__setattr__(self, "_kernels", "")
             except Exception as exc:  # a build that fails leaves the model running, eagerly
                 object.__setattr__(self, "_kernels", f"the kernels did not build ({type(exc).__name__}: "
@@ -406,24 +513,25 @@ class FusedChain(nn.Module):
     @property
     def reference(self) -> torch.fx.GraphModule:
         """The chain's own ops, from the user's model (its eager path)."""
-        return self._reference
+        return self.state.reference
 
     @property
     def kernel_model(self) -> nn.Module | None:
         """The generated ModelNew, bound to the user's tensors (None where the chain is not tuned)."""
-        return self._kernel_model
+        return self.state.kernel_model
 
     def extra_repr(self) -> str:
-        ops = [str(n.target) for n in self._reference.graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
+        nodes = self.state.reference.graph.nodes
+        ops = [str(n.target) for n in nodes if n.op not in ("placeholder", "output", "get_attr")]
         return f"{self.name}: {' -> '.join(ops)}; tuned shapes {sorted(map(list, self.shapes))}"
 
 
 def _built(rendered: Any, cache: Any, arch: str | None) -> bool:
     """Whether ``rendered`` has a finished build in the cache for ``arch`` (as fusetune.build names it)."""
-    from fusetune.build import BUILT_MARKER
+    from fusetune.build import finished
 
-    return rendered is not None and arch is not None and (
-        cache.build_dir(f"{rendered.name}-sm{arch.replace('.', '')}") / BUILT_MARKER).exists()
+    return rendered is not None and arch is not None and finished(
+        cache.build_dir(f"{rendered.name}-sm{arch.replace('.', '')}"), arch)
 
 
 def _owner(root: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -520,7 +628,7 @@ def _replace(gm: torch.fx.GraphModule, item: Found, chain: FusedChain) -> str | 
     name = f"fused_{item.spec.name}"
     gm.add_submodule(name, chain)
     with gm.graph.inserting_after(out):
-        new = gm.graph.call_module(name, (chain._input_node,))
+        new = gm.graph.call_module(name, (chain.state.input_node,))
     out.replace_all_uses_with(new)
     attrs = {a for n in inside for a in n.all_input_nodes if a.op == "get_attr"}
     for node in reversed(inside):

@@ -19,9 +19,10 @@ Variant = Mapping[str, Mapping[str, Any]]  # stage -> parameter values (PlanSpac
 
 #: The prebuilt extensions' manifest in an export folder; the generated model.py reads it.
 PREBUILT_MANIFEST = "prebuilt.json"
-#: What a prebuilt extension must match to be loaded instead of built: the GPU's compute
-#: capability, torch's version (its C++ ABI) and the CUDA it was built for.
-PREBUILT_KEYS = ("arch", "torch", "cuda")
+#: What a prebuilt extension (or a finished build, fusetune.build.BUILD_STAMP) must match to be loaded
+#: instead of built: the GPU's compute capability, torch's version (its C++ ABI), the CUDA it was built
+#: for and Python's major.minor (the extension's ABI tag).
+PREBUILT_KEYS = ("arch", "torch", "cuda", "python")
 
 
 def winners_only(plan: Plan, variants: Iterable[Variant]) -> dict[str, list[dict[str, Any]]]:
@@ -48,12 +49,22 @@ def render_winners(plan: Plan, variants: Iterable[Variant]) -> RenderedModule:
     return render(plan, winners_only(plan, variants))
 
 
+def software_fields() -> dict[str, str]:
+    """This process's values of PREBUILT_KEYS other than the GPU's (needs no GPU)."""
+    import sys
+
+    import torch
+
+    return {"torch": torch.__version__.split("+")[0], "cuda": str(torch.version.cuda),
+            "python": f"{sys.version_info.major}.{sys.version_info.minor}"}
+
+
 def machine_fields() -> dict[str, str]:
     """This machine's values of PREBUILT_KEYS (a CUDA GPU must be visible)."""
     import torch
 
     major, minor = torch.cuda.get_device_capability()
-    return {"arch": f"{major}.{minor}", "torch": torch.__version__.split("+")[0], "cuda": str(torch.version.cuda)}
+    return {"arch": f"{major}.{minor}", **software_fields()}
 
 
 def prebuilt_entry(module: str, so_path: Path, fields: Mapping[str, str]) -> dict[str, str]:

@@ -5,6 +5,7 @@ prebuilt .so started without nvcc) is in tests/test_optimize.py and scripts/opti
 from __future__ import annotations
 
 import itertools
+import json
 import random
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from conftest import SEEDS, import_file
 from fake_handlers import MACHINE_FIELDS, FakeBench
 
 MODELS = Path(__file__).resolve().parent / "models"
-HERE_FIELDS = {"arch": "9.0", "torch": "2.11.0", "cuda": "13.0"}
+HERE_FIELDS = {"arch": "9.0", "torch": "2.11.0", "cuda": "13.0", "python": "3.12"}
 
 
 def _two_winners(spec_path: Path) -> tuple:
@@ -97,7 +98,8 @@ def _ship(folder: Path, module: str, fields: dict) -> Path:
     return folder / entry["file"]
 
 
-@pytest.mark.parametrize("change", [{}, {"arch": "8.0"}, {"torch": "2.10.0"}, {"cuda": "12.8"}, {"module": "ft_other"}])
+@pytest.mark.parametrize("change", [{}, {"arch": "8.0"}, {"torch": "2.10.0"}, {"cuda": "12.8"}, {"python": "3.11"},
+                                    {"module": "ft_other"}])
 def test_a_prebuilt_extension_is_used_only_where_it_matches(generated, change: dict) -> None:
     assert generated.PREBUILT_KEYS == fast.PREBUILT_KEYS
     folder = Path(generated.HERE)
@@ -113,24 +115,81 @@ def test_a_prebuilt_extension_is_used_only_where_it_matches(generated, change: d
         assert generated.prebuilt_library() is None
 
 
+class _FakeLoad:
+    """torch.utils.cpp_extension.load without a compiler: records the call, returns a module stand-in."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+
+    def __call__(self, **kwargs):
+        self.calls.append(kwargs)
+        Path(kwargs["build_directory"], f"{kwargs['name']}.so").write_bytes(b"built")
+        return object()
+
+
+def _finished(build: Path, module, library_bytes: bytes = b"\x7fELF not really", marker: bool = True,
+              **stamp) -> Path:
+    """A build folder as a finished build leaves it: the .so, an object file, the stamp and the marker."""
+    build.mkdir(parents=True, exist_ok=True)
+    library = build / f"{module.MODULE_NAME}.so"
+    library.write_bytes(library_bytes)
+    (build / "stage.cuda.o").write_bytes(b"object")
+    (build / module.BUILD_STAMP).write_text(json.dumps({"arch": HERE_FIELDS["arch"], **module.software_fields(),
+                                                        **stamp}))
+    if marker:
+        (build / module.BUILT_MARKER).write_text("1\n")
+    return library
+
+
+def test_model_py_and_fusetune_name_the_build_files_alike(generated) -> None:
+    from fusetune import build
+
+    assert (generated.BUILT_MARKER, generated.BUILD_STAMP) == (build.BUILT_MARKER, build.BUILD_STAMP)
+
+
 @pytest.mark.parametrize("where", ["prebuilt", "built"])
-def test_a_shipped_or_finished_build_is_imported_without_a_compiler(generated, where: str, tmp_path: Path) -> None:
-    """The extension file is imported as it is (a fake one here, so the import itself fails, naming it):
-    no ninja run, no nvcc."""
+def test_a_shipped_or_finished_build_that_does_not_load_is_built_again(generated, where: str, tmp_path: Path,
+                                                                        monkeypatch) -> None:
+    """The extension file is imported as it is, without ninja (a fake one here, so the import fails): a
+    half-written or foreign .so is then built (warned), never left raising ImportError."""
     build = tmp_path / "build"
+    fake = _FakeLoad()
+    monkeypatch.setattr("torch.utils.cpp_extension.load", fake)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", HERE_FIELDS["arch"])
     if where == "prebuilt":
         library = _ship(Path(generated.HERE), generated.MODULE_NAME, HERE_FIELDS)
         generated.default_build_directory = lambda: str(build)
         call = generated.load_kernels
     else:
-        library = build / f"{generated.MODULE_NAME}.so"
-        build.mkdir()
-        library.write_bytes(b"\x7fELF not really")
+        library = _finished(build, generated)
         call = lambda: generated.load_kernels(build_directory=str(build))  # noqa: E731
-    with pytest.raises(ImportError) as info:
-        call()
-    assert str(library) in str(info.value) or generated.MODULE_NAME in str(info.value)
-    assert not (build / "build.ninja").exists()
+    with pytest.warns(UserWarning, match="does not load") as said:
+        assert call() is not None
+    assert str(library) in str(said[0].message)
+    assert [c["build_directory"] for c in fake.calls] == [str(build)]
+    if where == "built":  # the folder's own half-written one: removed, so that it is linked again
+        assert library.read_bytes() == b"built" and not (build / "stage.cuda.o").exists()
+    else:  # a shipped one is never touched
+        assert library.read_bytes() == b"\x7fELF not really"
+    assert (build / generated.BUILT_MARKER).exists()  # this build is stamped for this machine
+    assert generated.finished_build(str(build), HERE_FIELDS["arch"]) == str(build / f"{generated.MODULE_NAME}.so")
+
+
+@pytest.mark.parametrize("state", ["no marker", "no stamp", "torch", "python", "arch", "ok"])
+def test_a_finished_build_is_used_only_with_its_marker_and_this_machines_stamp(generated, state: str,
+                                                                               tmp_path: Path) -> None:
+    from fusetune.build import finished
+
+    build = tmp_path / "build"
+    stamp = {"torch": {"torch": "1.0.0"}, "python": {"python": "2.7"}, "arch": {"arch": "8.0"}}.get(state, {})
+    library = _finished(build, generated, marker=state != "no marker", **stamp)
+    if state == "no stamp":
+        (build / generated.BUILD_STAMP).unlink()
+    assert finished(build, HERE_FIELDS["arch"]) == (state == "ok")  # fusetune's check agrees with model.py's
+    picked = generated.finished_build(str(build), HERE_FIELDS["arch"])
+    assert picked == (str(library) if state == "ok" else None)
+    stale = state in ("no stamp", "torch", "python", "arch")  # built for another machine: nothing of it is kept
+    assert library.exists() != stale and (build / "stage.cuda.o").exists() != stale
 
 
 def test_export_prebuilt_needs_a_gpu_and_writes_nothing_without_one(tmp_path: Path) -> None:
@@ -165,6 +224,54 @@ def test_load_tuned_takes_the_users_weights_by_their_names(tmp_path: Path) -> No
     partial = {k: v for k, v in user.state_dict().items() if k != "scale"}
     with pytest.warns(UserWarning), pytest.raises(FusetuneError, match=r"lack scale\b"):
         load_tuned(config, cache, weights=partial, device="cpu")
+
+
+def _tuned_import(tmp_path: Path, monkeypatch):
+    """An imported config with a winner cached for the fake machine, which load_tuned then detects."""
+    result = import_model(str(MODELS / "conv2d_groupnorm_scale_clamp.py"), tmp_path / "configs")
+    config = result.written[0].config
+    spec = load_config(config)
+    cache = Cache(tmp_path / "cache")
+    machine = Machine(*MACHINE_FIELDS)
+    tune_shape(spec, spec.shapes[0], cache, machine, FakeBench().factory, trials=2, echo=lambda line: None)
+    monkeypatch.setattr(Machine, "detect", classmethod(lambda cls: machine))
+    user_file = import_file(MODELS / "conv2d_groupnorm_scale_clamp.py")
+    torch.manual_seed(1)
+    return config, cache, user_file.Model(*user_file.get_init_inputs()), torch.randn(*spec.shapes[0])
+
+
+def test_load_tuned_on_the_cpu_of_a_gpu_machine_is_the_eager_model(tmp_path: Path, monkeypatch, caplog) -> None:
+    """The kernels take CUDA tensors alone: device="cpu" gets the reference Model, said in the log."""
+    import logging
+
+    from fusetune import deploy
+
+    config, cache, user, x = _tuned_import(tmp_path, monkeypatch)
+    monkeypatch.setattr(deploy, "build_and_load", lambda *a, **k: pytest.fail("built kernels for the CPU"))
+    caplog.set_level(logging.INFO, logger="fusetune.deploy")
+    loaded = load_tuned(config, cache, weights=user, device="cpu")
+    assert type(loaded).__name__ == "Model"
+    with torch.no_grad():
+        assert torch.equal(loaded(x), user(x))
+    assert any("run on CUDA" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("error", [ImportError("undefined symbol: _ZN3c10"), OSError("file too short"),
+                                   RuntimeError("CUDA error")])
+def test_load_tuned_falls_back_to_eager_on_any_build_or_load_failure(error: Exception, tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    from fusetune import deploy
+
+    config, cache, user, x = _tuned_import(tmp_path, monkeypatch)
+
+    def fail(*args, **kwargs):
+        raise error
+    placed = []
+    monkeypatch.setattr(deploy, "build_and_load", fail)
+    monkeypatch.setattr(deploy, "_placed", lambda model, *rest: placed.append((model, rest[-1])) or model)
+    with pytest.warns(UserWarning, match=f"did not load \\({type(error).__name__}: .*; using eager PyTorch"):
+        loaded = load_tuned(config, cache, weights=user)
+    assert type(loaded).__name__ == "Model" and placed == [(loaded, "cuda")]
 
 
 # -- on a GPU: a prebuilt export starts without a compiler -------------------------------------------
@@ -236,3 +343,52 @@ def test_prebuilt_export_starts_without_nvcc_from_a_read_only_folder(tmp_path: P
     assert not (tmp_path / "empty-cache").exists()  # nothing built
     for path in [target, *target.rglob("*")]:
         path.chmod(path.stat().st_mode | 0o200)  # let tmp_path be cleaned up
+
+
+STAMPED_START = """
+import importlib.util, json, shutil, sys
+sys.modules["fusetune"] = None  # model.py alone
+assert shutil.which("nvcc") is None, "nvcc is still on PATH"
+spec = importlib.util.spec_from_file_location("generated", {model!r})
+generated = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(generated)
+try:
+    generated.load_kernels(build_directory={build!r})
+    print(json.dumps({{"library": generated._KERNELS.__file__}}))
+except Exception as exc:
+    print(json.dumps({{"error": type(exc).__name__}}))
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_stamped_build_starts_without_nvcc_and_one_stamped_for_another_torch_is_not_imported(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from fusetune.build import BUILD_STAMP, build_and_load, finished
+
+    plan = make_plan(load_config(SEEDS["groupnorm"]))
+    space = plan_space(plan)
+    rendered = fast.render_winners(plan, [space.stage_values(space.default())])
+    cache = Cache(tmp_path / "cache")
+    arch = fast.machine_fields()["arch"]
+    build_and_load(rendered, cache, arch)  # nvcc, here
+    build = cache.build_dir(f"{rendered.name}-sm{arch.replace('.', '')}")
+    assert finished(build, arch)
+    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
+                           if p and not (Path(p) / "nvcc").exists())
+    env = {**os.environ, "PATH": path, "CUDA_HOME": str(tmp_path / "no-cuda"), "CUDA_PATH": str(tmp_path / "no-cuda")}
+    env.pop("TORCH_CUDA_ARCH_LIST", None)
+    script = STAMPED_START.format(model=str(cache.module_dir(rendered.name) / "model.py"), build=str(build))
+
+    def start() -> dict:
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    assert Path(start()["library"]).resolve() == (build / f"{rendered.name}.so").resolve()  # imported, no compiler
+    stamp = json.loads((build / BUILD_STAMP).read_text())
+    (build / BUILD_STAMP).write_text(json.dumps({**stamp, "torch": "1.0.0"}))  # as after a torch upgrade
+    assert "error" in start()  # not imported: it builds, and there is no compiler here
+    assert not (build / f"{rendered.name}.so").exists() and not finished(build, arch)

@@ -4,6 +4,7 @@ the fake benchmarker; the GPU tests (marked gpu) optimize torchvision's resnet18
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 import time
@@ -16,6 +17,7 @@ import fusetune
 from fusetune.cache import Cache
 from fusetune.optimizer import FusedChain, fused_chains, optimize
 from fusetune.search import Machine
+from fusetune.worlds import WORLDS
 
 from conftest import import_file
 from fake_handlers import MACHINE_FIELDS, FakeBench
@@ -67,36 +69,46 @@ def test_chains_are_replaced_and_share_the_users_tensors(cache_dir: Path) -> Non
 
 
 def test_only_the_winners_are_built_unless_the_search_built_every_variant(cache_dir: Path) -> None:
-    from fusetune.build import BUILT_MARKER
+    from fusetune.build import BUILD_STAMP, BUILT_MARKER
     from fusetune.cache import Cache
+    from fusetune.winners import software_fields
     from fusetune.codegen import render
     from fusetune.plan import make_plan
 
     model, inputs = _model("conv2d_groupnorm_scale_clamp")
     model.eval()
     chain = next(fused_chains(_optimize(model, inputs, cache_dir)))
-    full = render(make_plan(chain._spec))
-    assert chain._rendered.name != full.name  # the winner's variants alone: a fresh machine builds little
-    assert len(chain._rendered.cuda_sources) < len(full.cuda_sources)  # one unit per winner, not per variant
+    full = render(make_plan(chain.state.spec))
+    assert chain.state.rendered.name != full.name  # the winner's variants alone: a fresh machine builds little
+    assert len(chain.state.rendered.cuda_sources) < len(full.cuda_sources)  # one unit per winner, not per variant
     built = Cache(cache_dir).build_dir(f"{full.name}-sm{MACHINE.capability.replace('.', '')}")
     built.mkdir(parents=True, exist_ok=True)
     (built / BUILT_MARKER).write_text("1\n")  # as the search leaves it on the machine that tuned
+    (built / BUILD_STAMP).write_text(json.dumps({"arch": MACHINE.capability, **software_fields()}))
     try:
         chain = next(fused_chains(_optimize(model, inputs, cache_dir)))
-        assert chain._rendered.name == full.name  # nothing to compile: the search's build is loaded
+        assert chain.state.rendered.name == full.name  # nothing to compile: the search's build is loaded
+        (built / BUILD_STAMP).write_text(json.dumps({"arch": MACHINE.capability, **software_fields(),
+                                                     "torch": "1.0.0"}))
+        chain = next(fused_chains(_optimize(model, inputs, cache_dir)))
+        assert chain.state.rendered.name != full.name  # built for another torch: the winners are built again
     finally:
         (built / BUILT_MARKER).unlink()
+        (built / BUILD_STAMP).unlink()
 
 
 @pytest.mark.parametrize("stem", ["conv2d_groupnorm_scale_clamp", "conv1d_batchnorm_eval", "convt2d_residual_clone"])
-def test_output_equals_the_models(stem: str, cache_dir: Path) -> None:
+def test_output_equals_the_models(stem: str, cache_dir: Path, caplog) -> None:
     model, inputs = _model(stem)
     model.eval()
     opt = _optimize(model, inputs, cache_dir)
     assert any(isinstance(m, FusedChain) for m in opt.modules())
     fresh = tuple(torch.randn_like(x) for x in inputs)
+    caplog.set_level(logging.INFO, logger="fusetune.optimize")
     with torch.no_grad():
         assert torch.equal(opt(*fresh), model(*fresh))
+    assert all(c.kernel_calls == 0 for c in fused_chains(opt))  # a CPU tensor: the eager path, and why
+    assert any("input on cpu" in r.getMessage() for r in caplog.records)
     for name, tensor in model.named_parameters():  # and the parameters the chain reads are the user's
         assert opt.get_parameter(name) is tensor
 
@@ -110,29 +122,37 @@ def test_the_kernels_model_holds_the_users_tensors_where_its_reference_reads_the
     opt = _optimize(model, inputs, cache_dir)
     for chain in fused_chains(opt):
         x = torch.randn(*next(iter(chain.shapes)))
-        for owner, attr, user, user_attr in chain._loose:  # as each kernel call binds them
+        for owner, attr, user, user_attr in chain.state.loose:  # as each kernel call binds them
             setattr(owner, attr, getattr(user, user_attr))
         reference = type(chain.kernel_model).__mro__[1]  # the generated Model
         with torch.no_grad():
             assert torch.allclose(reference.forward(chain.kernel_model, x), chain.reference(x), rtol=1e-5, atol=1e-6)
 
 
-def test_moving_the_model_moves_what_the_chains_read(cache_dir: Path) -> None:
-    """``.to()`` replaces buffers by new tensors: the chains read them from the model at every call."""
-    model, inputs = _model("conv2d_nested_buffer_shift")
+@pytest.mark.parametrize("stem", ["conv2d_nested_buffer_shift", "conv1d_batchnorm_eval"])
+@pytest.mark.parametrize("moved", ["optimized", "user's"])
+def test_moving_either_model_moves_both(stem: str, moved: str, cache_dir: Path) -> None:
+    """``.to()`` swaps a parameter's data in place but replaces a buffer (batch norm's statistics, a
+    registered shift) by a new tensor in the moved model alone: moving one model, and only that one,
+    must leave both running, on the same tensors."""
+    model, inputs = _model(stem)
     opt = _optimize(model, inputs, cache_dir)
-    opt.to(torch.float64)
-    model.to(torch.float64)
-    chain = next(fused_chains(opt))
-    assert opt.shift.dtype == torch.float64 and chain.reference.shift is not opt.shift
+    (opt if moved == "optimized" else model).to(torch.float64)
     x = inputs[0].double()
     with torch.no_grad():
         assert torch.equal(opt(x), model(x))
-    assert chain.reference.shift is opt.shift
+    assert all(t.dtype == torch.float64 for t in [*model.parameters(), *model.buffers()] if t.is_floating_point())
+    ours = {**dict(opt.named_parameters()), **dict(opt.named_buffers())}
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        assert ours[name] is tensor, name
+    for chain in fused_chains(opt):  # what the reference path and the kernels read
+        for owner, attr in chain.state.tensors:
+            assert getattr(owner, attr).dtype in (torch.float64, torch.int64)
 
 
-def test_training_mode_updates_the_users_running_statistics(cache_dir: Path) -> None:
+def test_training_mode_updates_the_users_running_statistics(cache_dir: Path, caplog) -> None:
     model, inputs = _model("convt3d_batchnorm_train_pools")
+    caplog.set_level(logging.INFO, logger="fusetune.optimize")
     assert model.training
     twin = copy.deepcopy(model)
     opt = _optimize(model, inputs, cache_dir)
@@ -143,6 +163,8 @@ def test_training_mode_updates_the_users_running_statistics(cache_dir: Path) -> 
     assert torch.equal(model.bn.running_mean, twin.bn.running_mean) and not torch.equal(
         model.bn.running_mean, torch.zeros_like(model.bn.running_mean))
     assert int(model.bn.num_batches_tracked) == 1
+    assert all(c.kernel_calls == 0 for c in fused_chains(opt))
+    assert any("training mode" in r.getMessage() for r in caplog.records)
     opt.eval()
     assert model.bn.training  # the copy's modes are its own
     with torch.no_grad():
@@ -162,6 +184,7 @@ def test_autograd_takes_the_eager_path_and_backward_works(cache_dir: Path, caplo
     assert torch.allclose(model.scale.grad, 3 * twin.scale.grad)
     said = [r.getMessage() for r in caplog.records if "autograd" in r.getMessage()]
     assert len(said) == 1 and "torch.no_grad()" in said[0]
+    assert all(c.kernel_calls == 0 for c in fused_chains(opt))
 
 
 def test_an_untuned_shape_runs_eagerly_and_is_said_once(cache_dir: Path, caplog) -> None:
@@ -175,6 +198,53 @@ def test_an_untuned_shape_runs_eagerly_and_is_said_once(cache_dir: Path, caplog)
             assert torch.equal(opt(other), model(other))
     said = [r.getMessage() for r in caplog.records if "[3, 3, 21, 17]" in r.getMessage()]
     assert len(said) == 1 and "not tuned" in said[0]
+    assert all(c.kernel_calls == 0 for c in fused_chains(opt))
+
+
+def test_a_damaged_cache_entry_leaves_its_chain_eager_and_the_others_fused(tmp_path: Path, caplog) -> None:
+    """One chain's trouble (here a cache entry whose winner has no variant) never aborts optimize."""
+    from fusetune.cache import Cache
+
+    model, inputs = _model("two_chains_matmul")
+    _optimize(model, inputs, tmp_path)
+    cache = Cache(tmp_path)
+    entries = [e for e in cache.entries() if e.winner is not None]
+    assert len(entries) == 2  # two problems, one entry each
+    damaged = json.loads(cache.entry_path(entries[0].key).read_text())
+    damaged["winner"] = {"time_ms": 1.0}  # no "variant"
+    cache.entry_path(entries[0].key).write_text(json.dumps(damaged))
+    caplog.set_level(logging.INFO, logger="fusetune.optimize")
+    opt = _optimize(model, inputs, tmp_path)
+    chains = list(fused_chains(opt))
+    assert sorted(c.kernel_model is None for c in chains) == [False, True]
+    assert any("not tuned: KeyError" in r.getMessage() for r in caplog.records)
+    with torch.no_grad():
+        assert torch.equal(opt(*inputs), model(*inputs))
+
+
+def _tf32_off(monkeypatch) -> None:
+    """TF32 off for cuDNN's convolutions, by the API this torch has (the new one first)."""
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    if conv is not None and hasattr(conv, "fp32_precision"):
+        monkeypatch.setattr(conv, "fp32_precision", "ieee")
+    else:
+        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+
+
+@pytest.mark.parametrize("api", ["current", "legacy"])
+def test_chains_are_tuned_at_the_users_tf32_setting(api: str, tmp_path: Path, monkeypatch) -> None:
+    """Where the user turned TF32 off, the kernels must not use it: the configs say precision ieee."""
+    model, inputs = _model("conv2d_groupnorm_scale_clamp")
+    model.eval()
+    assert {c.state.spec.precision for c in fused_chains(_optimize(model, inputs, tmp_path))} == {"tf32"}
+    if api == "legacy":
+        if hasattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision"):
+            # the legacy setter on a new torch: the new API reads 'none' after it
+            monkeypatch.setattr(torch.backends.cudnn.conv, "fp32_precision", "tf32")
+        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    else:
+        _tf32_off(monkeypatch)
+    assert {c.state.spec.precision for c in fused_chains(_optimize(model, inputs, tmp_path))} == {"ieee"}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a CUDA device")
@@ -209,8 +279,8 @@ def _median_ms(fn, reps: int = 20) -> float:
 
 
 class _NoEager:
-    """The GPU benchmarker, with PyTorch's own forward out of the running: the winner is a kernel, so
-    that the test runs kernels even where eager would win at a small shape."""
+    """The GPU benchmarker, with PyTorch's own forward (and torch.compile's of it) out of the running: the
+    winner is a kernel, so that the test runs kernels even where eager or inductor would win at a small shape."""
 
     def __init__(self, bench) -> None:
         self.bench = bench
@@ -219,8 +289,8 @@ class _NoEager:
         self.bench.prepare()
 
     def evaluate(self, candidate):
-        if candidate.get("producer.impl") == "eager":
-            return {"status": "infeasible", "log": "eager left out by the test"}
+        if WORLDS[candidate.get("producer.impl", "cudnn")].runs_reference:  # eager, inductor: no kernels
+            return {"status": "infeasible", "log": "the reference's forward left out by the test"}
         return self.bench.evaluate(candidate)
 
     def confirm(self, candidate):
@@ -296,3 +366,57 @@ def test_torchvision_resnet_eval(arch: str, tmp_path: Path) -> None:
     assert tuned, "no chain was tuned within the budget"
     # Eager PyTorch's own error (TF32 convolutions by default) sets the scale, as in verification.
     assert error(got) <= max(8 * error(want), 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_training_and_autograd_stay_eager_and_inference_runs_the_kernels(tmp_path: Path, caplog) -> None:
+    """The CPU tests cannot tell the kernels from eager (a CPU tensor is eager anyway): here every path is
+    a CUDA float32 input of the tuned shape, so only the mode and autograd decide, and the counter and
+    the log say which path ran."""
+    from fusetune.runner import GpuBenchmarker
+    from fusetune.worker import Worker
+
+    model, inputs = _model("conv2d_nested_buffer_shift")
+    model = model.cuda().eval()
+    x = inputs[0].cuda()
+    machine = Machine.detect()
+    with Worker() as worker:
+        def factory(plan, shape):
+            return _NoEager(GpuBenchmarker(plan, shape, Cache(tmp_path), machine, worker, echo=print))
+        opt = optimize(model, (x,), budget_s=240, trials=4, cache_dir=tmp_path, benchmarker=factory, machine=machine)
+    chains = list(fused_chains(opt))
+    assert chains and all(c.kernel_model is not None for c in chains)
+    caplog.set_level(logging.INFO, logger="fusetune.optimize")
+    opt.train()  # its batch norm updates the user's running statistics: the model below reads them too
+    with torch.no_grad():
+        opt(x)
+    assert all(c.kernel_calls == 0 for c in chains)
+    assert any("training mode" in r.getMessage() for r in caplog.records)
+    opt.eval()
+    opt(x).sum().backward()  # eval mode, autograd recording: eager, so that backward works
+    assert model.block.w.grad is not None and all(c.kernel_calls == 0 for c in chains)
+    assert any("autograd" in r.getMessage() for r in caplog.records)
+    with torch.no_grad():
+        got = opt(x)
+        want = model(x)
+    assert all(c.kernel_calls == 1 for c in chains)
+    assert ((got - want).norm() / want.norm()).item() < 1e-2  # TF32 products allowed, as in eager
+    with torch.inference_mode():
+        opt(x)
+    assert all(c.kernel_calls == 2 for c in chains)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("moved", ["optimized", "user's"])
+def test_cuda_on_either_model_moves_both(moved: str, cache_dir: Path) -> None:
+    """``.cuda()`` on one model alone (batch norm's statistics are buffers): both run on CUDA after."""
+    model, inputs = _model("conv1d_batchnorm_eval")
+    opt = _optimize(model, inputs, cache_dir)
+    (opt if moved == "optimized" else model).cuda()
+    x = torch.randn(3, *inputs[0].shape[1:], device="cuda")  # not the tuned shape: both run eager ops
+    with torch.no_grad():
+        assert torch.equal(opt(x), model(x))
+    ours = [t for name, t in opt.named_buffers() if not name.startswith("_tensor_constant")]  # the trace's own
+    assert all(t.is_cuda for t in [*model.parameters(), *model.buffers(), *opt.parameters(), *ours])

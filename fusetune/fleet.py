@@ -28,15 +28,16 @@ import time
 import traceback
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from fusetune import documents
 from fusetune.cache import Cache
 from fusetune.config import ProblemSpec, load_config
-from fusetune.errors import FusetuneError
+from fusetune.errors import FusetuneError, NoGpuError
+from fusetune.lifeline import child_env
 from fusetune.ops import Shape
-from fusetune.search import BenchmarkerFactory, Machine, tune_shape
+from fusetune.search import BenchmarkerFactory, Machine, ShapeResult, tune_shape
 from fusetune.storage import Storage, first_line, transient_errors
-from fusetune.worker import die_with_parent
 
 #: Seconds between polls of an empty queue while jobs of this GPU type are still running elsewhere
 #: (one of them may be abandoned and become claimable when its lease runs out).
@@ -44,6 +45,9 @@ POLL_S = 1.0
 #: Back-off after a database error: first, growth factor, most; a worker gives up after GIVE_UP_S
 #: without a successful statement.
 BACKOFF_S, BACKOFF_GROWTH, BACKOFF_MAX_S, GIVE_UP_S = 0.5, 2.0, 10.0, 600.0
+#: Claims of one job whose lease ran out (its worker died: out of memory, a crash) before the job is
+#: failed instead of claimed again: a job that kills every worker that takes it must not do so for ever.
+MAX_ATTEMPTS = 3
 
 
 class GpusError(FusetuneError):
@@ -55,6 +59,14 @@ class GpusError(FusetuneError):
 #: How a child process (a worker per GPU, a search per shape) runs fusetune: this Python (tests put a
 #: stand-in here).
 FUSETUNE_PROGRAM = (sys.executable, "-m", "fusetune")
+#: The variable ``--storage`` falls back to: how a child gets the database URL, which on its command
+#: line would show its password to every user of the host (ps, /proc/PID/cmdline).
+STORAGE_ENV = "FUSETUNE_STORAGE"
+
+
+def storage_env(url: str | None) -> dict[str, str]:
+    """The environment a child needs to use ``url`` as its ``--storage`` (nothing without one)."""
+    return {STORAGE_ENV: url} if url else {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +119,8 @@ class Queue:
                         "INSERT INTO fusetune_jobs (config_name, config_path, config_text, config_sha, shape, gpu) "
                         "VALUES (%(name)s, %(path)s, %(text)s, %(sha)s, %(shape)s, %(gpu)s) "
                         "ON CONFLICT (config_sha, shape, gpu) DO UPDATE SET state = 'queued', worker = NULL, "
-                        "lease_until = NULL, message = '', finished_at = NULL, config_path = EXCLUDED.config_path "
+                        "lease_until = NULL, message = '', finished_at = NULL, attempts = 0, "
+                        "config_path = EXCLUDED.config_path "
                         "WHERE fusetune_jobs.state IN ('done', 'failed') RETURNING id",
                         {"name": spec.name, "path": spec.path, "text": text, "sha": config_sha(text),
                          "shape": json.dumps(list(shape)), "gpu": gpu}).first()
@@ -118,8 +131,17 @@ class Queue:
         return added, already
 
     def claim(self, gpu: str, worker: str) -> Job | None:
-        """The oldest job of ``gpu`` that is queued or whose lease ran out, now leased to ``worker``."""
+        """The oldest job of ``gpu`` that is queued or whose lease ran out, now leased to ``worker``. A job
+        whose lease ran out ``MAX_ATTEMPTS`` times is failed instead, with the reason as its message."""
         with self.storage.engine.begin() as conn:
+            conn.exec_driver_sql(
+                "UPDATE fusetune_jobs SET state = 'failed', lease_until = NULL, finished_at = now(), "
+                "message = 'abandoned after ' || attempts || ' attempts: each worker that took it died or "
+                "stopped renewing its lease (out of memory? see the logs of the workers, the last ' || "
+                "coalesce(worker, '?') || ')' WHERE id IN ("
+                "  SELECT id FROM fusetune_jobs WHERE gpu = %(gpu)s AND state = 'running' AND lease_until < now() "
+                "  AND attempts >= %(most)s FOR UPDATE SKIP LOCKED)",
+                {"gpu": gpu, "most": MAX_ATTEMPTS})
             row = conn.exec_driver_sql(
                 "UPDATE fusetune_jobs SET state = 'running', worker = %(worker)s, attempts = attempts + 1, "
                 "lease_until = now() + make_interval(secs => %(grace)s) WHERE id = ("
@@ -151,9 +173,11 @@ class Queue:
                 {"state": state, "key": key, "message": message[:2000], "id": job.id, "worker": worker}).rowcount == 1
 
     def release(self, job: Job, worker: str) -> None:
-        """Hand a job back unfinished (the worker is stopping): the next worker claims it at once."""
+        """Hand a job back unfinished (the worker is stopping, or the database failed under it): the next
+        worker claims it at once, and this claim does not count towards ``MAX_ATTEMPTS``."""
         with self.storage.engine.begin() as conn:
-            conn.exec_driver_sql("UPDATE fusetune_jobs SET state = 'queued', worker = NULL, lease_until = NULL "
+            conn.exec_driver_sql("UPDATE fusetune_jobs SET state = 'queued', worker = NULL, lease_until = NULL, "
+                                 "attempts = greatest(attempts - 1, 0) "
                                  "WHERE id = %(id)s AND worker = %(worker)s AND state = 'running'",
                                  {"id": job.id, "worker": worker})
 
@@ -171,9 +195,11 @@ class Queue:
 
 
 @contextlib.contextmanager
-def _lease(queue: Queue, job: Job, worker: str, interval_s: float) -> Iterator[threading.Event]:
+def _lease(queue: Queue, job: Job, worker: str, interval_s: float,
+           echo: Callable[[str], None] = print) -> Iterator[threading.Event]:
     """Renew the job's lease every ``interval_s`` until the block ends; the event is set if it was lost.
-    A renewal that fails on a database error is tried again at the next beat."""
+    A renewal that fails on a database error is tried again at the next beat; any other error ends the
+    renewals, so it is said and counts as the lease lost (else the job would be taken over unannounced)."""
     stop, lost = threading.Event(), threading.Event()
     transient = transient_errors()
 
@@ -185,6 +211,11 @@ def _lease(queue: Queue, job: Job, worker: str, interval_s: float) -> Iterator[t
                     return
             except transient:
                 continue
+            except Exception as exc:  # noqa: BLE001 - a thread's error is otherwise lost without a word
+                lost.set()
+                echo(f"worker {worker}: job {job.id}: the lease can no longer be renewed ({type(exc).__name__}: "
+                     f"{exc}); another worker may take the job over")
+                return
     thread = threading.Thread(target=beat, name=f"lease-{job.id}", daemon=True)
     thread.start()
     try:
@@ -195,11 +226,13 @@ def _lease(queue: Queue, job: Job, worker: str, interval_s: float) -> Iterator[t
 
 
 def _spec_of(job: Job, folder: Path) -> ProblemSpec:
-    """The job's config, from its stored text (the submitting host's file need not exist here)."""
+    """The job's config, from its stored text (the submitting host's file need not exist here), under
+    the path it was submitted from: that path is what the cache records and messages name, not the
+    temporary file, which is gone once the worker ends."""
     path = folder / f"{job.config_name}.{config_sha(job.config_text)[:12]}.yaml"
     if not path.exists():
         path.write_text(job.config_text, encoding="utf-8")
-    return load_config(path)
+    return dataclasses.replace(load_config(path), path=job.config_path)
 
 
 def work(storage: Storage, machine: Machine, cache: Cache, make_bench: BenchmarkerFactory, *,
@@ -219,9 +252,11 @@ def work(storage: Storage, machine: Machine, cache: Cache, make_bench: Benchmark
                     queue.release(unfinished, worker)
                     unfinished = None
                 job = queue.claim(machine.gpu, worker)
+                backoff, last_ok = BACKOFF_S, time.monotonic()  # the database answered: a later error starts afresh
                 if job is None:
                     if not wait and queue.pending(machine.gpu) == 0:
                         return summary
+                    last_ok = time.monotonic()
                     time.sleep(POLL_S)
                     continue
                 _run_job(queue, job, worker, storage, machine, cache, make_bench, Path(folder), summary,
@@ -249,7 +284,7 @@ def _run_job(queue: Queue, job: Job, worker: str, storage: Storage, machine: Mac
     label = f"job {job.id} {job.config_name} {list(job.shape)} on {job.gpu}"
     again = f" (attempt {job.attempts})" if job.attempts > 1 else ""
     echo(f"worker {worker}: {label}{again}")
-    with _lease(queue, job, worker, storage.heartbeat.interval_s) as lost:
+    with _lease(queue, job, worker, storage.heartbeat.interval_s, echo) as lost:
         key, state, message = None, "done", ""
         try:
             spec = _spec_of(job, folder)
@@ -316,18 +351,14 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def _die_with_parent() -> None:
-    """In a child, before it runs: be killed if the parent dies (see ``worker.die_with_parent``)."""
-    die_with_parent(os.getppid())
-
-
-def run_per_gpu(devices: list[int], child_args: list[str], echo: Callable[[str], None] = print) -> int:
-    """Run ``python -m fusetune <child_args>`` once per device, each seeing only its card; the worst
-    exit status. Ctrl-C or SIGTERM stops every child."""
+def run_per_gpu(devices: list[int], child_args: list[str], echo: Callable[[str], None] = print,
+                env: Mapping[str, str] | None = None) -> int:
+    """Run ``python -m fusetune <child_args>`` once per device, each seeing only its card, with ``env``
+    added to its environment; the worst exit status. Ctrl-C or SIGTERM stops every child."""
     procs = []
     for device in devices:
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible_device(device)}
-        procs.append(subprocess.Popen([*FUSETUNE_PROGRAM, *child_args], env=env, preexec_fn=_die_with_parent))
+        environment = child_env({**(env or {}), "CUDA_VISIBLE_DEVICES": visible_device(device)})
+        procs.append(subprocess.Popen([*FUSETUNE_PROGRAM, *child_args], env=environment))
         echo(f"fusetune: worker on GPU {device}: pid {procs[-1].pid}")
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -348,38 +379,55 @@ def run_per_gpu(devices: list[int], child_args: list[str], echo: Callable[[str],
 
 # -- fusetune search --gpus: one host's cards, no database ---------------------------------------
 
-def search_on_gpus(items: Sequence[tuple[str, Shape]], devices: Sequence[int], global_args: Sequence[str],
+@dataclasses.dataclass
+class GpuSearch:
+    """What ``search_on_gpus`` did: one ``search --json`` result per item, and each child's exit status."""
+
+    results: list[dict[str, Any]]
+    codes: list[int]
+
+    def exit_status(self) -> int:
+        """0 if every search succeeded; 3 (no GPU) where every child said so, as a search in this
+        process would; else 1 if any failed."""
+        if self.codes and all(code == NoGpuError.exit_code for code in self.codes):
+            return NoGpuError.exit_code
+        return 1 if any(self.codes) or any(r["status"] == "failed" for r in self.results) else 0
+
+
+def search_on_gpus(items: Sequence[tuple[str, str, Shape]], devices: Sequence[int], global_args: Sequence[str],
                    search_args: Sequence[str], echo: Callable[[str], None] = print,
-                   program: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """Search each (config, shape) in a child ``fusetune search CONFIG --shape S --json`` on the next GPU
-    that is free, one child at a time per GPU, so that a slow shape does not hold the others back; the
-    children share the cache (its locks make a module build once). Returns one ``search --json`` result
-    per item, in the order given; a child that died gives a "failed" result with its last words. Each
-    child's progress goes through ``echo``, prefixed with its GPU."""
+                   program: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> GpuSearch:
+    """Search each (config path, problem name, shape) in a child ``fusetune search CONFIG --shape S --json``
+    on the next GPU that is free, one child at a time per GPU, so that a slow shape does not hold the
+    others back; the children share the cache (its locks make a module build once). Returns one
+    ``search --json`` result per item, in the order given (a child that died gives a "failed" result
+    with its last words), and the children's exit statuses. Each child's progress goes through ``echo``,
+    prefixed with its GPU; ``env`` is added to each child's environment."""
     import queue as queue_module
 
     program = program or FUSETUNE_PROGRAM
     todo: queue_module.SimpleQueue = queue_module.SimpleQueue()
     for index, item in enumerate(items):
         todo.put((index, item))
-    results: list[dict[str, Any] | None] = [None] * len(items)
+    results: list[tuple[dict[str, Any], int] | None] = [None] * len(items)
     lock = threading.Lock()
 
     def lane(device: int) -> None:
         while True:
             try:
-                index, (config, shape) = todo.get_nowait()
+                index, (config, name, shape) = todo.get_nowait()
             except queue_module.Empty:
                 return
-            results[index] = _search_child(program, device, config, shape, global_args, search_args,
-                                           lambda line: _locked(lock, echo, f"[gpu {device}] {line}"))
+            results[index] = _search_child(program, device, config, name, shape, global_args, search_args,
+                                           lambda line: _locked(lock, echo, f"[gpu {device}] {line}"), env or {})
 
     lanes = [threading.Thread(target=lane, args=(device,), name=f"gpu-{device}") for device in devices]
     for thread in lanes:
         thread.start()
     for thread in lanes:
         thread.join()
-    return [r for r in results if r is not None]
+    done = [r for r in results if r is not None]
+    return GpuSearch(results=[result for result, _ in done], codes=[code for _, code in done])
 
 
 def _locked(lock: threading.Lock, echo: Callable[[str], None], line: str) -> None:
@@ -387,16 +435,16 @@ def _locked(lock: threading.Lock, echo: Callable[[str], None], line: str) -> Non
         echo(line)
 
 
-def _search_child(program: Sequence[str], device: int, config: str, shape: Shape, global_args: Sequence[str],
-                  search_args: Sequence[str], echo: Callable[[str], None]) -> dict[str, Any]:
-    """One child search on ``device``; its result (from its JSON document on stdout)."""
+def _search_child(program: Sequence[str], device: int, config: str, name: str, shape: Shape,
+                  global_args: Sequence[str], search_args: Sequence[str],
+                  echo: Callable[[str], None], env: Mapping[str, str]) -> tuple[dict[str, Any], int]:
+    """One child search on ``device``; its result (from its JSON document on stdout) and exit status."""
     command = [*program, *global_args, "search", config, "--shape", ",".join(map(str, shape)), "--json",
                *search_args]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible_device(device)}
+    env = child_env({**env, "CUDA_VISIBLE_DEVICES": visible_device(device)})
     last = ""
     with tempfile.TemporaryFile("w+") as out:  # a file, not a pipe: nothing blocks while stderr is read
-        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.PIPE, text=True,
-                                preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.PIPE, text=True)
         assert proc.stderr is not None
         for line in proc.stderr:
             line = line.rstrip("\n")
@@ -408,8 +456,8 @@ def _search_child(program: Sequence[str], device: int, config: str, shape: Shape
         text = out.read()
     try:
         [result] = json.loads(text)["results"]
-        return result
+        return result, code
     except (ValueError, KeyError, TypeError):
-        return {"config": config, "shape": list(shape), "status": "failed", "key": None, "time_ms": None,
-                "eager_ms": None, "speedup": None, "counts": {}, "winner": None, "candidate": None, "seconds": 0.0,
-                "message": f"the search on GPU {device} exited with status {code}: {last or 'no output'}"}
+        message = f"the search on GPU {device} exited with status {code}: {last or 'no output'}"
+        return documents.search_result(config, name, ShapeResult(shape=tuple(shape), key=None, status="failed",
+                                                                 message=message)), code

@@ -87,12 +87,20 @@ def engine_url(url: str) -> str:
     if scheme not in SCHEMES:
         raise StorageError(f"--storage {redact(url)}: expected a PostgreSQL URL like "
                            "postgresql://user:password@host:5432/database")
+    if url.split("?", 1)[0].count("@") > 1:  # SQLAlchemy would split at the first: a wrong host, part of the password
+        raise StorageError(f"--storage {redact(url)}: the user or password holds an '@': write it as %40 "
+                           "(characters like @ : / in a URL's password are percent-encoded)")
     return SCHEMES[scheme] + url[len(scheme):]
 
 
 def redact(url: str) -> str:
-    """``url`` without its password, for messages."""
-    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+    """``url`` without its password, for messages: everything from the user's ':' to the last '@'.
+
+    Not SQLAlchemy's ``make_url(url).render_as_string(hide_password=True)``: it splits at the first
+    '@', so a password holding an unencoded '@' ("p@ss") would show its tail as part of the host, and
+    a URL it cannot parse would raise instead of being shown. Hiding up to the last '@' may hide more
+    than the password (an '@' after the host), never less."""
+    return re.sub(r"://([^:/@]*):.*@", r"://\1:***@", url)
 
 
 class Storage:

@@ -28,9 +28,11 @@ from fusetune.space import candidate_key  # noqa: E402
 from fusetune.cli import main  # noqa: E402
 from fusetune.config import load_config  # noqa: E402
 from fusetune.deploy import ensure_tuned  # noqa: E402
-from fusetune.fleet import GpusError, Queue, parse_gpus, search_on_gpus, visible_device  # noqa: E402
+from fusetune import fleet  # noqa: E402
+from fusetune.fleet import GpusError, Job, Queue, parse_gpus, search_on_gpus, visible_device  # noqa: E402
+from fusetune.lifeline import PARENT_PID_ENV, child_env  # noqa: E402
 from fusetune.search import Machine, tune_shape  # noqa: E402
-from fusetune.storage import Heartbeat, Storage, StorageError, engine_url, push_winner  # noqa: E402
+from fusetune.storage import Heartbeat, Storage, StorageError, engine_url, push_winner, redact  # noqa: E402
 
 import pg  # noqa: E402
 from conftest import SEEDS  # noqa: E402
@@ -303,6 +305,8 @@ def test_submit_then_a_worker_then_search_and_deploy_on_another_host(url, storag
     assert "1 jobs done" in worked.output
     [job] = Queue(storage).jobs()
     assert job["state"] == "done" and storage.winner(job["key"]) is not None
+    [entry] = Cache(tmp_path / "host1").entries()  # the config submitted, not the worker's temporary copy
+    assert Path(entry.fields["config"]).resolve() == JOBS.resolve()
     # another host: search and deploy take the stored winner, no trial runs
     other = ["--cache-dir", str(tmp_path / "host2")]
     found = runner.invoke(main, other + ["search", str(JOBS), "--shape", "3,3,7,11,13", "--storage", url])
@@ -373,21 +377,28 @@ def test_a_search_whose_database_goes_away_says_so_in_one_line(url, fake_gpu, se
 def test_search_on_gpus_gives_each_shape_to_the_next_free_gpu():
     import sys
 
-    items = [("a", (1, 2)), ("b", (3, 4)), ("crash", (5, 6)), ("c", (7, 8)), ("d", (9, 10))]
+    items = [("a", "a", (1, 2)), ("b", "b", (3, 4)), ("crash", "crash", (5, 6)), ("c", "c", (7, 8)),
+             ("d", "d", (9, 10))]
     lines: list[str] = []
     program = (sys.executable, str(Path(__file__).parent / "fake_search_child.py"))
-    found = search_on_gpus(items, [0, 3], ["--cache-dir=/nowhere"], ["--trials=2"], echo=lines.append,
-                           program=program)
-    assert [(r["config"], tuple(r["shape"])) for r in found] == items  # each once, in the order given
+    searched = search_on_gpus(items, [0, 3], ["--cache-dir=/nowhere"], ["--trials=2"], echo=lines.append,
+                              program=program)
+    found = searched.results
+    assert [(r["config"], r["name"], tuple(r["shape"])) for r in found] == items  # each once, in the order given
     crashed = found[2]
     assert crashed["status"] == "failed" and "status 3" in crashed["message"] and "illegal memory" in crashed["message"]
+    assert sorted(crashed) == sorted(found[0])  # a dead child's result has every field of a search's
+    assert searched.exit_status() == 1  # one child said no GPU, the others did not
     devices = [r["message"] for r in found if r["status"] == "tuned"]
     assert set(devices) == {"0", "3"}  # both cards worked, each child saw only its own
     assert sum(line.startswith("[gpu 0] searching") for line in lines) + \
         sum(line.startswith("[gpu 3] searching") for line in lines) == len(items)
+    none = search_on_gpus([("crash", "crash", (1, 2)), ("crash", "crash", (3, 4))], [0, 1], [], [], echo=quiet,
+                          program=program)
+    assert none.codes == [3, 3] and none.exit_status() == 3  # every child said no GPU: so does the parent
 
 
-def test_search_gpus_all_prints_one_summary_of_every_child(fake_gpu, monkeypatch, tmp_path):
+def test_search_gpus_all_prints_one_summary_of_every_child(url, fake_gpu, monkeypatch, tmp_path):
     import sys
 
     import torch
@@ -395,10 +406,16 @@ def test_search_gpus_all_prints_one_summary_of_every_child(fake_gpu, monkeypatch
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr("fusetune.fleet.FUSETUNE_PROGRAM",
                         (sys.executable, str(Path(__file__).parent / "fake_search_child.py")))
-    result = CliRunner().invoke(main, ["--cache-dir", str(tmp_path), "search", str(JOBS), "--gpus", "all"])
+    result = CliRunner().invoke(main, ["--cache-dir", str(tmp_path), "search", str(JOBS), "--gpus", "all",
+                                       "--storage", url])
     assert result.exit_code == 0, result.output
     rows = [line for line in result.output.splitlines() if line.startswith(str(JOBS)) or "tuned" in line]
     assert len(rows) == len(load_config(JOBS).shapes)
+    given = [json.loads(p.read_text()) for p in tmp_path.glob("search-gpu*.json")]
+    assert len(given) == len(load_config(JOBS).shapes)
+    for child in given:  # the URL (and its password) in the environment, never on the command line
+        assert child["storage"] == url and not [a for a in child["argv"] if "://" in a], child
+        assert child["die_with"] == str(os.getpid())
 
 
 def test_worker_gpus_starts_one_worker_per_gpu_each_seeing_its_own(url, fake_gpu, monkeypatch, tmp_path):
@@ -414,8 +431,11 @@ def test_worker_gpus_starts_one_worker_per_gpu_each_seeing_its_own(url, fake_gpu
     assert result.exit_code == 0, result.output
     started = {p.name: json.loads(p.read_text()) for p in tmp_path.glob("worker-gpu*.json")}
     assert sorted(started) == ["worker-gpu1.json", "worker-gpu3.json"]
-    for args in started.values():
-        assert args[:2] == ["worker", f"--storage={url}"] and "--one" in args and "--trials=7" in args
+    for given in started.values():
+        args = given["argv"]
+        assert "worker" in args and "--one" in args and "--trials=7" in args
+        assert given["storage"] == url and not [a for a in args if "://" in a], given  # not shown by ps
+        assert given["die_with"] == str(os.getpid())
 
 
 def test_url_schemes_and_gpu_lists():
@@ -423,6 +443,14 @@ def test_url_schemes_and_gpu_lists():
     assert engine_url("postgres://h/db") == "postgresql+psycopg://h/db"
     with pytest.raises(StorageError, match=r"u:\*\*\*@"):
         engine_url("sqlite://u:secret@h/db")
+    for url, shown in [("postgresql://u:p@ss@host/db", "postgresql://u:***@host/db"),
+                       ("postgresql://u:p%40ss@host:5432/db", "postgresql://u:***@host:5432/db"),
+                       ("postgresql://u:p/s:s@host/db?sslmode=require", "postgresql://u:***@host/db?sslmode=require"),
+                       ("postgres://host:5432/db", "postgres://host:5432/db")]:
+        assert redact(url) == shown
+    with pytest.raises(StorageError, match="%40") as raised:  # SQLAlchemy would take "zz9@host" for the host
+        engine_url("postgresql://u:p@zz9@host/db")
+    assert "zz9" not in str(raised.value)
     assert parse_gpus("all", 4) == [0, 1, 2, 3]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
@@ -434,3 +462,139 @@ def test_url_schemes_and_gpu_lists():
     for bad in ("5", "0,0", "0,4", "x"):
         with pytest.raises(GpusError, match="--gpus"):
             parse_gpus(bad, 4)
+
+
+# -- a worker's loop, its lease and its children, without a database -------------------------
+
+class FakeClock:
+    """``time`` for ``fleet.work``: sleeping moves the clock on at once."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class IdleQueue:
+    """A queue with nothing to claim while a job runs elsewhere for ``busy_s``, whose database fails once
+    after that; then the job elsewhere is done."""
+
+    def __init__(self, clock: FakeClock, busy_s: float) -> None:
+        self.clock, self.busy_s, self.failed = clock, busy_s, False
+
+    def claim(self, gpu: str, worker: str) -> None:
+        if self.clock.now > self.busy_s and not self.failed:
+            import sqlalchemy.exc
+
+            self.failed = True
+            raise sqlalchemy.exc.OperationalError("SELECT", {}, Exception("server closed the connection"))
+        return None
+
+    def pending(self, gpu: str) -> int:
+        return 0 if self.failed else 1
+
+    def release(self, job: Job, worker: str) -> None:
+        raise AssertionError("no job was claimed")
+
+
+def test_an_idle_worker_survives_a_database_error_after_a_long_wait(monkeypatch, tmp_path):
+    clock = FakeClock()
+    busy_s = 2 * fleet.GIVE_UP_S  # idle for longer than a worker waits for a database that does not answer
+    monkeypatch.setattr(fleet, "time", clock)
+    monkeypatch.setattr(fleet, "Queue", lambda storage: IdleQueue(clock, busy_s))
+    lines: list[str] = []
+    summary = fleet.work(None, Machine(*MACHINE_FIELDS), Cache(tmp_path), FakeBench().factory, echo=lines.append)
+    assert clock.now > busy_s and summary.db_errors == 1 and not summary.done, lines
+    assert any("database error" in line for line in lines)
+
+
+def a_job(config_path: str = "/submitter/configs/a.yaml") -> Job:
+    return Job(id=7, config_name="convt3d_small", config_path=config_path, config_text=JOBS.read_text(),
+               shape=tuple(load_config(JOBS).shapes[0]), gpu="FakeGPU", attempts=1)
+
+
+class BrokenQueue:
+    """A queue whose lease renewal meets a bug, not a database error."""
+
+    def renew(self, job: Job, worker: str) -> bool:
+        raise RuntimeError("a bug in the renewal")
+
+
+def test_a_lease_that_cannot_be_renewed_is_said_and_counts_as_lost():
+    lines: list[str] = []
+    with fleet._lease(BrokenQueue(), a_job(), "w1", 0.01, lines.append) as lost:
+        assert lost.wait(10)
+    assert len(lines) == 1 and "RuntimeError: a bug in the renewal" in lines[0] and "job 7" in lines[0]
+
+
+def test_a_job_config_keeps_the_path_it_was_submitted_from(tmp_path):
+    spec = fleet._spec_of(a_job(), tmp_path)
+    assert spec.path == "/submitter/configs/a.yaml"  # what the cache records: not the temporary copy
+    assert spec.shapes == load_config(JOBS).shapes
+
+
+CHILD = "import os, sys, time\nfrom fusetune.lifeline import die_with_parent_from_env\ndie_with_parent_from_env()\n" \
+        "print(os.environ.get('FUSETUNE_DIE_WITH_PARENT', 'gone'), flush=True)\ntime.sleep(float(sys.argv[1]))\n"
+
+
+def test_a_child_whose_parent_is_gone_at_its_start_exits_at_once():
+    import subprocess
+    import sys
+
+    alive = subprocess.run([sys.executable, "-c", CHILD, "0"], env=child_env({}), capture_output=True, text=True)
+    assert alive.returncode == 0 and alive.stdout.strip() == "gone"  # its own children do not inherit the pid
+    not_my_parent = str(os.getpid() + 1 if os.getpid() + 1 != os.getppid() else os.getpid() + 2)
+    orphan = subprocess.run([sys.executable, "-c", CHILD, "0"], env={**child_env({}), PARENT_PID_ENV: not_my_parent},
+                            capture_output=True, text=True)
+    assert orphan.returncode == 1 and orphan.stdout == ""  # the parent it was to die with is not its parent
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux's /proc")
+def test_a_child_of_the_fleet_dies_with_its_parent_killed(tmp_path):
+    import subprocess
+    import sys
+
+    pid_file = tmp_path / "child.pid"
+    parent_code = ("import subprocess, sys\nfrom fusetune.lifeline import child_env\n"
+                   f"child = subprocess.Popen([sys.executable, '-c', {CHILD!r}, '600'], env=child_env({{}}))\n"
+                   f"open({str(pid_file)!r}, 'w').write(str(child.pid))\nchild.wait()\n")
+    parent = subprocess.Popen([sys.executable, "-c", parent_code])
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    time.sleep(1.0)  # the child asked to die with its parent
+    assert _running(child)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _running(child):
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("a child started with child_env outlived its parent, killed with SIGKILL")
+
+
+def test_a_job_that_kills_its_workers_fails_after_max_attempts(storage):
+    [job_id] = submit(storage, "FakeGPU", shapes=1)
+    queue = Queue(storage)
+
+    def expire() -> None:  # its worker died: the lease runs out
+        with storage.engine.begin() as conn:
+            conn.exec_driver_sql("UPDATE fusetune_jobs SET lease_until = now() - interval '1 second'")
+    job = queue.claim("FakeGPU", "w0")
+    queue.release(job, "w0")  # handed back by a worker that stopped: not an attempt that died
+    for attempt in range(1, fleet.MAX_ATTEMPTS + 1):
+        job = queue.claim("FakeGPU", f"w{attempt}")
+        assert job is not None and job.id == job_id and job.attempts == attempt
+        expire()
+    assert queue.claim("FakeGPU", "w9") is None
+    [row] = queue.jobs()
+    assert row["state"] == "failed" and f"after {fleet.MAX_ATTEMPTS} attempts" in row["message"], row
+    assert queue.pending("FakeGPU") == 0  # the workers end
+    submit(storage, "FakeGPU", shapes=1)  # submitted again: a fresh budget
+    assert queue.claim("FakeGPU", "w10").attempts == 1

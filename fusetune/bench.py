@@ -27,7 +27,7 @@ from fusetune.export import find_winner
 from fusetune.ops import Shape
 from fusetune.plan import Plan, make_plan
 from fusetune.search import Machine
-from fusetune.worlds import WORLDS, conv_passes
+from fusetune.worlds import DEFAULT, WORLDS, conv_passes
 
 
 def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
@@ -204,10 +204,12 @@ def _run_bench(spec: ProblemSpec, shape: Shape, plan: Plan, generated: Any, entr
     result["fusetune_ms"] = median_ms(lambda: fused(x), reps=reps)
     bandwidth = copy_bandwidth_gbs()
     result["copy_gbs"] = bandwidth
-    impl = entry.winner["candidate"].get("producer.impl", "cudnn")
-    if impl == "eager":
-        result["impl"] = "eager"  # nothing beat PyTorch's own forward: no kernels to measure
-    elif impl != "cudnn":
+    impl = entry.winner["candidate"].get("producer.impl", DEFAULT)
+    if WORLDS[impl].runs_reference:
+        # nothing beat PyTorch's own forward (eager) or torch.compile's of it (inductor): no kernels of
+        # fusetune's to measure; the fusetune column is that forward, the max-autotune column its twin.
+        result["impl"] = impl
+    elif WORLDS[impl].computes_conv_inside:
         # The convolution runs inside the kernels: no producer output, so no epilogue to time alone.
         # What bounds it is arithmetic: the convolution's FMAs, once per pass that computes it (or,
         # spectral, the products of spectra that stand for it).
@@ -219,8 +221,8 @@ def _run_bench(spec: ProblemSpec, shape: Shape, plan: Plan, generated: Any, entr
         result["conv_tflops"] = work / result["fusetune_ms"]  # GFLOP per ms = TFLOP/s
         if peak:
             result.update(peak_kind=kind, peak_tflops=peak, peak_fraction=result["conv_tflops"] / peak)
-    else:
-        result["impl"] = "cudnn"
+    else:  # cuDNN computes the convolution, the kernels the chain on its output
+        result["impl"] = impl
         result["producer_ms"] = median_ms(lambda: fused.produce(x), reps=reps)
         with torch.no_grad():
             y = fused.produce(x)
@@ -253,14 +255,15 @@ def table(results: list[dict[str, Any]]) -> str:
               "epilogue", "floor", "of floor", "conv TFLOP/s", "of peak")
     rows = [header]
     for r in results:
-        direct = r.get("impl", "cudnn") not in ("cudnn", "eager")
-        eager = r.get("impl") == "eager"
+        reference = WORLDS.get(r.get("impl", DEFAULT))
+        eager = reference is not None and reference.runs_reference  # eager or inductor: no kernels of ours
+        direct = not eager and (reference is None or reference.computes_conv_inside)
         rows.append((r["config"], "x".join(map(str, r["shape"])), f"{r['eager_ms']:.3f}",
                      f"{r.get('compile_default_ms', float('nan')):.3f}",
                      f"{r.get('compile_max-autotune-no-cudagraphs_ms', float('nan')):.3f}",
                      f"{r['fusetune_ms']:.3f}", f"{r['speedup_vs_eager']:.2f}x",
                      f"{r.get('speedup_vs_compile_max-autotune-no-cudagraphs', float('nan')):.2f}x",
-                     r.get("impl", "cudnn"),
+                     r.get("impl", DEFAULT),
                      "-" if direct or eager else f"{r['epilogue_ms']:.3f}",
                      "-" if direct or eager else f"{r['epilogue_floor_ms']:.3f}",
                      "-" if direct or eager else f"{100 * r['epilogue_floor_fraction']:.0f}%",

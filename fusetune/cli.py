@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import sys
 import warnings
 from pathlib import Path
@@ -195,14 +194,14 @@ def plan(configs: tuple[str, ...], as_json: bool) -> None:
     """Show how each config's chain is fused and the space searched (no GPU needed)."""
     from fusetune.codegen import plan_space
     from fusetune.plan import make_plan
-    from fusetune.worlds import refusals
+    from fusetune.worlds import machine_refusals, refusals
 
-    documents = []
+    found = []
     for spec in [load_config(c) for c in expand_configs(configs)]:
         plan_ = make_plan(spec)
         space = plan_space(plan_)
         if as_json:
-            documents.append(_plan_document(spec, plan_, space))
+            found.append(_plan_document(spec, plan_, space))
             continue
         click.echo(f"{spec.name}: {plan_.describe()}")
         click.echo(f"  numerics: {spec.describe_numerics()}")
@@ -212,6 +211,8 @@ def plan(configs: tuple[str, ...], as_json: bool) -> None:
             click.echo(f"  rewrites: {', '.join(plan_.rules)}")
         for impl, reason in refusals(plan_).items():
             click.echo(f"  no {impl} world: {reason}")
+        for impl, reason in machine_refusals(plan_).items():
+            click.echo(f"  {impl} world offered, but not on this machine (the search leaves it out): {reason}")
         for family in space.families:
             for p in family.params:
                 kind = "compile-time" if p.compile_time else "run-time"
@@ -219,20 +220,22 @@ def plan(configs: tuple[str, ...], as_json: bool) -> None:
                 click.echo(f"  {family.family}.{p.name}: {list(p.choices)} default {p.default} ({kind}){when} - {p.doc}")
         click.echo(f"  {sum(1 for _ in space.all())} distinct candidates (before each shape's constraints)")
     if as_json:
-        click.echo(json.dumps(documents, indent=1))
+        from fusetune import documents
+        click.echo(documents.dumps(found))
 
 
 def _plan_document(spec, plan_, space) -> dict:
     """What ``fusetune plan`` shows, as data: the fused region and the PyTorch tail (each op with the
     config entries it stands for), why the kernels stop, the worlds offered with their stages, the
-    worlds not offered with why, the rewrite rules that fired, and the size of the space."""
-    from fusetune.worlds import refusals
+    worlds not offered with why (and those this machine cannot run), the rewrite rules that fired, and
+    the size of the space."""
+    from fusetune.worlds import machine_refusals, refusals
 
     def steps(region) -> list[dict]:
         return [{"op": step.op.kind, "entries": list(step.entries)} for step in region]
     return {"config": spec.path, "name": spec.name, **spec.numerics(), "fused": steps(plan_.head), "pytorch": steps(plan_.tail),
             "ends": plan_.ends, "worlds": {impl: list(stages) for impl, stages in plan_.impl_stages.items()},
-            "not_offered": refusals(plan_), "rules": list(plan_.rules), "candidates": sum(1 for _ in space.all())}
+            "not_offered": refusals(plan_), "not_on_this_machine": machine_refusals(plan_), "rules": list(plan_.rules), "candidates": sum(1 for _ in space.all())}
 
 
 @main.command()
@@ -242,7 +245,8 @@ def _plan_document(spec, plan_, space) -> dict:
 @click.option("--timeout", type=click.FloatRange(min=1), help="Seconds per shape (default: the config's).")
 @click.option("--force", is_flag=True, help="Ignore cached winners and re-run known outcomes.")
 @click.option("--job-timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
-              help="Seconds one candidate may take to verify and time before its worker is killed.")
+              help="Seconds one candidate may take to verify and time before its worker is killed (a world that "
+                   "compiles first, inductor, gets its warm-up on top).")
 @click.option("--json", "as_json", is_flag=True, help="The results as one JSON document on stdout.")
 @_storage_option
 @click.option("--gpus", default=None, help="Spread the shapes over this host's GPUs: all, a count N, or indices "
@@ -277,10 +281,10 @@ def search(ctx: click.Context, configs: tuple[str, ...], shapes: tuple[str, ...]
                   f"{sum(len(s) for _, s in selected)} shape(s)")
     if gpus is not None:
         options = ([f"--trials={trials}"] if trials else []) + ([f"--timeout={timeout}"] if timeout else []) + (
-            ["--force"] if force else []) + [f"--job-timeout={job_timeout}"] + (
-            [f"--storage={storage}"] if storage else [])
+            ["--force"] if force else []) + [f"--job-timeout={job_timeout}"]
         with reporter:
-            code = _search_on_gpus(ctx, selected, gpus, machine, str(cache.root), options, as_json, reporter)
+            code = _search_on_gpus(ctx, selected, gpus, machine, str(cache.root), options, as_json, reporter,
+                                   storage)
         sys.exit(code)
     rows, results = [], []
     with reporter, Worker() as worker:
@@ -304,17 +308,20 @@ def search(ctx: click.Context, configs: tuple[str, ...], shapes: tuple[str, ...]
 
 
 def _search_on_gpus(ctx: click.Context, selected: list, gpus: str, machine: Any, cache_root: str,
-                    options: list[str], as_json: bool, reporter: Reporter) -> int:
+                    options: list[str], as_json: bool, reporter: Reporter, storage: str | None) -> int:
     """``search --gpus``: each (config, shape) in a child search on the next free GPU; the summary (or
-    the one JSON document) of them all; the exit status."""
+    the one JSON document) of them all; the exit status. The storage URL reaches the children in
+    their environment: on a command line, its password would show in ps."""
     import torch
 
     from fusetune import documents, fleet
     from fusetune.search import ShapeResult
 
     devices = fleet.parse_gpus(gpus, torch.cuda.device_count())
-    items = [(spec.path, shape) for spec, spec_shapes in selected for shape in spec_shapes]
-    found = fleet.search_on_gpus(items, devices, [f"--cache-dir={cache_root}"], options, echo=reporter.line)
+    items = [(spec.path, spec.name, shape) for spec, spec_shapes in selected for shape in spec_shapes]
+    searched = fleet.search_on_gpus(items, devices, [f"--cache-dir={cache_root}"], options, echo=reporter.line,
+                                    env=fleet.storage_env(storage))
+    found = searched.results
     if as_json:
         click.echo(documents.dumps(documents.search_document(machine, cache_root, found)))
     else:
@@ -324,7 +331,7 @@ def _search_on_gpus(ctx: click.Context, selected: list, gpus: str, machine: Any,
     for r in found:
         if r["status"] == "failed" and r.get("message"):
             click.echo(f"{r['config']} {r['shape']}: {r['message']}", err=True)
-    return 1 if any(r["status"] == "failed" for r in found) else 0
+    return searched.exit_status()
 
 
 def _summary(rows: list) -> str:
@@ -360,6 +367,14 @@ def export_cmd(ctx: click.Context, config: str, shapes: tuple[str, ...], out_dir
         gpu = _this_gpu()
     target = export(spec, chosen, _cache(ctx), Path(out_dir), gpu, prebuilt=prebuilt)
     click.echo(f"exported {spec.name} to {target} (import {target.name}.model and use ModelNew)")
+    import json
+
+    from fusetune.worlds import won_note
+
+    for shape_winner in json.loads((target / "winner.json").read_text())["shapes"]:
+        note = won_note(shape_winner["candidate"])
+        if note:  # no kernels of fusetune's there: say what runs instead
+            click.echo(f"  {list(shape_winner['input_shape'])}: {note}")
 
 
 def _this_gpu() -> str | None:
@@ -476,7 +491,7 @@ def cache_clear(ctx: click.Context, keys: tuple[str, ...], yes: bool, as_json: b
 @click.option("--json", "as_json", is_flag=True, help="The outcome as one JSON document on stdout.")
 @_storage_option
 @click.pass_context
-@_one_line_warnings
+@_fail_cleanly
 def deploy(ctx: click.Context, config_dir: str, budget: float, strict: bool, as_json: bool,
            storage: str | None) -> None:
     """Make sure every shape of every config in CONFIG_DIR is tuned for this GPU."""
@@ -547,8 +562,9 @@ def bench(ctx: click.Context, config: str, shapes: tuple[str, ...], json_path: s
     results = [run_bench(spec, shape, _cache(ctx), reps=reps, echo=reporter.line) for shape in chosen]
     click.echo(table(results))
     if json_path:
+        from fusetune import documents
         from fusetune.cache import atomic_write_text
-        atomic_write_text(Path(json_path), json.dumps(results, indent=1) + "\n")
+        atomic_write_text(Path(json_path), documents.dumps(results) + "\n")
 
 
 @main.command()
@@ -605,10 +621,10 @@ def worker(ctx: click.Context, storage: str, gpus: str, trials: int | None, time
         Machine.detect()  # no GPU here: said as search says it (exit 3), before any child starts
         devices = fleet.parse_gpus(gpus, torch.cuda.device_count())
         args = ([f"--cache-dir={ctx.obj['cache_dir']}"] if ctx.obj["cache_dir"] else []) + [
-            "worker", f"--storage={storage}", "--one", f"--job-timeout={job_timeout}"] + (
+            "worker", "--one", f"--job-timeout={job_timeout}"] + (
             [f"--trials={trials}"] if trials else []) + ([f"--timeout={timeout}"] if timeout else []) + (
             ["--wait"] if wait else [])
-        sys.exit(fleet.run_per_gpu(devices, args, echo=click.echo))
+        sys.exit(fleet.run_per_gpu(devices, args, echo=click.echo, env=fleet.storage_env(storage)))
     from fusetune.runner import GpuBenchmarker
     from fusetune.worker import Worker
 

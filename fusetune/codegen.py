@@ -23,7 +23,7 @@ from fusetune.templates import environment
 from fusetune.tiles import (FOOTPRINT_MAX, WIDE_BLOCK, WIDE_BN, gemm_k, gemm_tile, wide_axes, wide_channel_chunk,
                             wide_cin_padded, wide_depth, wide_folds, wide_folds_aligned, wide_slab_stride,
                             wide_workspace_words)
-from fusetune.worlds import WORLDS, all_facts, launches, refusals
+from fusetune.worlds import DEFAULT, WORLDS, all_facts, launches, refusals
 
 #: Flags for nvcc; part of every cache key. No fast-math: it changes rounding of rsqrt and division.
 CUDA_FLAGS = ("-O3", "-lineinfo", "-std=c++17")
@@ -65,7 +65,7 @@ def producer_family(plan: Plan) -> FamilySpace:
     take the region refused by a constraint that says the world's own why, and a world on a GPU older
     than its kernels need by one that says so."""
     declared = load_family("producer")
-    impl = ParamSpec(name="impl", choices=tuple(WORLDS), default="cudnn", compile_time=False,
+    impl = ParamSpec(name="impl", choices=tuple(WORLDS), default=DEFAULT, compile_time=False,
                      doc="where the convolution runs (fusetune/worlds/): "
                          + "; ".join(f"{name}: {world.doc}" for name, world in WORLDS.items()))
     refused = tuple(Constraint(expr=f"impl != {name!r}", why=f"the {name} world does not take this region: {why}")
@@ -216,7 +216,8 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         submodules=submodules, forward_lines=lines, norm_attr=norm_attr, cuda_sources=list(sources),
         tail_lines=[step.op.forward_code("x", step.attr) for step in plan.tail],
         reads_producer=any(op.uses_producer() for op in plan.spec.epilogue),
-        tail_reads_producer=any(step.op.uses_producer() for step in plan.tail), worlds=launches(plan), **context)
+        tail_reads_producer=any(step.op.uses_producer() for step in plan.tail), worlds=launches(plan),
+        default_world=DEFAULT, **context)
     files = {**sources, "binding.cpp": binding, "model.py": model}
     full = hashlib.sha256("".join(files[k] for k in sorted(files)).encode()).hexdigest()[:16]
     return RenderedModule(name=name, files=files, source_hash=full)

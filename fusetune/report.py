@@ -22,10 +22,12 @@ from typing import Any, Iterable
 from fusetune.cache import Cache, Entry
 from fusetune.documents import counts
 from fusetune.errors import ConfigError, FusetuneError, MissingDependencyError
+from fusetune.paths import CONFIG_SUFFIXES
+from fusetune.worlds import DEFAULT, won_note
 
 #: The world a candidate belongs to, and the name of the eager world that is PyTorch itself.
 WORLD_PARAM = "producer.impl"
-DEFAULT_WORLD = "cudnn"
+DEFAULT_WORLD = DEFAULT
 #: Fewer finished trials than this give importances that are noise: say so instead of plotting them.
 MIN_IMPORTANCE_TRIALS = 10
 #: What a bench JSON calls each method, in the order they are drawn.
@@ -54,7 +56,7 @@ def find_entries(target: str, cache: Cache) -> list[Entry]:
     """The entries ``target`` names: a config file (every shape and GPU of its problem) or a key
     prefix or config name, as ``fusetune cache show`` takes them."""
     path = Path(target)
-    if path.suffix in (".yaml", ".yml") or path.is_file():
+    if path.suffix in CONFIG_SUFFIXES or path.is_file():
         from fusetune.config import load_config
 
         spec = load_config(path)
@@ -182,6 +184,8 @@ def section(entry: Entry, cache: Cache, bench: list[dict[str, Any]], storage: An
              "best_found_at": best_found_at(trials), "winner_ms": winner.get("time_ms"),
              "eager_ms": winner.get("eager_ms"),
              "winner": winner.get("candidate")}
+    if won_note(winner.get("candidate")):  # eager or inductor won: no kernels of fusetune's
+        facts["winner_world"] = won_note(winner.get("candidate"))
     shape = "x".join(map(str, fields.get("shape", [])))
     return Section(key=entry.key, title=f"{fields.get('problem_name', entry.key)} {shape} on {fields.get('gpu', '?')}",
                    facts=facts, history=history(trials), outcomes=counts(entry), importances=ranked,

@@ -26,6 +26,7 @@ import yaml
 
 from fusetune.errors import FusetuneError
 from fusetune.templates import find_template
+from fusetune.worlds import DEFAULT as DEFAULT_WORLD
 
 Candidate = dict[str, Any]
 
@@ -202,7 +203,7 @@ class PlanSpace:
 
     def _producer_choices(self, candidate: Mapping[str, Any]) -> dict[str, Any]:
         """The names a ``when`` may use: the producer's choices and the plan's facts."""
-        return {**self.plan_facts, "impl": candidate.get("producer.impl", "cudnn"),
+        return {**self.plan_facts, "impl": candidate.get("producer.impl", DEFAULT_WORLD),
                 "layout": candidate.get("producer.layout", "contiguous")}
 
     def _matters(self, when: str | None, producer: Mapping[str, Any]) -> bool:

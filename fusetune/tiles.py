@@ -123,11 +123,6 @@ def gemm_max_height(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[
     return max((th for th in BOX_HEIGHTS if fits(th)), default=0)
 
 
-def gemm_fits(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[int]]]) -> bool:
-    """Whether the tensor-core kernels take a convolution (gemm_refusal says why not)."""
-    return gemm_refusal(conv, windows) is None
-
-
 def gemm_refusal(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[int]]]) -> str | None:
     """Why the tensor-core kernels do not take a convolution, None where they do: not transposed
     (yet), channels in whole MMA columns of 8 and few enough to keep a box's output on chip, weights

@@ -4,6 +4,8 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import itertools
+import logging
+import os
 import sys
 from pathlib import Path
 
@@ -59,3 +61,42 @@ def run_processes(procs: list, timeout: float) -> list:
         if p.is_alive():
             p.kill()
     return [p.exitcode for p in procs]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A fresh cache for the GPU tests (a file's own ``cache`` fixture overrides this); with
+    FUSETUNE_TEST_CACHE=DIR, its modules and builds are DIR's, so that runs of parts of the GPU files
+    (-k) one after another share their builds. Winners and studies stay the run's own: the tests
+    that tune expect none yet."""
+    from fusetune.cache import Cache
+
+    root = tmp_path_factory.mktemp("cache")
+    shared = os.environ.get("FUSETUNE_TEST_CACHE")
+    if shared:
+        for part in ("modules", "builds"):
+            (Path(shared) / part).mkdir(parents=True, exist_ok=True)
+            (root / part).symlink_to(Path(shared) / part, target_is_directory=True)
+    return Cache(root)
+
+
+@pytest.fixture(scope="module")
+def worker():
+    """One evaluation worker process for a GPU test file (a file's own ``worker`` fixture overrides this)."""
+    from fusetune.worker import Worker
+
+    with Worker() as w:
+        yield w
+
+
+@pytest.fixture(autouse=True)
+def _fusetune_logger_restored():
+    """A CLI run configures the "fusetune" logger for its process (level, a stderr handler, no
+    propagation); in one test process that would hide later tests' records from caplog, so each test
+    gets the logger back as it found it."""
+    logger = logging.getLogger("fusetune")
+    saved = (logger.level, logger.propagate, list(logger.handlers))
+    yield
+    logger.setLevel(saved[0])
+    logger.propagate = saved[1]
+    logger.handlers[:] = saved[2]

@@ -407,12 +407,12 @@ def test_deploy_reports_undecodable_and_duplicate_key_configs_and_tunes_the_rest
 def test_plan_json_is_the_regions_and_worlds_as_data():
     """`fusetune plan --json`: one document a config, the fused ops and the PyTorch tail by config entry,
     why the kernels stop, the worlds offered (with their stages) and not (with why)."""
-    chain = ROOT / "tests" / "chains" / "conv2d_logsumexp_channels_relu.yaml"
+    chain = ROOT / "tests" / "chains" / "conv2d_layernorm_chw_gelu.yaml"
     result = CliRunner().invoke(main, ["plan", "--json", str(SEEDS["groupnorm"]), str(chain)])
     assert result.exit_code == 0, result.output
     seed, tail = json.loads(result.output)
     assert seed["name"] == "conv2d_groupnorm_scale_maxpool_clamp" and seed["pytorch"] == [] and seed["ends"] is None
     assert [s["op"] for s in seed["fused"]] == ["group_norm", "mul", "max_pool", "clamp"]
     assert seed["worlds"]["gemm_extrema"] == ["gemm_stats", "finalize", "extrema_map"] and seed["worlds"]["eager"] == []
-    assert tail["fused"] == [] and [s["op"] for s in tail["pytorch"]] == ["reduce", "relu"]
-    assert "logsumexp runs in PyTorch" in tail["ends"] and tail["candidates"] > 1
+    assert tail["fused"] == [] and [s["op"] for s in tail["pytorch"]] == ["layer_norm", "gelu"]
+    assert "a layer_norm runs in PyTorch" in tail["ends"] and tail["candidates"] > 1

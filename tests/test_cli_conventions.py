@@ -169,3 +169,34 @@ def test_each_exit_status_comes_from_its_path(runner, cache_dir, fake_gpu, monke
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert status("search", str(SEED)) == 3
 
+
+
+@pytest.mark.parametrize("strict", [(), ("--strict",)], ids=["relaxed", "strict"])
+def test_ctrl_c_in_deploy_exits_130(runner, cache_dir, tmp_path, monkeypatch, strict):
+    """deploy swallows a failure (everything falls back to eager PyTorch) but not Ctrl-C: 130, as for
+    every command."""
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("fusetune.deploy.ensure_tuned", interrupted)
+    result = runner.invoke(main, ["deploy", str(_configs(tmp_path)), *strict])
+    assert result.exit_code == 130, result.output
+    assert "interrupted" in result.stderr
+
+
+def test_json_documents_are_strict_json(runner, cache_dir, tmp_path, monkeypatch):
+    """A non-finite number (a column that could not run) is null in what --json writes, never NaN,
+    which JSON lacks: `bench --json FILE` and `plan --json`."""
+    import fusetune.bench
+
+    monkeypatch.setattr(fusetune.bench, "run_bench", lambda spec, shape, cache, **kw: {
+        "shape": list(shape), "compile_ms": float("nan"), "speedup": float("inf")})
+    monkeypatch.setattr(fusetune.bench, "table", lambda results: "a table")
+    out = tmp_path / "bench.json"
+    result = runner.invoke(main, ["bench", str(SEED), "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    strict = json.loads(out.read_text(), parse_constant=lambda name: pytest.fail(f"{name} in {out}"))
+    assert strict[0]["compile_ms"] is None and strict[0]["speedup"] is None
+    plan = runner.invoke(main, ["plan", "--json", str(SEED)])
+    assert plan.exit_code == 0, plan.output
+    assert json.loads(plan.stdout, parse_constant=lambda name: pytest.fail(name))[0]["config"] == str(SEED)

@@ -23,7 +23,6 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 from fusetune.build import build_many  # noqa: E402
-from fusetune.cache import Cache  # noqa: E402
 from fusetune.codegen import plan_space, render  # noqa: E402
 from fusetune.config import load_config, parse_config  # noqa: E402
 from fusetune.evaluate import ERROR_RATIO  # noqa: E402
@@ -37,26 +36,6 @@ from fusetune.worker import Worker  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SEEDS = sorted((ROOT / "configs").glob("*.yaml"))
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Cache:
-    """A fresh cache; with FUSETUNE_TEST_CACHE=DIR, its modules and builds are DIR's, so that runs
-    of parts of this file (-k) one after another share their builds. Winners and studies stay the
-    run's own: the tests that tune expect none yet."""
-    root = tmp_path_factory.mktemp("cache")
-    shared = os.environ.get("FUSETUNE_TEST_CACHE")
-    if shared:
-        for part in ("modules", "builds"):
-            (Path(shared) / part).mkdir(parents=True, exist_ok=True)
-            (root / part).symlink_to(Path(shared) / part, target_is_directory=True)
-    return Cache(root)
-
-
-@pytest.fixture(scope="module")
-def worker():
-    with Worker() as w:
-        yield w
 
 
 def _bench_factory(cache, machine, worker, **kwargs):
@@ -445,8 +424,48 @@ EXTRA["convt3d_wide_stride213_maxpool3_gap"] = {
     "parameters": {"s": {"init": "randn"}},
     "shapes": [[2, 16, 5, 9, 4]]}
 
+# logsumexp over channels (a two-float accumulator: a running max and a sum of exponentials), in
+# channel_reduce contiguous and channels-last (producer.layout), mostly at shapes no vector width divides:
+# 18 channels (the channels-last lanes fall back to one channel each), a learnable scale before it and
+# keepdim; after group norm, where gemm_store also feeds channel_reduce its output in half precision and
+# gemm_main and gemm_cluster reduce it inside; a 3-D chain of 80 channels after instance norm (gemm_wide's
+# statistics pass, then channel_reduce); a strided convolution of 16 channels (direct_main, gemm_main).
+EXTRA["conv2d_scale_logsumexp_channels_keepdim_relu"] = {
+    "producer": {"op": "conv2d", "in_channels": 5, "out_channels": 18, "kernel_size": 3, "padding": 1},
+    "epilogue": [{"op": "mul", "by": "s"}, {"op": "logsumexp", "dim": 1, "keepdim": True}, {"op": "relu"}],
+    "parameters": {"s": {"init": "randn"}},
+    "shapes": [[3, 5, 13, 17]]}
+EXTRA["conv2d_groupnorm_logsumexp_channels_add"] = {
+    "producer": {"op": "conv2d", "in_channels": 8, "out_channels": 24, "kernel_size": 3},
+    "epilogue": [{"op": "group_norm", "num_groups": 4}, {"op": "logsumexp", "dim": 1}, {"op": "add", "by": 0.5}],
+    "shapes": [[2, 8, 18, 22]]}  # 16 x 20 positions: the vector path (the others' odd planes take the scalar one)
+EXTRA["conv3d_wide_instancenorm_logsumexp_channels"] = {
+    "producer": {"op": "conv3d", "in_channels": 16, "out_channels": 80, "kernel_size": 3},
+    "epilogue": [{"op": "instance_norm"}, {"op": "leaky_relu", "negative_slope": 0.1}, {"op": "logsumexp", "dim": 1}],
+    "shapes": [[2, 16, 5, 7, 9]]}
+EXTRA["conv2d_strided_scale_logsumexp_channels"] = {
+    "producer": {"op": "conv2d", "in_channels": 6, "out_channels": 16, "kernel_size": 3, "stride": 2, "padding": 1},
+    "epilogue": [{"op": "mul", "by": -0.5}, {"op": "logsumexp", "dim": 1}],
+    "shapes": [[2, 6, 23, 29]]}
+# softmax and log_softmax over channels (channel_softmax: logsumexp's accumulator, then each value), contiguous
+# and channels-last: an odd plane and 18 channels with a scale after it; after group norm at a plane the vector
+# path takes (gemm_store's stored output too); a 3-D chain of 80 channels after instance norm (gemm_wide).
+EXTRA["conv2d_softmax_channels_scale"] = {
+    "producer": {"op": "conv2d", "in_channels": 5, "out_channels": 18, "kernel_size": 3, "padding": 1},
+    "epilogue": [{"op": "softmax", "dim": 1}, {"op": "mul", "by": "s"}],
+    "parameters": {"s": {"init": "randn"}},
+    "shapes": [[3, 5, 13, 17]]}
+EXTRA["conv2d_groupnorm_log_softmax_channels"] = {
+    "producer": {"op": "conv2d", "in_channels": 8, "out_channels": 24, "kernel_size": 3},
+    "epilogue": [{"op": "group_norm", "num_groups": 4}, {"op": "relu"}, {"op": "log_softmax", "dim": 1}],
+    "shapes": [[2, 8, 18, 22]]}
+EXTRA["conv3d_wide_instancenorm_softmax_channels"] = {
+    "producer": {"op": "conv3d", "in_channels": 16, "out_channels": 80, "kernel_size": 3},
+    "epilogue": [{"op": "instance_norm"}, {"op": "softmax", "dim": 1}],
+    "shapes": [[2, 16, 5, 7, 9]]}
+
 SPECS = {name: parse_config({"name": name, **raw}, f"<{name}>") for name, raw in EXTRA.items()}
-IMPLS = [impl for impl in WORLDS if impl != "eager"]  # every world with kernels of its own (or cuDNN's)
+IMPLS = [impl for impl, world in WORLDS.items() if not world.runs_reference]  # every world with kernels of its own (or cuDNN's)
 #: (impl, chain) for every chain whose plan offers the impl: one test each, so a run can take a part
 #: of them (-k), and a failure names its chain.
 OFFERED = [(impl, name) for impl in IMPLS for name, spec in SPECS.items() if impl in make_plan(spec).impl_stages]
@@ -568,7 +587,7 @@ def test_fault_injection(cache, monkeypatch):
                          "shapes": [[2, 3, 9, 11, 13]]}, "<fault>")
     # The worlds that compute the convolution inside refuse a main family they do not implement: cuDNN's alone.
     plan = dataclasses.replace(make_plan(spec), family="fault_map")
-    assert set(plan.impl_stages) == {"cudnn", "eager"}
+    assert set(plan.impl_stages) == {"cudnn", "eager", "inductor"}
     machine = Machine.detect()
     with Worker() as worker:
         result = tune_shape(spec, spec.shapes[0], cache, machine,

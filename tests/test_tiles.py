@@ -9,7 +9,7 @@ import pytest
 
 from fusetune.config import load_config
 from fusetune.tiles import (FOOTPRINT_MAX, SMEM_LIMIT, WIDE_PAIR_LIMIT, cin_padded, direct_footprint, direct_row_cells,
-                            gemm_fits, gemm_max_height, gemm_refusal, gemm_tile, k_padded, weight_words, wide_axes,
+                            gemm_max_height, gemm_refusal, gemm_tile, k_padded, weight_words, wide_axes,
                             wide_brick, wide_depth, wide_folds, wide_folds_aligned, wide_pool_fits, wide_row_words,
                             wide_rows_fit, wide_slab_stride, wide_smem_bytes, wide_stage_words, wide_staged_rows,
                             wide_workspace_words)
@@ -85,7 +85,7 @@ def test_output_stores_of_a_warp_hit_32_banks(tw, th):
 def test_fits_takes_the_boxes_that_fit_every_window():
     conv = _conv(cin=16)
     windows = [(ONE, ONE), ((1, 4, 4), (1, 4, 4))]
-    assert gemm_fits(conv, windows)
+    assert gemm_refusal(conv, windows) is None
     # 16 rows of 64 channels' outputs no longer fit beside the staged input and weights; 8 do.
     assert gemm_tile(conv, (1, 4, 4), (1, 4, 4), 32, 16).smem_bytes > SMEM_LIMIT
     assert gemm_tile(conv, (1, 4, 4), (1, 4, 4), 32, 8).smem_bytes <= SMEM_LIMIT
@@ -94,10 +94,7 @@ def test_fits_takes_the_boxes_that_fit_every_window():
     # A 16 x 16 pooling window makes a 16 x 32 box at any height: no box fits.
     big = gemm_tile(conv, (1, 16, 16), (1, 16, 16), 32, 4)
     assert big.smem_bytes > SMEM_LIMIT
-    assert not gemm_fits(conv, [(ONE, ONE), ((1, 16, 16), (1, 16, 16))])
-    assert not gemm_fits({**conv, "transposed": True}, [(ONE, ONE)])
-    # gemm_refusal names each reason gemm_fits says no for, and only those
-    assert gemm_refusal(conv, windows) is None
+    # gemm_refusal names each reason the kernels do not take a convolution for, and only those
     assert "shared memory" in gemm_refusal(conv, [(ONE, ONE), ((1, 16, 16), (1, 16, 16))])
     assert gemm_refusal({**conv, "transposed": True}, [(ONE, ONE)]) == "a transposed convolution"
     assert "72 output channels" in gemm_refusal({**conv, "cout": 72}, [(ONE, ONE)])

@@ -257,14 +257,14 @@ def search(ctx: click.Context, configs: tuple[str, ...], shapes: tuple[str, ...]
            timeout: float | None, force: bool, job_timeout: float, as_json: bool, storage: str | None,
            gpus: str | None) -> None:
     """Tune every shape of each CONFIG (a file, a folder of configs or a quoted glob) and cache the winners."""
+    reporter = _reporter(ctx)
+    # At once, before anything imports torch (the search's modules, checking a config): seconds otherwise.
+    reporter.line("fusetune search: reading the configs, looking for a CUDA GPU")
     from fusetune import documents
     from fusetune.runner import GpuBenchmarker
     from fusetune.search import Machine, check_memory, tune_shape
     from fusetune.worker import Worker
 
-    reporter = _reporter(ctx)
-    # At once: checking a config imports torch, seconds before the first line otherwise.
-    reporter.line("fusetune search: reading the configs, looking for a CUDA GPU")
     specs = [load_config(c) for c in expand_configs(configs)]  # all configs valid before any work starts
     selected = _select_for_all(specs, shapes)
     machine = Machine.detect()  # before the cache: a machine without a GPU is left as it was

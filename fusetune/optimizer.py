@@ -60,7 +60,9 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
 
     The kernels run in eval mode, without autograd (``torch.no_grad()``, ``torch.inference_mode()``),
     on CUDA float32 inputs of a tuned shape; otherwise each chain runs its own eager ops (training
-    mode updates batch norm's running statistics; backward works), said once in the log. Without a
+    mode updates batch norm's running statistics; backward works), said once in the log. A chain left
+    without tuned kernels (out of budget, or eager won its search) is not replaced at all: it keeps the
+    model's own ops, so it costs nothing per call. Without a
     CUDA device (and no benchmarker), the copy keeps every chain on its eager path, and the log says
     why once.
     """
@@ -92,6 +94,9 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
             chain = f"{type(exc).__name__}: {exc}"
         if isinstance(chain, str):
             log.info("fusetune.optimize: %s stays eager: %s", item.spec.name, chain)
+            continue
+        if chain.state.kernel_model is None:  # untuned, or eager won: the model's own ops, at no cost per call
+            log.info("fusetune.optimize: %s keeps the model's own ops (no tuned kernels)", item.spec.name)
             continue
         replaced = _replace(gm, item, chain)
         if replaced is not None:

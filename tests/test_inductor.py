@@ -251,11 +251,12 @@ def test_a_gpu_search_verifies_and_times_the_inductor_candidate(tmp_path):
     shape = spec.shapes[-1]
     machine = Machine.detect()
     assert WORLDS["inductor"].machine_refusal() is None, "this GPU machine's torch cannot compile (no triton)"
-    cache = Cache(tmp_path / "cache")
-    if os.environ.get("FUSETUNE_TEST_CACHE"):
+    if os.environ.get("FUSETUNE_TEST_CACHE"):  # linked before Cache() makes its own folders
+        (tmp_path / "cache").mkdir()
         for part in ("modules", "builds"):
             (Path(os.environ["FUSETUNE_TEST_CACHE"]) / part).mkdir(parents=True, exist_ok=True)
             (tmp_path / "cache" / part).symlink_to(Path(os.environ["FUSETUNE_TEST_CACHE"]) / part)
+    cache = Cache(tmp_path / "cache")
     with Worker() as worker:
         result = tune_shape(spec, shape, cache, machine,
                             lambda plan, s: GpuBenchmarker(plan, s, cache, machine, worker, echo=print),

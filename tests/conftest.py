@@ -100,3 +100,16 @@ def _fusetune_logger_restored():
     logger.setLevel(saved[0])
     logger.propagate = saved[1]
     logger.handlers[:] = saved[2]
+
+
+@pytest.fixture(autouse=True)
+def _tf32_setting_restored():
+    """torch's TF32 switches are process-wide: a test that sets them (and fails before putting them back)
+    must not change what later tests see. Restored by value, through the API this torch has."""
+    torch = sys.modules.get("torch")  # only where a test imported it: no torch import for the others
+    conv = getattr(getattr(torch, "backends", None), "cudnn", None) if torch else None
+    new_api = conv is not None and hasattr(getattr(conv, "conv", None), "fp32_precision")
+    saved = conv.conv.fp32_precision if new_api else None
+    yield
+    if new_api:
+        conv.conv.fp32_precision = saved

@@ -3,6 +3,8 @@ training mode and autograd on the eager path, untuned shapes said once. CPU test
 the fake benchmarker; the GPU tests (marked gpu) optimize torchvision's resnet18 and resnet50 for real."""
 from __future__ import annotations
 
+import contextlib
+
 import copy
 import json
 import logging
@@ -223,29 +225,43 @@ def test_a_damaged_cache_entry_leaves_its_chain_eager_and_the_others_fused(tmp_p
         assert torch.equal(opt(*inputs), model(*inputs))
 
 
-def _tf32_off(monkeypatch) -> None:
-    """TF32 off for cuDNN's convolutions, by the API this torch has (the new one first)."""
+@contextlib.contextmanager
+def _tf32_setting_restored():
+    """torch's TF32 switches are process-wide properties (monkeypatch cannot undo a property set on
+    an instance): save the setting by the API this torch has and put it back by value."""
     conv = getattr(torch.backends.cudnn, "conv", None)
     if conv is not None and hasattr(conv, "fp32_precision"):
-        monkeypatch.setattr(conv, "fp32_precision", "ieee")
+        saved = conv.fp32_precision
+        try:
+            yield
+        finally:
+            conv.fp32_precision = saved
     else:
-        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+        saved = torch.backends.cudnn.allow_tf32
+        try:
+            yield
+        finally:
+            torch.backends.cudnn.allow_tf32 = saved
 
 
 @pytest.mark.parametrize("api", ["current", "legacy"])
-def test_chains_are_tuned_at_the_users_tf32_setting(api: str, tmp_path: Path, monkeypatch) -> None:
+def test_chains_are_tuned_at_the_users_tf32_setting(api: str, tmp_path: Path) -> None:
     """Where the user turned TF32 off, the kernels must not use it: the configs say precision ieee."""
     model, inputs = _model("conv2d_groupnorm_scale_clamp")
     model.eval()
     assert {c.state.spec.precision for c in fused_chains(_optimize(model, inputs, tmp_path))} == {"tf32"}
-    if api == "legacy":
-        if hasattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision"):
-            # the legacy setter on a new torch: the new API reads 'none' after it
-            monkeypatch.setattr(torch.backends.cudnn.conv, "fp32_precision", "tf32")
-        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    else:
-        _tf32_off(monkeypatch)
-    assert {c.state.spec.precision for c in fused_chains(_optimize(model, inputs, tmp_path))} == {"ieee"}
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    new_api = conv is not None and hasattr(conv, "fp32_precision")
+    with _tf32_setting_restored():
+        if api == "legacy":
+            if new_api:  # the legacy setter on a new torch: the new API reads 'none' after it
+                conv.fp32_precision = "tf32"
+            torch.backends.cudnn.allow_tf32 = False
+        elif new_api:
+            conv.fp32_precision = "ieee"
+        else:
+            torch.backends.cudnn.allow_tf32 = False
+        assert {c.state.spec.precision for c in fused_chains(_optimize(model, inputs, tmp_path))} == {"ieee"}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a CUDA device")

@@ -159,7 +159,7 @@ def _reporter(ctx: click.Context) -> Reporter:
     """This command's progress display, from the global -q/-v/--no-progress (on stderr)."""
     obj = ctx.find_root().obj or {}
     return make_reporter(obj.get("verbosity", NORMAL), obj.get("progress", True),
-                         stream=click.get_text_stream("stderr"), echo=lambda text: click.echo(text, err=True))
+                         stream=sys.stderr, echo=lambda text: click.echo(text, err=True))
 
 
 def _exit_codes_epilog() -> str:

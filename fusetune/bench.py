@@ -166,17 +166,20 @@ def run_bench(spec: ProblemSpec, shape: Shape, cache: Cache, *, reps: int = 50, 
     # convolution), as the models' own forwards run it; restored after.
     precision = generated._ConvPrecision() if spec.precision == "ieee" else contextlib.nullcontext()
     with precision:
-        return _run_bench(spec, shape, plan, generated, entry, machine, reps, compile_modes, echo)
+        return _run_bench(spec, shape, plan, generated, entry, machine, reps, compile_modes, echo, cache)
 
 
 def _run_bench(spec: ProblemSpec, shape: Shape, plan: Plan, generated: Any, entry: Any, machine: Machine, reps: int,
-               compile_modes: tuple[str, ...], echo: Callable[[str], None]) -> dict[str, Any]:
+               compile_modes: tuple[str, ...], echo: Callable[[str], None], cache: Cache) -> dict[str, Any]:
     import torch
+
+    from fusetune.later import attach_later
 
     torch.manual_seed(0)
     reference = generated.Model().cuda()
     fused = generated.ModelNew(variant=entry.winner["variant"]).cuda()
     fused.load_state_dict(reference.state_dict())
+    later = attach_later(fused, plan, cache, machine.gpu, machine.capability)  # the later regions' tuned kernels
     x = torch.rand(shape, device="cuda", dtype=generated.DTYPE)  # every column at the config's dtype
     with torch.no_grad():
         ref64 = copy.deepcopy(reference).double()(x.double())
@@ -191,7 +194,8 @@ def _run_bench(spec: ProblemSpec, shape: Shape, plan: Plan, generated: Any, entr
     result: dict[str, Any] = {
         "config": spec.name, "shape": list(shape), "gpu": machine.gpu, "cuda": machine.cuda, "torch": machine.torch,
         "driver": _driver(), **spec.numerics(), "winner": entry.winner["candidate"], "error_rel": err_fused,
-        "eager_error_rel": err_eager, "eager_diff_max": eager_diff, "allclose_to_eager": allclose}
+        "eager_error_rel": err_eager, "eager_diff_max": eager_diff, "allclose_to_eager": allclose,
+        "later_regions": later}
     echo(f"{spec.name} {list(shape)} on {machine.gpu}: timing eager")
     result["eager_ms"] = median_ms(lambda: reference(x), reps=reps)
     for mode in compile_modes:

@@ -231,9 +231,17 @@ def _plan_document(spec, plan_, space) -> dict:
     the size of the space."""
     from fusetune.worlds import machine_refusals, refusals
 
+    from fusetune.pipeline import later_segments
+    from fusetune.plan import make_plan
+
     def steps(region) -> list[dict]:
         return [{"op": step.op.kind, "entries": list(step.entries)} for step in region]
-    return {"config": spec.path, "name": spec.name, **spec.numerics(), "fused": steps(plan_.head), "pytorch": steps(plan_.tail),
+    later = [{"region": s.index, "runs": "kernels" if s.kernels else "pytorch", "ops": steps(s.steps),
+              **({"tuned_as": s.spec.name, "shapes": [list(x) for x in s.spec.shapes],
+                  "worlds": list(make_plan(s.spec).impl_stages)} if s.kernels else {"why": s.why})}
+             for s in later_segments(plan_)]
+    return {"config": spec.path, "name": spec.name, **spec.numerics(), "fused": steps(plan_.head),
+            "pytorch": [op for s in later if s["runs"] == "pytorch" for op in s["ops"]], "later": later,
             "ends": plan_.ends, "worlds": {impl: list(stages) for impl, stages in plan_.impl_stages.items()},
             "not_offered": refusals(plan_), "not_on_this_machine": machine_refusals(plan_), "rules": list(plan_.rules), "candidates": sum(1 for _ in space.all())}
 
@@ -262,6 +270,7 @@ def search(ctx: click.Context, configs: tuple[str, ...], shapes: tuple[str, ...]
     reporter.line("fusetune search: reading the configs, looking for a CUDA GPU")
     from fusetune import documents
     from fusetune.runner import GpuBenchmarker
+    from fusetune.pipeline import expand
     from fusetune.search import Machine, check_memory, tune_shape
     from fusetune.worker import Worker
 
@@ -288,7 +297,7 @@ def search(ctx: click.Context, configs: tuple[str, ...], shapes: tuple[str, ...]
         sys.exit(code)
     rows, results = [], []
     with reporter, Worker() as worker:
-        for spec, spec_shapes in selected:
+        for spec, spec_shapes in [item for pair in selected for item in expand(*pair)]:  # with the later regions
             for shape in spec_shapes:
                 reporter.line(f"{spec.name} {list(shape)}")
 

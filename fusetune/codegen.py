@@ -118,6 +118,18 @@ def _pool_window(plan: Plan) -> dict[str, Any]:
             "padded": any(padding)}
 
 
+def _later(plan: Plan) -> list[dict[str, Any]]:
+    """The segments after the first region (fusetune/pipeline.py) as the generated model runs them: each
+    one's PyTorch lines, and for a later region of kernels its folder (where an export writes its tuned
+    module), its index, the reference's attributes it reads under its own names and the parameters."""
+    from fusetune.pipeline import later_segments
+
+    return [{"index": s.index, "kernels": s.kernels, "folder": f"r{s.index}", "attrs": [list(a) for a in s.attrs],
+             "params": list(s.params), "where": s.where, "why": s.why,
+             "lines": [step.op.forward_code("x", step.attr) for step in s.steps]}
+            for s in later_segments(plan)]
+
+
 def _reference_code(plan: Plan) -> tuple[list[tuple[str, str]], list[str], str]:
     """Submodule definitions and forward lines of the reference model, and the norm's attribute."""
     spec = plan.spec
@@ -214,7 +226,8 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
     model = env.get_template("model.py.j2").render(
         module_name=name, variants=variants, default_variant=space.stage_values(space.default()),
         submodules=submodules, forward_lines=lines, norm_attr=norm_attr, cuda_sources=list(sources),
-        tail_lines=[step.op.forward_code("x", step.attr) for step in plan.tail],
+        tail_lines=[step.op.forward_code("x", step.attr) for step in plan.tail], later=_later(plan),
+        later_regions=[{k: s[k] for k in ("index", "folder", "attrs", "params")} for s in _later(plan) if s["kernels"]],
         reads_producer=any(op.uses_producer() for op in plan.spec.epilogue),
         tail_reads_producer=any(step.op.uses_producer() for step in plan.tail), worlds=launches(plan),
         default_world=DEFAULT, **context)

@@ -24,6 +24,7 @@ from fusetune.export import find_winner
 from fusetune.plan import make_plan
 from fusetune.paths import configs_in
 from fusetune.progress import PlainReporter, Reporter
+from fusetune.pipeline import expand
 from fusetune.search import Machine, ShapeResult, tune_shape
 from fusetune.storage import Storage
 from fusetune.winners import render_winners
@@ -69,7 +70,9 @@ def ensure_tuned(config_dir: Path, cache: Cache, budget_s: float, make_bench_for
         except Exception as exc:  # one config never takes the others down
             report.fallback.append(f"{path}: {type(exc).__name__}: {exc}")
     deadline = time.monotonic() + budget_s
-    todo = [(spec, shape) for spec in specs for shape in spec.shapes]
+    # Every config's first region first (most of a chain's time), then the later regions (fusetune/pipeline.py).
+    todo = [(spec, shape) for spec in specs for shape in spec.shapes] + [
+        (region, shape) for spec in specs for region, shapes in expand(spec, list(spec.shapes))[1:] for shape in shapes]
     for number, (spec, shape) in enumerate(todo, 1):
         label = f"{spec.name} {list(shape)}"
         reporter.deploy_item(number, len(todo), label)
@@ -132,6 +135,9 @@ def load_tuned(config: str | Path, cache: Cache | None = None, *,
         model = generated.ModelNew(variant=next(iter(winners.values())))
         for input_shape, variant in winners.items():
             model._by_shape[input_shape] = model._resolve(variant)
+        from fusetune.later import attach_later
+
+        attach_later(model, plan, cache, machine.gpu, machine.capability)  # each later region tuned: its kernels
     except Exception as exc:  # a failed build, an extension that does not load: a deploy never breaks on it
         warnings.warn(f"fusetune: {spec.name}: the tuned kernels did not load ({type(exc).__name__}: "
                       f"{str(exc)[-1000:]}); using eager PyTorch", stacklevel=2)

@@ -20,6 +20,7 @@ from fusetune.codegen import render
 from fusetune.config import ProblemSpec
 from fusetune.errors import FusetuneError
 from fusetune.ops import Shape
+from fusetune.pipeline import later_segments
 from fusetune.plan import make_plan
 from fusetune.winners import machine_fields, prebuilt_entry, render_winners, write_manifest
 
@@ -39,37 +40,30 @@ def find_winner(cache: Cache, spec: ProblemSpec, shape: Shape, source_hash: str,
 def export(spec: ProblemSpec, shapes: list[Shape], cache: Cache, out_dir: Path, gpu: str | None = None,
            prebuilt: bool = False) -> Path:
     """Write ``out_dir/<name>/``; raises if any requested shape has no tuned winner, or (``prebuilt``)
-    if the extension cannot be built here."""
-    plan = make_plan(spec)
-    rendered = render(plan)
-    winners: list[dict[str, Any]] = []
-    for shape in shapes:
-        entry = find_winner(cache, spec, shape, rendered.source_hash, gpu)
-        if entry is None or entry.winner is None:
-            on = f" on {gpu}" if gpu else ""
-            raise FusetuneError(f"{spec.path}: no tuned winner for shape {list(shape)}{on} with the current "
-                                f"templates; run `fusetune search {spec.path}` first")
-        winners.append({"input_shape": list(shape), "producer_output": list(spec.producer.out_shape(shape)),
-                        "variant": entry.winner["variant"], "candidate": entry.winner["candidate"],
-                        "time_ms": entry.winner["time_ms"], "eager_ms": entry.winner.get("eager_ms"),
-                        "key": entry.key, "gpu": entry.fields.get("gpu"), "cuda": entry.fields.get("cuda"),
-                        "torch": entry.fields.get("torch")})
-    shipped = render_winners(plan, [w["variant"] for w in winners])
-    record = {"config": spec.name, "module": shipped.name, **spec.numerics(), "variant": winners[0]["variant"],
-              "shapes": winners}
-    library = _build_for_here(shipped, cache) if prebuilt else None
+    if the extension cannot be built here. Each later region (fusetune/pipeline.py) tuned at those
+    shapes goes in a folder of its own inside (``r1/``, ...), which the model runs; one that is not
+    runs in PyTorch, and winner.json says which."""
     target = out_dir / spec.name
+    first = _winners_module(spec, shapes, cache, gpu, prebuilt)  # raises before anything is written
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out_dir, prefix=f".{spec.name}."))
     try:  # write everything beside, then swap in: never a half-written export
-        shipped.write(staging)
-        if library is not None:
-            so, fields = library
-            entry = prebuilt_entry(shipped.name, so, fields)
-            (staging / entry["file"]).parent.mkdir(parents=True)
-            shutil.copy2(so, staging / entry["file"])
-            write_manifest(staging, [entry])
-        (staging / "winner.json").write_text(json.dumps(record, indent=1) + "\n")
+        record = _write_module(first, staging)
+        later = {}
+        for segment in later_segments(make_plan(spec)):
+            if segment.spec is None:
+                continue
+            region_shapes = [segment.spec.shapes[spec.shapes.index(tuple(s))] for s in shapes]
+            try:
+                _write_module(_winners_module(segment.spec, region_shapes, cache, gpu, prebuilt),
+                              staging / f"r{segment.index}")
+                later[f"r{segment.index}"] = f"{segment.where}: tuned kernels"
+            except FusetuneError as exc:
+                shutil.rmtree(staging / f"r{segment.index}", ignore_errors=True)
+                later[f"r{segment.index}"] = f"{segment.where}: PyTorch ({str(exc).splitlines()[0]})"
+        if later:
+            record["later_regions"] = later
+            (staging / "winner.json").write_text(json.dumps(record, indent=1) + "\n")
         (staging / "__init__.py").write_text('"""Exported by fusetune."""\nfrom .model import Model, ModelNew, load_kernels\n')
         if target.exists():
             shutil.rmtree(target)
@@ -78,6 +72,46 @@ def export(spec: ProblemSpec, shapes: list[Shape], cache: Cache, out_dir: Path, 
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
+
+
+def _winners_module(spec: ProblemSpec, shapes: list[Shape], cache: Cache, gpu: str | None,
+                    prebuilt: bool) -> tuple[Any, dict[str, Any], tuple[Path, dict[str, str]] | None]:
+    """One problem's module of its winners' variants, winner.json's record and (``prebuilt``) the extension
+    built for this GPU; FusetuneError where a shape has no winner or the build fails."""
+    plan = make_plan(spec)
+    rendered = render(plan)
+    winners: list[dict[str, Any]] = []
+    for shape in shapes:
+        entry = find_winner(cache, spec, shape, rendered.source_hash, gpu)
+        if entry is None or entry.winner is None:
+            on = f" on {gpu}" if gpu else ""
+            region = "" if spec.producer.convolves else f" of later region {spec.name}"
+            raise FusetuneError(f"{spec.path}: no tuned winner{region} for shape {list(shape)}{on} with the "
+                                f"current templates; run `fusetune search {spec.path}` first")
+        winners.append({"input_shape": list(shape), "producer_output": list(spec.producer.out_shape(shape)),
+                        "variant": entry.winner["variant"], "candidate": entry.winner["candidate"],
+                        "time_ms": entry.winner["time_ms"], "eager_ms": entry.winner.get("eager_ms"),
+                        "key": entry.key, "gpu": entry.fields.get("gpu"), "cuda": entry.fields.get("cuda"),
+                        "torch": entry.fields.get("torch")})
+    shipped = render_winners(plan, [w["variant"] for w in winners])
+    record = {"config": spec.name, "module": shipped.name, **spec.numerics(), "variant": winners[0]["variant"],
+              "shapes": winners}
+    return shipped, record, _build_for_here(shipped, cache) if prebuilt else None
+
+
+def _write_module(module: tuple[Any, dict[str, Any], tuple[Path, dict[str, str]] | None], folder: Path) -> dict[str, Any]:
+    """Write ``_winners_module``'s module, winner.json and prebuilt extension into ``folder``; returns the record."""
+    shipped, record, library = module
+    folder.mkdir(parents=True, exist_ok=True)
+    shipped.write(folder)
+    if library is not None:
+        so, fields = library
+        entry = prebuilt_entry(shipped.name, so, fields)
+        (folder / entry["file"]).parent.mkdir(parents=True)
+        shutil.copy2(so, folder / entry["file"])
+        write_manifest(folder, [entry])
+    (folder / "winner.json").write_text(json.dumps(record, indent=1) + "\n")
+    return record
 
 
 def _build_for_here(rendered, cache: Cache) -> tuple[Path, dict[str, str]]:

@@ -36,6 +36,7 @@ from fusetune.config import ProblemSpec, load_config
 from fusetune.errors import FusetuneError, NoGpuError
 from fusetune.lifeline import child_env
 from fusetune.ops import Shape
+from fusetune.pipeline import expand
 from fusetune.search import BenchmarkerFactory, Machine, ShapeResult, tune_shape
 from fusetune.storage import Storage, first_line, transient_errors
 
@@ -292,6 +293,10 @@ def _run_job(queue: Queue, job: Job, worker: str, storage: Storage, machine: Mac
                 raise FusetuneError(f"{job.config_path}: shape {list(job.shape)} is not among the config's shapes")
             result = tune_shape(spec, job.shape, cache, machine, make_bench, trials=trials, timeout=timeout,
                                 echo=echo, storage=storage)
+            for region, shapes in expand(spec, [job.shape])[1:]:  # the later regions, in the same job
+                later = tune_shape(region, shapes[0], cache, machine, make_bench, trials=trials, timeout=timeout,
+                                   echo=echo, storage=storage)
+                echo(f"worker {worker}: {label}: {region.name} {list(shapes[0])}: {later.status}")
             key = result.key
             if result.status == "failed":
                 state, message = "failed", result.message

@@ -142,14 +142,22 @@ class Plan:
         """What runs where, region by region, as ``fusetune plan`` prints it: the fused region (the
         convolution and the ops the kernels take) and, where the chain goes on, what runs in PyTorch
         after it and why the kernels stop there."""
+        from fusetune.pipeline import later_segments
+
         producer = self.spec.producer.kind
         fused = ", ".join(step.where for step in self.head) or "the convolution alone"
         lines = [f"region 0 (fused kernels): {producer} -> {fused}"]
         if self.tail:
-            views = all(step.op.role == "view" for step in self.tail)
-            lines.append(f"region 1 (PyTorch{', a view: free' if views else ''}): "
-                         + ", ".join(step.where for step in self.tail))
-            lines.append(f"  why: {self.ends.split(': ', 1)[-1] if self.ends else ''}")
+            lines.append(f"  ends: {self.ends.split(': ', 1)[-1] if self.ends else ''}")
+        for segment in later_segments(self):
+            if segment.kernels:
+                worlds = ", ".join(w for w in make_plan(segment.spec).impl_stages)
+                lines.append(f"region {segment.index} (kernels on region {segment.index - 1}'s output, tuned as "
+                             f"{segment.spec.name}; worlds {worlds}): {segment.where}")
+            else:
+                views = all(step.op.role == "view" for step in segment.steps)
+                lines.append(f"region {segment.index} (PyTorch{', a view: free' if views else ''}): {segment.where}")
+                lines.append(f"  why: {segment.why}")
         return lines
 
     def describe(self) -> str:

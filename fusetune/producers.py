@@ -27,6 +27,11 @@ KINDS: dict[str, Kind] = {
     "conv_transpose3d": Kind(3, "ConvTranspose3d", True),
 }
 
+#: The producer of a later region (fusetune/pipeline.py): no convolution, the tensor an earlier region
+#: wrote, of 1, 2 or 3 spatial dims. Never written in a config (Producer.parse takes KINDS only), so
+#: the importer, which maps torch modules through KINDS, never takes an nn.Identity for a producer.
+TENSOR_KINDS: dict[str, Kind] = {f"tensor{n}d": Kind(n, "Identity", False) for n in (1, 2, 3)}
+
 #: spatial dims -> the names of the input's spatial sizes, as the config's shapes list them.
 SPATIAL_NAMES: dict[int, tuple[str, ...]] = {1: ("L",), 2: ("H", "W"), 3: ("D", "H", "W")}
 
@@ -72,13 +77,30 @@ class Producer:
         if not self.dilation:
             object.__setattr__(self, "dilation", (1,) * self.spatial_dims)
 
+    @classmethod
+    def tensor(cls, channels: int, spatial_dims: int) -> "Producer":
+        """A later region's producer: the (N, channels, spatial...) tensor an earlier region wrote, as is
+        (a 1x1 window, no bias), so that everything that reads a producer's shape rules reads it alike."""
+        ones, zeros = (1,) * spatial_dims, (0,) * spatial_dims
+        return cls(kind=f"tensor{spatial_dims}d", in_channels=channels, out_channels=channels, kernel_size=ones,
+                   stride=ones, padding=zeros, output_padding=zeros, bias=False)
+
+    @property
+    def _kind(self) -> Kind:
+        return KINDS.get(self.kind) or TENSOR_KINDS[self.kind]
+
+    @property
+    def convolves(self) -> bool:
+        """Whether this producer is a convolution (False for a later region's tensor: TENSOR_KINDS)."""
+        return self.kind in KINDS
+
     @property
     def spatial_dims(self) -> int:
-        return KINDS[self.kind].spatial_dims
+        return self._kind.spatial_dims
 
     @property
     def transposed(self) -> bool:
-        return KINDS[self.kind].transposed
+        return self._kind.transposed
 
     @property
     def padding_end(self) -> tuple[int, ...]:
@@ -212,6 +234,8 @@ class Producer:
         return f"stride={self.stride}, padding={padding}{extra}"
 
     def module_code(self) -> str:
+        if not self.convolves:
+            return "nn.Identity()"
         return (f"nn.{KINDS[self.kind].module}({self.in_channels}, {self.out_channels}, "
                 f"kernel_size={self.kernel_size}, {self._arguments(self.same)}, bias={self.bias})")
 
@@ -219,6 +243,8 @@ class Producer:
         """Python calling the convolution with ``bias`` (an expression, or None); a transposed one in
         its forward form (``has_forward_form``) if asked. Padding 'same' as the string where it is
         asymmetric (PyTorch pads the odd one after), as its integers where they are symmetric."""
+        if not self.convolves:
+            return x
         if forward_form:
             assert self.has_forward_form, "only a stride-1 transposed convolution has a forward form"
             flip = tuple(range(2, 2 + self.spatial_dims))

@@ -414,5 +414,9 @@ def test_plan_json_is_the_regions_and_worlds_as_data():
     assert seed["name"] == "conv2d_groupnorm_scale_maxpool_clamp" and seed["pytorch"] == [] and seed["ends"] is None
     assert [s["op"] for s in seed["fused"]] == ["group_norm", "mul", "max_pool", "clamp"]
     assert seed["worlds"]["gemm_extrema"] == ["gemm_stats", "finalize", "extrema_map"] and seed["worlds"]["eager"] == []
-    assert tail["fused"] == [] and [s["op"] for s in tail["pytorch"]] == ["layer_norm", "gelu"]
+    assert tail["fused"] == [] and [s["op"] for s in tail["pytorch"]] == ["layer_norm"]
+    norm, gelu = tail["later"]  # the layer norm in PyTorch, then a later region of kernels on its output
+    assert norm["runs"] == "pytorch" and "layer_norm runs in PyTorch" in norm["why"]
+    assert gelu["runs"] == "kernels" and [s["op"] for s in gelu["ops"]] == ["gelu"] and gelu["region"] == 2
+    assert gelu["tuned_as"] == "conv2d_layernorm_chw_gelu_r2" and gelu["worlds"] == ["cudnn", "eager"]
     assert "a layer_norm runs in PyTorch" in tail["ends"] and tail["candidates"] > 1

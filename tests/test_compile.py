@@ -166,15 +166,27 @@ CORPUS = ("conv1d_batchnorm_relu_maxpool_padded", "conv2d_grouped_strided_relu_m
 #: after group norm, channel_reduce after instance norm, finalize alone after batch norm, plane_reduce after a
 #: pool), both types; the direct world's where the weights fit in constant memory (a map after group norm in
 #: float16; a reduction over channels after instance norm, and a transposed convolution's pooled mean, in
-#: bfloat16); the spectral world's (batch norm's statistics alone, float16). Of the stages with a unit per
-#: variant (direct, spectral) a half config compiles a sample (_units): such a unit is 5 to 40 s of nvcc,
-#: and every variant of the same template text compiles in float32 for the seeds.
+#: bfloat16); the spectral world's (batch norm's statistics alone, float16); the tensor-core worlds' on
+#: FP16/BF16 MMAs (gemm_stats, gemm_main, gemm_cluster and extrema_map: the conv2d seed in float16, the conv3d
+#: seed in bfloat16). Of the stages with a unit per variant (direct, spectral, gemm) a half config compiles a
+#: sample (_units): such a unit is 5 to 40 s of nvcc, and every variant of the same template text compiles in
+#: float32 for the seeds (the gemm kernels' half text: scripts or a full run, not CI).
 HALF = ("conv2d_groupnorm_scale_maxpool_clamp_fp16", "conv3d_mul_instancenorm_clamp_mul_max_bf16",
         "convt3d_scale_batchnorm_gap_fp16", "convt3d_scale_maxpool_gap_clamp_bf16")
-NAMES = sorted(SEEDS) + sorted(EXTRA) + list(CORPUS) + list(HALF)
+#: Later regions (fusetune/pipeline.py): the cuDNN world's kernels on an earlier region's output, no convolution
+#: (a group norm after a max pool, a 3-D reduction over channels of a pooled tensor), by chain and region.
+LATER = {"conv2d_relu6_maxpool_groupnorm_r1": ("conv2d_relu6_maxpool_groupnorm", 1),
+         "convt3d_maxpool_maxpool_sum_channels_r1": ("convt3d_maxpool_maxpool_sum_channels", 1)}
+NAMES = sorted(SEEDS) + sorted(EXTRA) + list(CORPUS) + list(HALF) + list(LATER)
 
 
 def _spec(name: str):
+    if name in LATER:
+        from fusetune.pipeline import later_segments
+
+        chain, index = LATER[name]
+        segments = later_segments(make_plan(load_config(ROOT / "tests" / "chains" / f"{chain}.yaml")))
+        return next(s.spec for s in segments if s.index == index)
     if name in SEEDS:
         return load_config(SEEDS[name])
     if name in CORPUS:

@@ -52,7 +52,23 @@ class World(abc.ABC):
     def refusal(self, plan: Plan) -> str | None:
         """Why this world is not offered for the region, None where it is: the dtype, its own reasons, and
         a reduction mode one of its stages does not compute (facts.STAGE_REDUCE_MODES)."""
-        return self.numerics_refusal(plan) or self.why_not(plan) or reduce_mode_refusal(plan, self.stages(plan))
+        return (self.region_refusal(plan) or self.numerics_refusal(plan) or self.why_not(plan)
+                or reduce_mode_refusal(plan, self.stages(plan)))
+
+    def region_refusal(self, plan: Plan) -> str | None:
+        """Why a world does not take a later region (fusetune/pipeline.py: its producer is the tensor an
+        earlier region wrote, no convolution), None where it does or the region is the first. The worlds
+        that compute the convolution inside have none to compute there; ``later_regions`` False says a
+        world leaves them to the others for its own reasons."""
+        if getattr(plan.spec.producer, "convolves", True):
+            return None
+        if self.computes_conv_inside:
+            return "a later region: it reads an earlier region's output, there is no convolution to compute inside"
+        return None if self.later_regions else self.later_refusal
+
+    #: Whether it takes a later region that has no convolution, and why not where it does not.
+    later_regions: ClassVar[bool] = True
+    later_refusal: ClassVar[str] = ""
 
     def numerics_refusal(self, plan: Plan) -> str | None:
         """Why its kernels do not take the config's dtype or precision, None where they do. Its facts

@@ -30,6 +30,11 @@ class Inductor(World):
     # max-autotune benchmarks its templates while compiling: about a minute for one chain, several for
     # a large convolution, once per worker process (inductor's caches make a second compile short).
     warmup_s = 600.0
+    # A later region (no convolution) is a few memory-bound passes: its compile would cost a search up to a
+    # minute a region for what the whole chain's inductor candidate (region 0's search) already covers.
+    later_regions = False
+    later_refusal = ("a later region: torch.compile's candidate is the whole chain's, in the first region's "
+                     "search")
 
     def why_not(self, plan):
         return None  # torch.compile takes any chain the reference model runs

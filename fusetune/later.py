@@ -1,0 +1,61 @@
+"""The later regions' tuned modules (fusetune/pipeline.py), found in the cache and attached to the first
+region's model: what ``load_tuned``, ``optimize`` and ``bench`` run, and what ``export`` writes beside it.
+
+A later region is tuned as a problem of its own (its own cache key): here each one with a winner at the
+config's shapes gets a module of its winners' variants (``winners.render_winners``), built into the cache
+and attached to the first region's ModelNew (``ModelNew.attach_later``), which then runs it instead of the
+region's ops in PyTorch. One without a winner stays in PyTorch; that is said, never an error.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fusetune.build import build_and_load
+from fusetune.cache import Cache
+from fusetune.codegen import render
+from fusetune.export import find_winner
+from fusetune.pipeline import Segment, later_segments
+from fusetune.plan import Plan, make_plan
+from fusetune.winners import render_winners
+
+log = logging.getLogger("fusetune")
+
+
+def region_winners(segment: Segment, cache: Cache, gpu: str | None) -> dict[tuple[int, ...], Any]:
+    """The region's input shape -> its cached winner entry, for every one of its shapes tuned (on ``gpu``)."""
+    plan = make_plan(segment.spec)
+    source_hash = render(plan).source_hash
+    found = {}
+    for shape in segment.spec.shapes:
+        entry = find_winner(cache, segment.spec, shape, source_hash, gpu)
+        if entry is not None and entry.winner is not None:
+            found[tuple(shape)] = entry
+    return found
+
+
+def attach_later(model: Any, plan: Plan, cache: Cache, gpu: str | None, arch: str | None) -> list[str]:
+    """Attach each later region's tuned model to ``model`` (the first region's ModelNew); one line per
+    later region of kernels saying what runs there."""
+    lines = []
+    for segment in later_segments(plan):
+        if segment.spec is None:
+            continue
+        label = f"region {segment.index} ({segment.where})"
+        try:
+            winners = region_winners(segment, cache, gpu)
+            if not winners:
+                lines.append(f"{label}: PyTorch (not tuned yet: `fusetune search {plan.spec.path}` tunes it)")
+                continue
+            variants = {shape: dict(entry.winner["variant"]) for shape, entry in winners.items()}
+            generated = build_and_load(render_winners(make_plan(segment.spec), variants.values()), cache, arch)
+            region = generated.ModelNew(variant=next(iter(variants.values())))
+            for shape, variant in variants.items():
+                region._by_shape[shape] = region._resolve(variant)
+            model.attach_later(segment.index, region)
+            lines.append(f"{label}: tuned kernels")
+        except Exception as exc:  # a region's trouble leaves it in PyTorch, never the model down
+            lines.append(f"{label}: PyTorch (its kernels did not load: {type(exc).__name__}: {str(exc)[-300:]})")
+    for line in lines:
+        log.debug("fusetune: %s: %s", plan.spec.name, line)
+    return lines

@@ -1,0 +1,163 @@
+"""A chain as a pipeline of regions: the first computes the convolution (fusetune/plan.py), the later
+ones read the tensor the one before wrote.
+
+``make_plan`` fuses the longest prefix of the chain the kernels take (region 0). What follows it is cut
+here into segments, in order:
+
+  * a later region: the longest run of ops the kernels take, planned as a problem of its own whose
+    producer is the tensor it reads (``Producer.tensor``: no convolution; the worlds that compute one
+    inside refuse it) and whose shapes are that tensor's at the config's shapes. It is searched and
+    cached like any config (its own key), and the generated ModelNew runs its tuned module there;
+  * PyTorch: a view (free), an op no kernel family computes (a layer norm, a grid adaptive pool, a
+    reduction over some spatial dims), an op that reads the convolution's output (which only region 0
+    has), or a tensor without the (N, C, spatial...) structure (after a flatten). It runs with the
+    reference's own modules, and the segment says why.
+
+Where a later region has no tuned module (not searched yet, or a search that found nothing), ModelNew
+runs its ops in PyTorch, exactly as before this module existed: a pipeline never needs more than the
+first region's winner to run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from fusetune.config import ProblemSpec
+from fusetune.errors import PlanError
+from fusetune.ops import Shape
+from fusetune.plan import Plan, _kernel_refusal, make_plan
+from fusetune.producers import Producer
+from fusetune.regions import Step, reference_attr
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """A run of the chain after region 0: a later region of kernels (``spec`` set) or PyTorch (``why``)."""
+
+    index: int  # its place in the pipeline: region 1, 2, ...
+    steps: tuple[Step, ...]
+    spec: ProblemSpec | None = None  # the region as a problem of its own, where the kernels take it
+    why: str | None = None  # why PyTorch runs it, where they do not
+    #: (the region's reference attribute, the chain's) for each op with a module (a norm): the region's
+    #: ModelNew runs the chain's very modules.
+    attrs: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def kernels(self) -> bool:
+        return self.spec is not None
+
+    @property
+    def where(self) -> str:
+        return ", ".join(step.where for step in self.steps)
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        """The chain's learnable parameters the region reads (by their names, which it keeps)."""
+        return tuple(p.name for p in self.spec.parameters) if self.spec else ()
+
+
+def later_segments(plan: Plan) -> tuple[Segment, ...]:
+    """The segments after region 0, in order; none where the kernels take the whole chain."""
+    return _segments(plan)
+
+
+@functools.lru_cache(maxsize=256)
+def _segments(plan: Plan) -> tuple[Segment, ...]:
+    spec = plan.spec
+    shapes = [plan.fused_output_shape(s) for s in spec.shapes]
+    rest = list(plan.tail)
+    out: list[Segment] = []
+    pytorch: list[Step] = []
+    why: list[str] = []
+
+    def flush() -> None:
+        if pytorch:
+            out.append(Segment(index=len(out) + 1, steps=tuple(pytorch), why="; ".join(dict.fromkeys(why))))
+            pytorch.clear()
+            why.clear()
+
+    while rest:
+        step = rest[0]
+        refusal = _refusal(step, shapes[0])
+        region = refusal or _region(spec, rest, shapes, len(out) + 1 + bool(pytorch))
+        if isinstance(region, str):
+            pytorch.append(step)
+            why.append(region)
+            shapes = [step.op.out_shape(s) for s in shapes]
+            rest = rest[1:]
+            continue
+        flush()
+        region = dataclasses.replace(region, index=len(out) + 1)
+        out.append(region)
+        for taken in region.steps:
+            shapes = [taken.op.out_shape(s) for s in shapes]
+        rest = rest[len(region.steps):]
+    flush()
+    return tuple(out)
+
+
+def _refusal(step: Step, shape: Shape) -> str | None:
+    """Why no later region starts at this step, None where one may."""
+    op = step.op
+    if op.role == "view":
+        return f"{step.where}: a view, free in PyTorch"
+    if op.uses_producer():
+        return f"{step.where} reads the convolution's output (by: producer), which only the first region has"
+    if not 3 <= len(shape) <= 5:
+        return (f"{step.where}: its input {list(shape)} is not (N, C, spatial...) with 1 to 3 spatial dims, the "
+                "tensors the kernels take")
+    refusal = _kernel_refusal(op)
+    return f"{step.where}: {refusal}" if refusal else None
+
+
+def _region(spec: ProblemSpec, rest: list[Step], shapes: list[Shape], index: int) -> Segment | str:
+    """The later region that starts at ``rest[0]``: the longest run the kernels take; where they take
+    none of it, why not (the planner's reason for the first op alone)."""
+    why = f"{rest[0].where}: the kernels take none of it alone"
+    for end in range(len(rest), 0, -1):
+        steps = tuple(rest[:end])
+        if any(s.op.uses_producer() for s in steps):
+            continue
+        try:
+            region = region_spec(spec, steps, shapes, index)
+            plan = make_plan(region)
+        except PlanError as exc:  # pragma: no cover - make_plan plans every valid chain
+            why = str(exc)
+            continue
+        if end == 1 and plan.ends:
+            why = f"{rest[0].where}: {plan.ends.split(': ', 1)[-1].split(': ', 1)[-1]}"
+        if plan.tail or not plan.head:
+            continue  # the kernels stop inside it: a shorter run is the region
+        attrs = tuple((reference_attr(region, i), step.attr) for i, step in enumerate(steps)
+                      if reference_attr(region, i) is not None and step.attr is not None)
+        return Segment(index=index, steps=steps, spec=region, attrs=attrs)
+    return why
+
+
+def region_spec(spec: ProblemSpec, steps: tuple[Step, ...], shapes: list[Shape], index: int) -> ProblemSpec:
+    """A later region as a problem of its own: the chain's numerics and search settings, its producer
+    the tensor it reads (at ``shapes``, the tensor's shape at each of the config's), its ops as the
+    rewritten chain has them, the chain's parameters they read (same names)."""
+    first = shapes[0]
+    producer = Producer.tensor(first[1], len(first) - 2)
+    ops = tuple(step.op for step in steps)
+    names = {name for op in ops if op.role == "elementwise" for name in op.params()}
+    parameters = tuple(p for p in spec.parameters if p.name in names)
+    return dataclasses.replace(spec, name=f"{spec.name}_r{index}", producer=producer, parameters=parameters,
+                               epilogue=ops, shapes=tuple(tuple(s) for s in shapes))
+
+
+def problems(spec: ProblemSpec) -> list[ProblemSpec]:
+    """Everything a config asks to tune: the chain (region 0, with the rest in PyTorch) and each later
+    region of kernels, each with its own shapes. ``fusetune search``, ``submit`` and ``deploy`` tune them all."""
+    return [spec, *(s.spec for s in later_segments(make_plan(spec)) if s.spec is not None)]
+
+
+def expand(spec: ProblemSpec, shapes: list[Shape]) -> list[tuple[ProblemSpec, list[Shape]]]:
+    """``(spec, shapes)`` and, after it, each later region of kernels at the shapes its tensor has at
+    those of the config (what ``fusetune search`` tunes for them, in order: the first region first)."""
+    out = [(spec, list(shapes))]
+    for segment in later_segments(make_plan(spec)):
+        if segment.spec is not None:
+            out.append((segment.spec, [segment.spec.shapes[spec.shapes.index(tuple(s))] for s in shapes]))
+    return out

@@ -638,16 +638,37 @@ def worker(ctx: click.Context, storage: str, gpus: str, trials: int | None, time
     from fusetune.worker import Worker
 
     machine, cache, store = Machine.detect(), _cache(ctx), _storage(storage)
+    # Plain lines on stdout with the worker's others, never a live display: a worker per GPU shares the terminal.
+    alive = make_reporter(ctx.obj["verbosity"], progress=False, echo=click.echo)  # builds' and slow jobs' heartbeat
     with Worker() as evaluator:
         def make(plan_, shape_):
             import torch
 
             check_memory(plan_.spec, shape_, torch.cuda.mem_get_info()[0])  # too large: this job fails, not all
-            return GpuBenchmarker(plan_, shape_, cache, machine, evaluator, job_timeout=job_timeout, echo=click.echo)
+            return GpuBenchmarker(plan_, shape_, cache, machine, evaluator, job_timeout=job_timeout, echo=click.echo,
+                                  reporter=alive)
         summary = fleet.work(store, machine, cache, make, trials=trials, timeout=timeout, wait=wait, echo=click.echo)
     click.echo(f"worker done: {len(summary.done)} jobs done, {len(summary.failed)} failed, "
                f"{len(summary.lost)} finished by another worker")
     sys.exit(1 if summary.failed else 0)
+
+
+@main.command()
+@click.option("--storage", metavar="URL", envvar="FUSETUNE_STORAGE", required=True,
+              help="The fleet's PostgreSQL URL (default: $FUSETUNE_STORAGE).")
+@click.option("--json", "as_json", is_flag=True, help="The jobs by state and the winners as one JSON document.")
+@_fail_cleanly
+def queue(storage: str, as_json: bool) -> None:
+    """The fleet's jobs by state (queued, running with its worker and lease, done, failed) and winners."""
+    from fusetune import documents, queue_status
+    from fusetune.storage import redact
+
+    status = queue_status.queue_status(_storage(storage))
+    if as_json:
+        click.echo(documents.dumps(queue_status.status_document(status, redact(storage))))
+        return
+    for line in queue_status.status_lines(status, redact(storage)):
+        click.echo(line)
 
 
 @main.command()

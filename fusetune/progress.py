@@ -5,8 +5,9 @@ options and passed down (search, build, deploy call its hooks; nothing here is g
 
 * ``RichReporter``: a live display on a terminal (spinner and elapsed time while a build runs,
   a bar with n of N, the best time so far and an ETA while trials run);
-* ``PlainReporter``: one line per event, for logs and pipes; while a build runs, a heartbeat line
-  every ``interval`` seconds, so a 40-second nvcc build is never silent for long;
+* ``PlainReporter``: one line per event, for logs and pipes; while a build runs (or a job of the
+  evaluation process outlasts it), a heartbeat line every ``interval`` seconds, so a 40-second nvcc
+  build or a torch.compile max-autotune is never silent for long;
 * ``SilentReporter``: ``-q``, where only errors and the final result are printed.
 
 Everything a reporter writes goes to stderr: stdout holds a command's result (a table or ``--json``).
@@ -25,6 +26,8 @@ from typing import Callable, Iterator, TextIO
 QUIET, NORMAL, VERBOSE = 0, 1, 2
 #: Seconds between a running build's heartbeat lines (plain output): the issue's bound is 5 s.
 HEARTBEAT_S = 4.0
+#: Seconds a wait (a job of the evaluation process) lasts before the live display shows it.
+WAIT_SHOWN_S = 1.0
 #: The ``logging`` level each verbosity level sets on the ``fusetune`` logger.
 LOG_LEVELS = {QUIET: logging.ERROR, NORMAL: logging.INFO, VERBOSE: logging.DEBUG}
 
@@ -68,6 +71,12 @@ class Reporter(abc.ABC):
     @contextlib.contextmanager
     def building(self, name: str) -> Iterator[None]:
         """Around one build that runs now (not one found built): shows that it is alive."""
+        yield
+
+    @contextlib.contextmanager
+    def waiting(self, name: str) -> Iterator[None]:
+        """Around a wait that is mostly short but may be long (a job of the evaluation process: the
+        float64 reference, torch.compile's max-autotune): said only once it has lasted a while."""
         yield
 
     # -- trials --------------------------------------------------------------------------
@@ -127,14 +136,26 @@ class PlainReporter(Reporter):
 
     @contextlib.contextmanager
     def building(self, name: str) -> Iterator[None]:
-        start = time.monotonic()
         self.line(f"  building {name} ...")
+        with self._beating(f"building {name}"):
+            yield
+
+    @contextlib.contextmanager
+    def waiting(self, name: str) -> Iterator[None]:
+        """No line for a wait shorter than the interval (most jobs): a trial's line says it ended."""
+        with self._beating(name):
+            yield
+
+    @contextlib.contextmanager
+    def _beating(self, what: str) -> Iterator[None]:
+        """A line ``what: 8 s`` every ``interval`` until the block ends."""
+        start = time.monotonic()
         stop = threading.Event()
 
         def beat() -> None:
             while not stop.wait(self.interval):
-                self.line(f"  building {name}: {format_seconds(time.monotonic() - start)}")
-        ticker = threading.Thread(target=beat, name=f"fusetune-heartbeat-{name}", daemon=True)
+                self.line(f"  {what}: {format_seconds(time.monotonic() - start)}")
+        ticker = threading.Thread(target=beat, name=f"fusetune-heartbeat-{what}", daemon=True)
         ticker.start()
         try:
             yield
@@ -199,6 +220,29 @@ class RichReporter(Reporter):
         finally:
             self._remove(task)
 
+    @contextlib.contextmanager
+    def waiting(self, name: str) -> Iterator[None]:
+        """A spinner row with its elapsed time once the wait has lasted ``WAIT_SHOWN_S``: most jobs end
+        before it, and a row that came and went with each trial would make the display flicker."""
+        shown: list[int] = []
+        ended = threading.Event()
+
+        def show() -> None:
+            with self._lock:
+                if not ended.is_set():
+                    shown.append(self._add(_short(name), None))
+        timer = threading.Timer(WAIT_SHOWN_S, show)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+            with self._lock:
+                ended.set()
+                for task in shown:
+                    self._remove(task)
+
     def search_started(self, label: str, total: int, timeout: float | None = None) -> None:
         super().search_started(label, total, timeout)
         self._tasks[label] = self._add("trials", total)  # the label is the line above
@@ -259,7 +303,7 @@ def make_reporter(level: int = NORMAL, progress: bool = True, stream: TextIO | N
         def echo(text: str) -> None:
             stream.write(text + "\n")
             stream.flush()
-    return PlainReporter(echo, level)
+    return PlainReporter(echo, level, HEARTBEAT_S)  # read now: a test shortens it
 
 
 def _is_terminal(stream: TextIO) -> bool:

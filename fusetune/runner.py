@@ -99,13 +99,21 @@ class GpuBenchmarker:
             return {"status": "compile_error", "log": module.log[-4000:] if module else "not built"}
         with self.cache.lock(f"gpu-{self.machine.gpu.replace(' ', '_')}-{os.environ.get('CUDA_VISIBLE_DEVICES', '')}"):
             # One job on a GPU at a time, across processes: two timings at once measure neither.
-            opened = self.worker.run(self._job("open", None, module), self.open_timeout)
+            opened = self._wait(self._job("open", None, module), None, self.open_timeout)
             if opened["status"] != "ok":
                 if module is self.main:  # the shape itself cannot be set up: not this candidate's fault
                     raise FusetuneError(f"{self.plan.spec.path}: cannot prepare shape {list(self.shape)} on the "
                                         f"GPU ({opened['status']}): {opened.get('log', '')[-1500:]}")
                 return opened
-            return self.worker.run(self._job(kind, candidate, module), self.job_timeout + _warmup_s(candidate))
+            return self._wait(self._job(kind, candidate, module), candidate, self.job_timeout + _warmup_s(candidate))
+
+    def _wait(self, job: dict[str, Any], candidate: Candidate | None, timeout: float) -> dict[str, Any]:
+        """One job in the evaluation process; one that lasts (the float64 reference of a large shape,
+        torch.compile's max-autotune) shows that it is alive, as a running build does."""
+        if self.reporter is None:
+            return self.worker.run(job, timeout)
+        with self.reporter.waiting(_job_label(job["kind"], candidate)):
+            return self.worker.run(job, timeout)
 
     def evaluate(self, candidate: Candidate) -> dict[str, Any]:
         return _machine_refusal(candidate) or _clean(self._run("evaluate", candidate))
@@ -122,6 +130,19 @@ class GpuBenchmarker:
             return None
         result = self._run("eager", None)
         return result.get("time_ms") if result["status"] == "ok" else None
+
+
+#: What the evaluation process does in each kind of job, as a heartbeat line says it.
+JOB_WORDS = {"open": "setting up the float64 reference and eager's error", "eager": "timing eager PyTorch",
+             "evaluate": "verifying and timing", "verify": "verifying", "confirm": "timing again"}
+
+
+def _job_label(kind: str, candidate: Candidate | None) -> str:
+    """``verifying and timing inductor (torch.compile max-autotune)``: the job, and the candidate's world."""
+    words, world = JOB_WORDS.get(kind, kind), _world(candidate)
+    if world is None:
+        return words
+    return f"{words} {world.name}" + (f" (torch.compile {world.compile_mode})" if world.compile_mode else "")
 
 
 def _world(candidate: Candidate | None) -> World | None:

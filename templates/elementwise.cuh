@@ -8,15 +8,7 @@
 #include <math.h>
 
 #ifndef __CUDACC__
-#ifndef __host__
-#define __host__
-#endif
-#ifndef __device__
-#define __device__
-#endif
-#ifndef __forceinline__
-#define __forceinline__ inline
-#endif
+#include "host_compat.cuh"  // on the host only: nvcc knows the qualifiers, and rendered units ship alone
 #endif
 
 // torch.clamp, torch.max and max pooling propagate NaN; fmaxf/fminf would drop it. These keep a NaN

@@ -125,6 +125,26 @@ class FakeBench:
 MACHINE_FIELDS = ("FakeGPU", "9.0", "13.0", "2.13")
 
 
+class SlowEvaluator:
+    """Stands in for the evaluation process (fusetune.worker.Worker): the first job of each kind takes the
+    seconds given for it (as the float64 reference is set up once per module and shape), the others
+    none; each job is timed as it runs, and each answers ok in 1 ms."""
+
+    def __init__(self, seconds: Mapping[str, float]) -> None:
+        self.seconds, self.ran = dict(seconds), []  # ran: (kind, start, end)
+
+    def run(self, job: dict[str, Any], timeout: float) -> dict[str, Any]:
+        start = time.monotonic()
+        time.sleep(self.seconds.pop(job["kind"], 0.0))
+        self.ran.append((job["kind"], start, time.monotonic()))
+        return {"status": "ok", "time_ms": 1.0}
+
+    def __enter__(self) -> "SlowEvaluator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
 def tune_in_process(cache_root: str, config: str, shape: list[int], trials: int, out: str,
                     barrier: Any = None, delay: float = 0.002) -> None:
     """Child-process entry point: tune one shape with a FakeBench and write what happened to ``out``."""

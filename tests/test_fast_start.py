@@ -24,6 +24,7 @@ from fusetune.plan import make_plan
 from fusetune.search import Machine, tune_shape
 
 from conftest import SEEDS, import_file
+from export_run import run_export
 from fake_handlers import MACHINE_FIELDS, FakeBench
 
 MODELS = Path(__file__).resolve().parent / "models"
@@ -276,38 +277,12 @@ def test_load_tuned_falls_back_to_eager_on_any_build_or_load_failure(error: Exce
 
 # -- on a GPU: a prebuilt export starts without a compiler -------------------------------------------
 
-FIRST_FORWARD = """
-import json, os, shutil, stat, sys, time
-sys.modules["fusetune"] = None  # the export must not need fusetune
-import torch
-assert shutil.which("nvcc") is None, "nvcc is still on PATH"
-start = time.perf_counter()
-sys.path.insert(0, {parent!r})
-from {name} import Model, ModelNew, model as generated
-torch.manual_seed(1)
-ref = Model().cuda()
-fused = ModelNew().cuda()
-fused.load_state_dict(ref.state_dict())
-x = torch.rand({shape}, device="cuda")
-with torch.no_grad():
-    got = fused(x)
-torch.cuda.synchronize()
-first_s = time.perf_counter() - start
-with torch.no_grad():
-    want = ref.double()(x.double())
-print(json.dumps({{"first_forward_s": first_s, "library": generated._KERNELS.__file__,
-                  "error": ((got.double() - want).norm() / want.norm()).item()}}))
-"""
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_prebuilt_export_starts_without_nvcc_from_a_read_only_folder(tmp_path: Path) -> None:
     import json
     import math
     import os
-    import subprocess
-    import sys
 
     from fusetune.runner import GpuBenchmarker
     from fusetune.worker import Worker
@@ -332,10 +307,7 @@ def test_prebuilt_export_starts_without_nvcc_from_a_read_only_folder(tmp_path: P
     env = {**os.environ, "PATH": path, "CUDA_HOME": str(tmp_path / "no-cuda"), "CUDA_PATH": str(tmp_path / "no-cuda"),
            "FUSETUNE_CACHE_DIR": str(tmp_path / "empty-cache"), "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("FUSETUNE_BUILD_DIR", None)
-    script = FIRST_FORWARD.format(parent=str(target.parent), name=target.name, shape=list(shape))
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = run_export(target, shape, env, without_nvcc=True)
     print(f"\nprebuilt export: first forward {got['first_forward_s']:.2f} s after import torch; "
           f"error {got['error']:.2e}")
     assert Path(got["library"]).resolve() == (target / entry["file"]).resolve()

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -36,7 +38,7 @@ from fusetune.storage import Heartbeat, Storage, StorageError, engine_url, push_
 
 import pg  # noqa: E402
 from conftest import SEEDS  # noqa: E402
-from fake_handlers import MACHINE_FIELDS, FakeBench  # noqa: E402
+from fake_handlers import MACHINE_FIELDS, FakeBench, SlowEvaluator  # noqa: E402
 from fleet_worker import HEARTBEAT, hang_in_evaluator, run_worker  # noqa: E402
 
 TRIALS = 5
@@ -180,25 +182,31 @@ def _running(pid: int) -> bool:
     return "\nState:\tZ" not in status
 
 
+def assert_dies_with_parent(pid_file: Path, kill_parent: Callable[[], object], child_is: str) -> None:
+    """Wait for a child to write its pid to ``pid_file`` and a second more (it is up, and has asked to
+    die with its parent), run ``kill_parent`` (kill and reap), and give the child 10 s to follow;
+    one that outlives its parent is killed here and fails the test."""
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    time.sleep(1.0)
+    assert _running(child)
+    kill_parent()
+    deadline = time.monotonic() + 10
+    while _running(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _running(child):
+        os.kill(child, signal.SIGKILL)
+        pytest.fail(f"{child_is} outlived its parent, killed with SIGKILL")
+
+
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux's /proc")
 def test_a_tuning_process_killed_takes_its_evaluation_process_with_it(tmp_path):
     pid_file = tmp_path / "evaluator.pid"
     parent = SPAWN.Process(target=hang_in_evaluator, args=(str(pid_file),))
     parent.start()
-    deadline = time.monotonic() + 30
-    while not pid_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    evaluator = int(pid_file.read_text())
-    time.sleep(1.0)  # the evaluator is up and hanging in its job
-    assert _running(evaluator)
-    parent.kill()
-    parent.join()
-    deadline = time.monotonic() + 10
-    while _running(evaluator) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if _running(evaluator):
-        os.kill(evaluator, signal.SIGKILL)
-        pytest.fail("the evaluation process outlived its parent, killed with SIGKILL")
+    assert_dies_with_parent(pid_file, lambda: (parent.kill(), parent.join()), "the evaluation process")
 
 
 def server_started(storage: Storage):
@@ -285,6 +293,52 @@ def test_submit_queues_jobs_and_a_bad_url_is_a_usage_error(url, storage, tmp_pat
     assert len(Queue(storage).jobs()) == 2
 
 
+def test_queue_lists_jobs_by_state_with_workers_leases_and_winners(url, storage):
+    """One job in each state, a running one whose lease ran out (its worker died), one winner stored."""
+    done, running, expired, failed = submit(storage, "FakeGPU")
+    [queued] = submit(storage, "OtherGPU", shapes=1)
+    queue = Queue(storage)
+    for worker in ("hostA:11:aaaaaa", "hostB:22:bbbbbb", "hostC:33:cccccc", "hostD:44:dddddd"):
+        queue.claim("FakeGPU", worker)  # in id order: done, running, expired, failed
+    with storage.engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE fusetune_jobs SET lease_until = now() - interval '90 seconds' "
+                             "WHERE id = %(id)s", {"id": expired})
+    with storage.engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE fusetune_jobs SET state = 'done', key = 'k0', finished_at = now(), "
+                             "lease_until = NULL WHERE id = %(id)s", {"id": done})
+        conn.exec_driver_sql("UPDATE fusetune_jobs SET state = 'failed', message = 'Traceback\nout of memory', "
+                             "finished_at = now(), lease_until = NULL WHERE id = %(id)s", {"id": failed})
+    storage.publish("k0", {"gpu": "FakeGPU"}, {"time_ms": 1.0, "candidate": {}})
+    runner = CliRunner()
+
+    result = runner.invoke(main, ["queue", "--storage", url, "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["counts"] == {"queued": 1, "running": 2, "done": 1, "failed": 1}
+    assert document["winners"] == 1 and document["winners_by_gpu"] == {"FakeGPU": 1}
+    jobs = {job["id"]: job for state in document["jobs"].values() for job in state}
+    assert [j["id"] for j in document["jobs"]["running"]] == [running, expired]
+    assert jobs[running]["host"] == "hostB" and jobs[running]["worker"] == "hostB:22:bbbbbb"
+    assert 0 < jobs[running]["lease_left_s"] <= queue.grace_s
+    assert jobs[expired]["lease_left_s"] < -80
+    assert jobs[queued]["gpu"] == "OtherGPU" and jobs[queued]["lease_left_s"] is None
+    assert jobs[done]["key"] == "k0" and jobs[failed]["message"].endswith("out of memory")
+    assert jobs[done]["shape"] == [3, 3, 7, 11, 13]
+
+    text = runner.invoke(main, ["queue", "--storage", url])
+    assert text.exit_code == 0, text.output
+    lines = text.output.splitlines()
+    assert "1 queued, 2 running, 1 done, 1 failed; 1 winners stored (1 for FakeGPU)" in lines[0]
+    assert [line for line in lines if not line.startswith(" ")][1:] == ["queued:", "running:", "done:", "failed:"]
+    by_id = {int(line.split()[0][1:]): line for line in lines if line.startswith("  #")}
+    assert "worker hostB:22:bbbbbb on hostB" in by_id[running] and "lease ends in" in by_id[running]
+    assert "lease ran out" in by_id[expired] and "hostC" in by_id[expired]
+    assert "key k0" in by_id[done] and by_id[failed].endswith("out of memory")
+
+    bad = runner.invoke(main, ["queue", "--storage", "mysql://x/y"])
+    assert bad.exit_code == 2 and "expected a PostgreSQL URL" in bad.output
+
+
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """The command line sees a GPU of type FakeGPU; a FakeBench times its candidates."""
@@ -323,6 +377,43 @@ def test_submit_then_a_worker_then_search_and_deploy_on_another_host(url, storag
 def _cuda() -> bool:
     import torch
     return torch.cuda.is_available()
+
+
+def test_worker_says_it_is_alive_during_its_build_and_a_slow_job(url, storage, monkeypatch, tmp_path):
+    """Issue 27 for `fusetune worker`, scaled down (a heartbeat every 0.1 s): its module's build (nvcc, a slow
+    stand-in here) and its evaluation process's first job (the float64 reference: a slow stand-in for the
+    GPU process) each say what they are at least every interval, as `fusetune search` does."""
+    import torch
+
+    from fusetune import build as build_module, progress
+
+    slow_s = 0.6
+
+    def slow_child(cmd, env, timeout):
+        time.sleep(slow_s)
+        return True, False, ""
+    monkeypatch.setattr(Machine, "detect", classmethod(lambda cls: Machine(*MACHINE_FIELDS)))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (80 << 30, 80 << 30))
+    monkeypatch.setattr(build_module, "_run_child", slow_child)
+    monkeypatch.setattr("fusetune.worker.Worker", lambda: SlowEvaluator({"open": slow_s}))
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.1)
+    submit(storage, MACHINE_FIELDS[0], shapes=1)
+    result = CliRunner().invoke(main, ["--cache-dir", str(tmp_path / "host"), "worker", "--storage", url, "--one",
+                                       "--trials", "2"])
+    assert result.exit_code == 0 and "1 jobs done" in result.output, result.output
+    lines = result.output.splitlines()
+    [built] = [line for line in lines if re.fullmatch(r"  building \S+ \.\.\.", line)]
+    beats = [line for line in lines if line.startswith(built[:-4] + ": ")]
+    assert len(beats) >= slow_s / 0.1 / 3, lines
+    opened = [line for line in lines if re.fullmatch(r"  setting up the float64 reference and eager's error: \d+ s",
+                                                     line)]
+    assert len(opened) >= slow_s / 0.1 / 3, lines
+    spec = load_config(JOBS)  # -q: another job, cold again on another host, without a heartbeat
+    assert Queue(storage).submit(spec, JOBS.read_text(), spec.shapes[1:2], [MACHINE_FIELDS[0]]) == (1, 0)
+    quiet_run = CliRunner().invoke(main, ["-q", "--cache-dir", str(tmp_path / "host2"), "worker", "--storage", url,
+                                          "--one", "--trials", "2"])
+    assert quiet_run.exit_code == 0 and "1 jobs done" in quiet_run.output, quiet_run.output
+    assert not any(line.startswith(("  building", "  setting up")) for line in quiet_run.output.splitlines())
 
 
 @pytest.mark.skipif(_cuda(), reason="a GPU is visible: the worker would start tuning")
@@ -563,20 +654,7 @@ def test_a_child_of_the_fleet_dies_with_its_parent_killed(tmp_path):
                    f"child = subprocess.Popen([sys.executable, '-c', {CHILD!r}, '600'], env=child_env({{}}))\n"
                    f"open({str(pid_file)!r}, 'w').write(str(child.pid))\nchild.wait()\n")
     parent = subprocess.Popen([sys.executable, "-c", parent_code])
-    deadline = time.monotonic() + 30
-    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    child = int(pid_file.read_text())
-    time.sleep(1.0)  # the child asked to die with its parent
-    assert _running(child)
-    parent.kill()
-    parent.wait()
-    deadline = time.monotonic() + 10
-    while _running(child) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if _running(child):
-        os.kill(child, signal.SIGKILL)
-        pytest.fail("a child started with child_env outlived its parent, killed with SIGKILL")
+    assert_dies_with_parent(pid_file, lambda: (parent.kill(), parent.wait()), "a child started with child_env")
 
 
 def test_a_job_that_kills_its_workers_fails_after_max_attempts(storage):

@@ -18,7 +18,7 @@ from fusetune.progress import (NORMAL, QUIET, VERBOSE, PlainReporter, RichReport
 from fusetune.search import Machine, tune_shape
 
 from conftest import SEEDS
-from fake_handlers import MACHINE_FIELDS, FakeBench, fake_time
+from fake_handlers import MACHINE_FIELDS, FakeBench, SlowEvaluator, fake_time
 
 MACHINE = Machine(*MACHINE_FIELDS)
 TRIAL = re.compile(r"^  trial +(\d+)/(\d+)  (\S+(?: ms)?) +best (\S+) ms  eta (\S+(?: s)?)$")
@@ -133,6 +133,24 @@ def test_the_rich_display_draws_a_search_and_leaves_the_terminal_as_it_was():
     assert out.rstrip().endswith("\x1b[?25h") or out.rfind("\x1b[?25h") > out.rfind("\x1b[?25l")  # cursor shown
 
 
+@pytest.mark.skipif(not rich_available(), reason="rich is not installed")
+def test_the_rich_display_shows_a_slow_wait_and_not_a_quick_one(monkeypatch):
+    from fusetune import progress
+
+    monkeypatch.setattr(progress, "WAIT_SHOWN_S", 0.2)
+    terminal = _Terminal()
+    reporter = make_reporter(NORMAL, stream=terminal)
+    with reporter.waiting("a quick job"):
+        pass
+    time.sleep(0.4)  # past the delay: a timer left running would show the quick job now
+    with reporter.waiting("a slow job"):
+        time.sleep(0.8)
+    reporter.close()
+    out = terminal.getvalue()
+    assert "a slow job" in out and "a quick job" not in out
+    assert out.rfind("\x1b[?25h") > out.rfind("\x1b[?25l")  # the display stopped, the cursor shown
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU (and nvcc)")
 def test_a_real_search_shows_a_line_within_1_s_and_every_5_s_of_a_cold_build(tmp_path):
@@ -156,3 +174,36 @@ def test_a_real_search_shows_a_line_within_1_s_and_every_5_s_of_a_cold_build(tmp
     during = [t for t, _ in stamps[begun:ended + 1]]
     assert stamps[ended][0] - stamps[begun][0] > 5.0, "the build was too short to tell"
     assert max(b - a for a, b in zip(during, during[1:])) <= 5.0, stamps[begun:ended + 1]
+
+
+def test_a_slow_job_of_the_evaluation_process_beats_and_a_quick_one_is_silent(tmp_path):
+    """Issue 27 for what the evaluation process does (the float64 reference of a large shape, a torch.compile
+    max-autotune in the inductor world's first forward) scaled down: a job that outlasts the interval says
+    what it is at least every interval; a quick one, most trials, adds no line."""
+    from fusetune.build import BuildResult
+    from fusetune.codegen import plan_space
+    from fusetune.runner import GpuBenchmarker, _job_label
+    from fusetune.worlds import WORLDS
+
+    job_s, interval = 0.6, 0.1
+    spec = load_config(SEEDS["groupnorm"])
+    plan = make_plan(spec)
+    candidate = next(c for c in plan_space(plan).all() if c["producer.impl"] == "direct")
+    evaluator = SlowEvaluator({"open": job_s, "evaluate": job_s})
+    stamps: list[tuple[float, str]] = []
+    reporter = PlainReporter(lambda text: stamps.append((time.monotonic(), text)), interval=interval)
+    bench = GpuBenchmarker(plan, spec.shapes[-1], Cache(tmp_path / "cache"), MACHINE, evaluator, reporter=reporter)
+    bench.main = BuildResult(name="m", ok=True, seconds=0.0, log="", module_dir=tmp_path, build_dir=tmp_path)
+    assert bench.evaluate(candidate)["status"] == "ok"
+    for kind, label in [("open", "setting up the float64 reference and eager's error"),
+                        ("evaluate", "verifying and timing direct")]:
+        [(start, end)] = [(s, e) for k, s, e in evaluator.ran if k == kind]
+        beats = [t for t, text in stamps if re.fullmatch(rf"  {re.escape(label)}: \d+ s", text)]
+        assert len(beats) >= job_s / interval / 3, (kind, stamps)
+        times = [start] + beats + [end]
+        assert all(start <= t <= end for t in beats) and max(b - a for a, b in zip(times, times[1:])) < interval * 8
+    stamps.clear()
+    assert bench.eager_ms() == 1.0 and stamps == []  # quick jobs: no line
+    inductor = {**candidate, "producer.impl": "inductor"}
+    mode = WORLDS["inductor"].compile_mode
+    assert _job_label("evaluate", inductor) == f"verifying and timing inductor (torch.compile {mode})"

@@ -62,6 +62,9 @@ class Plan:
     ends: str | None = None  # why the fused region ends before the tail (None: no tail)
     rules: tuple[str, ...] = ()  # the rewrite rules that changed or marked the chain (regions.RULES)
     softmax: Softmax | None = None  # a softmax or log_softmax over the channels in the reduce slot (channel_softmax)
+    #: A rule that holds at the config's shapes only fired (regions.Rule.at_shapes): the generated model
+    #: runs PyTorch's own forward at any other input shape.
+    at_shapes: bool = False
 
     @property
     def softmax_kernel(self) -> KernelReduction:
@@ -207,7 +210,7 @@ def make_plan(spec: ProblemSpec) -> Plan:
             ends = str(exc)
             continue
         return dataclasses.replace(plan, head=head, tail=tail, ends=_why_tail(spec, head, tail, ends),
-                                   rules=rewritten.fired)
+                                   rules=rewritten.fired, at_shapes=rewritten.at_shapes)
     raise AssertionError("the empty region is always planned")  # pragma: no cover
 
 

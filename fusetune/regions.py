@@ -36,6 +36,7 @@ from typing import Callable, Sequence
 from fusetune.config import ProblemSpec
 from fusetune.ops import (Add, AdaptivePool, DimReduce, Div, Flatten, Mul, Norm, Op, Pool, Reduce, SpatialReduce,
                           Unsqueeze)
+from fusetune.ops.reduce import Squeeze
 from fusetune.ops.reduce import KERNEL_MODES
 from fusetune.ops.reductions import REDUCTIONS
 
@@ -75,11 +76,14 @@ FROM_STATISTICS = "from_statistics"
 @dataclasses.dataclass(frozen=True)
 class Rule:
     """One exact rewrite of a chain: ``apply`` returns the chain after it (the same steps where it does
-    not apply); it may replace steps or mark them for the planner."""
+    not apply); it may replace steps or mark them for the planner. A rule ``at_shapes`` holds at the
+    config's shapes only (an adaptive pool's windows depend on its input's size): where it fired, the
+    generated model runs PyTorch's own forward at any other input shape."""
 
     name: str
     doc: str
     apply: Callable[[list[Step], ProblemSpec], list[Step]]
+    at_shapes: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +92,11 @@ class Rewritten:
 
     steps: tuple[Step, ...]
     fired: tuple[str, ...]
+
+    @property
+    def at_shapes(self) -> bool:
+        """Whether a rule that holds at the config's shapes only fired (Rule.at_shapes)."""
+        return any(rule.at_shapes for rule in RULES if rule.name in self.fired)
 
 
 def rewrite(spec: ProblemSpec) -> Rewritten:
@@ -192,6 +201,57 @@ def _merge_reductions(steps: list[Step], rank: int) -> list[Step]:
     return _pairwise(steps, merge, rank)
 
 
+#: Reductions over all dims but the batch's that are one over the spatial dims, then one over the channels
+#: (each plane holds as many values, so a mean of plane means is the mean; max, min, sum and logsumexp fold).
+_SPLITTABLE = ("sum", "mean", "max", "min", "amax", "amin", "logsumexp")
+
+
+def _split_full_reductions(steps: list[Step], rank: int) -> list[Step]:
+    """torch.sum(x, (1, 2, 3)) is the sum over the channels of each plane's sum: the kernels' spatial
+    reduction in the first region, their channel reduction in a later one (fusetune/pipeline.py)."""
+    out: list[Step] = []
+    current = rank
+    for step in steps:
+        op = step.op
+        if (isinstance(op, DimReduce) and op.mode in _SPLITTABLE and current > 2
+                and op.dims == tuple(range(1, current))):
+            mode = _SAME_MODE.get(op.mode, op.mode)
+            spatial = tuple(range(2, current))
+            out.append(Step(DimReduce(mode=mode, over="dim", dim=2, dims=spatial, keepdim=True), None, step.entries))
+            out.append(Step(DimReduce(mode=mode, over="dim", dim=1, dims=(1,), keepdim=True), None, step.entries))
+            if not op.keepdim:
+                out.append(Step(Squeeze(dims=tuple(range(1, current))), None, step.entries))
+        else:
+            out.append(step)
+        current = _rank_after(op, current)
+    return out
+
+
+def _adaptive_as_pool(steps: list[Step], spec: ProblemSpec) -> list[Step]:
+    """An adaptive pool whose output sizes divide its input's at every shape of the config, with the same
+    window at all of them, is the plain pool of that window (stride the window): PyTorch's adaptive windows
+    are then exactly those. At another input shape they need not be: the rule holds at the config's shapes
+    only (Rule.at_shapes)."""
+    from fusetune.ops.pool import AvgPool, MaxPool
+
+    out: list[Step] = []
+    shapes = [spec.producer.out_shape(s) for s in spec.shapes]
+    for step in steps:
+        op = step.op
+        if isinstance(op, AdaptivePool) and not op.global_ and all(len(s) == len(op.output_size) + 2 for s in shapes):
+            windows = {tuple(size // o if size % o == 0 else 0 for size, o in zip(s[2:], op.output_size))
+                       for s in shapes}
+            window = next(iter(windows))
+            if len(windows) == 1 and all(window):
+                pool = (AvgPool if op.mode == "avg" else MaxPool)(kernel_size=window, stride=window)
+                out.append(dataclasses.replace(step, op=pool, attr=None))
+                shapes = [op.out_shape(s) for s in shapes]
+                continue
+        out.append(step)
+        shapes = [op.out_shape(s) for s in shapes]
+    return out
+
+
 def _kernel_form(dims: tuple[int, ...], rank: int) -> bool:
     """Whether a reduction over ``dims`` of a rank-``rank`` input is one the kernels compute: over the
     channel dim, or over every spatial dim."""
@@ -259,6 +319,10 @@ RULES: tuple[Rule, ...] = (
     Rule("drop_identity", "dropout that is the identity (eval mode, or p = 0) is dropped", _ranked(_drop_identity)),
     Rule("merge_reductions", "reductions of one mode in a row, over disjoint dims, merge into one",
          _ranked(_merge_reductions)),
+    Rule("split_full_reductions", "a reduction over the channels and every spatial dim is one over the spatial "
+         "dims, then one over the channels", _ranked(_split_full_reductions)),
+    Rule("adaptive_as_pool", "an adaptive pool whose sizes divide its input's, with one window at every shape "
+         "of the config, is the plain pool of that window", _adaptive_as_pool, at_shapes=True),
     Rule("kernel_reductions", "a reduction over every spatial dim or over the channels is the kernels' own, "
          "with a view that restores PyTorch's shape", _ranked(_kernel_reductions)),
     Rule("sink_views", "a view before an op that maps each value alone moves after it", _ranked(_sink_views)),

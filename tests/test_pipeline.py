@@ -131,3 +131,15 @@ def test_export_writes_each_tuned_later_region_beside_the_first(tmp_path: Path) 
     model = generated.ModelNew()
     assert sorted(model._later) == [1]  # region 1's tuned model, loaded from r1/
     assert type(model._later[1]).__module__.endswith("_r1")
+
+
+def test_a_rewrite_that_holds_at_the_configs_shapes_only_guards_the_model(tmp_path: Path) -> None:
+    """An adaptive pool fused as the plain pool its windows are at the config's shapes: the generated model
+    knows those shapes (EXACT_AT) and runs PyTorch's forward at any other; without such a rewrite, None."""
+    spec = load_config(ROOT / "tests" / "chains" / "conv2d_relu_adaptivemaxpool_grid_divides.yaml")
+    plan = make_plan(spec)
+    assert plan.at_shapes and plan.pool is not None and plan.pool.kernel_size == (4, 4)
+    generated = load_generated(render(plan).write(tmp_path / "guarded"))
+    assert generated.EXACT_AT == [list(s) for s in spec.shapes]
+    plain = load_generated(render(make_plan(load_config(TWO_REGIONS))).write(tmp_path / "plain"))
+    assert plain.EXACT_AT is None

@@ -63,3 +63,48 @@ def test_plan_lists_the_rules_that_fired():
     assert document["rules"] == list(plan.rules) == ["kernel_reductions", "mean_of_norm"]
     text = runner.invoke(main, ["plan", str(path)]).output
     assert "  rewrites: kernel_reductions, mean_of_norm" in text
+
+
+def _run_steps(model, steps, x):
+    """The steps' PyTorch lines on ``x`` (the convolution's output, which ``by: producer`` ops read too)."""
+    import torch
+    import torch.nn.functional as F
+
+    y = x
+    for step in steps:
+        x = eval(step.op.forward_code("x", step.attr), {"self": model, "x": x, "y": y, "F": F, "torch": torch})  # noqa: S307
+    return x
+
+
+@pytest.mark.parametrize("path", sorted(CHAINS.glob("*.yaml")) + sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_the_rewritten_chain_computes_the_configs_at_its_shapes(path, tmp_path):
+    """Every rule is exact: the rewritten steps, run as PyTorch, give the chain's own result in float64 at
+    each of the config's shapes (at_shapes rules hold there), norms moved off their identity."""
+    import torch
+
+    from fusetune.build import load_generated
+    from fusetune.codegen import render
+
+    spec = load_config(path)
+    rewritten = rewrite(spec)
+    generated = load_generated(render(make_plan(spec)).write(tmp_path))
+    torch.manual_seed(0)
+    model = generated.Model().double()
+    for module in model.modules():
+        for name in ("weight", "bias", "running_mean"):
+            tensor = getattr(module, name, None)
+            if module is not model.producer and isinstance(tensor, torch.Tensor) and tensor.dim() == 1:
+                with torch.no_grad():
+                    tensor.uniform_(0.5, 1.5) if name == "weight" else tensor.uniform_(-0.5, 0.5)
+    model.eval()  # both sides run the same modules: running statistics for every batch norm here
+    for shape in spec.shapes:
+        x = model.producer(torch.randn(shape, dtype=torch.float64))
+        expected = _run_steps(model, [type("S", (), {"op": op, "attr": attr})() for op, attr in
+                                      _reference_steps(spec)], x)
+        assert torch.allclose(_run_steps(model, rewritten.steps, x), expected, rtol=1e-9, atol=1e-9), shape
+
+
+def _reference_steps(spec):
+    from fusetune.regions import reference_attr
+
+    return [(op, reference_attr(spec, i)) for i, op in enumerate(spec.epilogue)]

@@ -1,0 +1,106 @@
+"""GPU tests of later regions (fusetune/pipeline.py): a chain and each of its later regions are searched with
+a small budget, load_tuned attaches every later region's tuned model, and the whole model matches float64 with
+the norms moved off their identity, NaN-filled outputs and shapes no tile divides; the export runs the same;
+a rewrite that holds at the config's shapes only falls back to PyTorch at another shape.
+
+Skipped without a CUDA GPU: pytest -m gpu tests/test_gpu_pipeline.py
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+from fusetune.config import load_config  # noqa: E402
+from fusetune.deploy import load_tuned  # noqa: E402
+from fusetune.export import export  # noqa: E402
+from fusetune.pipeline import expand, later_segments  # noqa: E402
+from fusetune.plan import make_plan  # noqa: E402
+from fusetune.runner import GpuBenchmarker  # noqa: E402
+from fusetune.search import Machine, tune_shape  # noqa: E402
+
+from conftest import ROOT  # noqa: E402
+from export_run import run_export  # noqa: E402
+
+CHAINS = ROOT / "tests" / "chains"
+#: Each later region's kind: a group norm after a pool (statistics, finalize, map), two pools that do not
+#: compose, a channel reduction of a pooled 3-D tensor, a full reduction split in two, a map after a layer
+#: norm in PyTorch, an adaptive pool fused as a plain one (at the config's shapes only).
+PIPELINES = ["conv2d_relu6_maxpool_groupnorm", "conv2d_gelu_avgpool_maxpool_avgpool",
+             "convt3d_maxpool_maxpool_sum_channels", "conv2d_sigmoid_sum_all", "conv3d_layernorm_dhw_gelu",
+             "conv2d_relu_adaptivemaxpool_grid_divides", "convt2d_outpad_batchnorm_tanh_maxpool_groupnorm"]
+
+
+def _factory(cache, machine, worker):
+    return lambda plan, shape: GpuBenchmarker(plan, shape, cache, machine, worker, echo=print)
+
+
+def _off_identity(model: torch.nn.Module) -> None:
+    """Norms' affine parameters and running statistics away from 1 and 0, so a map that skips them shows."""
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if not name.startswith("producer.") and tensor.dim() == 1:
+                tensor.uniform_(0.5, 1.5) if name.endswith("weight") else tensor.uniform_(-0.5, 0.5)
+        for name, tensor in model.named_buffers():
+            if name.endswith("running_mean"):
+                tensor.uniform_(-0.3, 0.3)
+            elif name.endswith("running_var"):
+                tensor.uniform_(0.5, 2.0)
+
+
+def _error(model: torch.nn.Module, reference: torch.nn.Module, shape) -> float:
+    x = torch.randn(shape, device="cuda")
+    with torch.no_grad():
+        out = model(x)
+        want = reference(x.double())
+    assert out.shape == want.shape and not torch.isnan(out).any()
+    return ((out.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize("name", PIPELINES)
+def test_every_region_tuned_and_the_whole_model_matches_float64(name, cache, worker, tmp_path):
+    path = CHAINS / f"{name}.yaml"
+    spec = load_config(path)
+    machine = Machine.detect()
+    for problem, shapes in expand(spec, list(spec.shapes)):
+        for shape in shapes:
+            result = tune_shape(problem, shape, cache, machine, _factory(cache, machine, worker), trials=3)
+            assert result.status == "tuned", (problem.name, shape, result.message)
+    model = load_tuned(path, cache)
+    kernels = [s.index for s in later_segments(make_plan(spec)) if s.kernels]
+    assert sorted(model._later) == kernels
+    model.fill_value = float("nan")
+    for region in model._later.values():
+        region.fill_value = float("nan")  # unwritten elements show
+    _off_identity(model)
+    model.eval()
+    reference = sys.modules[type(model).__module__].Model().cuda()
+    reference.load_state_dict(model.state_dict())
+    reference.double().eval()
+    for shape in spec.shapes:
+        assert _error(model, reference, shape) < 1e-2, (name, shape)
+    target = export(spec, list(spec.shapes), cache, tmp_path, machine.gpu)
+    assert sorted(p.name for p in target.iterdir() if p.is_dir() and p.name.startswith("r")) == [f"r{i}" for i in kernels]
+    got = run_export(target, spec.shapes[-1], {**os.environ, "FUSETUNE_BUILD_DIR": str(target / "build")})
+    assert got["error"] < 1e-2, got
+
+
+def test_an_adaptive_pool_fused_as_a_plain_one_falls_back_at_another_shape(cache, worker):
+    path = CHAINS / "conv2d_relu_adaptivemaxpool_grid_divides.yaml"
+    spec = load_config(path)
+    machine = Machine.detect()
+    result = tune_shape(spec, spec.shapes[0], cache, machine, _factory(cache, machine, worker), trials=3)
+    assert result.status in ("tuned", "cached")
+    model = load_tuned(path, cache).eval()
+    reference = sys.modules[type(model).__module__].Model().cuda()
+    reference.load_state_dict(model.state_dict())
+    reference.double()
+    other = (2, 8, 21, 25)  # 19 x 23 after the convolution: adaptive windows of unequal sizes
+    assert _error(model, reference, other) < 1e-5  # PyTorch's own forward there (EXACT_AT)

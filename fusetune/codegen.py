@@ -200,11 +200,11 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         "channels_per_group": norm.groups_of(plan.spec.producer.out_channels) if norm else 1,
         "cuda_flags": list(CUDA_FLAGS),
         "conv": conv,
-        "gemm": gemm_k(conv),
+        "gemm": gemm_k(conv, DTYPES[plan.spec.dtype].bytes),  # TF32 m16n8k8 at float32, FP16/BF16 m16n8k16 at 2 bytes
         "footprint_max": FOOTPRINT_MAX,
         # The box of a gemm variant: whole pooling windows for the main kernel, single outputs for statistics.
         "gemm_tile": lambda variant, pooled: gemm_tile(conv, *(plan.pool_window if pooled else ((1, 1, 1),) * 2),
-                                                       variant["tw"], variant["th"]),
+                                                       variant["tw"], variant["th"], DTYPES[plan.spec.dtype].bytes),
         # The K-tiled kernels (wide_stats, wide_main): the convolution's axes as they compute it, a stage's input
         # channels, whether wide_main folds a pool's windows class by class (aligned: each window one output
         # of each class, its window and stride the classes' stride on every axis), and per variant its

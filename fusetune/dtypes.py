@@ -30,12 +30,15 @@ class Dtype:
     bytes: int
     pair: str = ""  # two of them in one 4-byte word (CUDA's __half2, __nv_bfloat162): a paired load
     pair_to_float: str = ""  # its conversion to float2
+    #: Its PTX type in the tensor cores' mma.sync m16n8k16 (f32 accumulation), "" for float32, whose
+    #: tensor-core products are TF32 (m16n8k8) or float32 (config.PRECISIONS).
+    mma: str = ""
 
 
 DTYPES: dict[str, Dtype] = {
     "float32": Dtype("float32", "float32", "kFloat", "float", "float4", "", "", "", "", 4),
     "float16": Dtype("float16", "float16", "kHalf", "ft_t", "ft_t4", "__half", "cuda_fp16.h",
-                     "__half2float", "__float2half_rn", 2, "__half2", "__half22float2"),
+                     "__half2float", "__float2half_rn", 2, "__half2", "__half22float2", "f16"),
     "bfloat16": Dtype("bfloat16", "bfloat16", "kBFloat16", "ft_t", "ft_t4", "__nv_bfloat16", "cuda_bf16.h",
-                      "__bfloat162float", "__float2bfloat16_rn", 2, "__nv_bfloat162", "__bfloat1622float2"),
+                      "__bfloat162float", "__float2bfloat16_rn", 2, "__nv_bfloat162", "__bfloat1622float2", "bf16"),
 }

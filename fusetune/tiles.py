@@ -32,41 +32,71 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def cin_padded(cin: int) -> int:
-    """Input channels rounded up to 4. K runs tap-major (k = tap * channels + channel), so with whole
-    groups of 4 channels the A column a lane reads is its own channel (lane % 4) plus a constant per
-    k step: every A load sits at a compile-time offset from one pointer."""
-    return _round_up(cin, 4)
+@dataclasses.dataclass(frozen=True)
+class Mma:
+    """The tensor-core kernels' MMA at an element size: float32 (4 bytes) as TF32 m16n8k8, float16 and
+    bfloat16 (2 bytes) as m16n8k16, accumulating in float either way. A lane's A fragment takes K
+    columns t and t + 4 of a k step of 8 (TF32), or the pairs 2t, 2t + 1 and 2t + 8, 2t + 9 of one of
+    16 (FP16/BF16: two values a register); the input channels are padded to ``channels`` so that those
+    columns of one k step are channels of one tap. The staged input's rows and channels start 16 bytes
+    apart (``row`` elements) for the 16-byte asynchronous copies."""
+
+    k: int  # the MMA's k: K is padded to it
+    channels: int  # the input channels are padded to it
+    row: int  # a staged input row is padded to it (elements: 16 bytes)
+    elem: int  # bytes of a staged input value
 
 
-def k_padded(cin: int, kernel: Sequence[int]) -> int:
-    """K (taps x padded input channels) rounded up to the MMA's k of 8; the extra rows have zero weights."""
-    return _round_up(cin_padded(cin) * math.prod(kernel), 8)
+#: Element bytes -> the MMA the tensor-core kernels multiply them with (gemm.cuh.j2).
+MMAS: dict[int, Mma] = {4: Mma(k=8, channels=4, row=4, elem=4), 2: Mma(k=16, channels=8, row=8, elem=2)}
 
 
-def gemm_k(conv: dict) -> dict[str, int]:
+def cin_padded(cin: int, elem: int = 4) -> int:
+    """Input channels rounded up to 4 (8 for 2-byte values). K runs tap-major (k = tap * channels +
+    channel), so with whole groups of channels the A column a lane reads is its own channel (lane % 4,
+    or the pair 2 * (lane % 4) at 2 bytes) plus a constant per k step: every A load sits at a
+    compile-time offset from one pointer."""
+    return _round_up(cin, MMAS[elem].channels)
+
+
+def k_padded(cin: int, kernel: Sequence[int], elem: int = 4) -> int:
+    """K (taps x padded input channels) rounded up to the MMA's k (8, or 16 at 2 bytes); the extra rows
+    have zero weights."""
+    return _round_up(cin_padded(cin, elem) * math.prod(kernel), MMAS[elem].k)
+
+
+def gemm_k(conv: dict, elem: int = 4) -> dict[str, int]:
     """K of a convolution's implicit GEMM, as the templates take it (codegen's ``gemm``): ``k`` (taps
-    x padded channels), ``cin_pad`` and ``k_pad``."""
-    cin_pad = cin_padded(conv["cin"])
-    return {"k": cin_pad * math.prod(conv["kernel"]), "cin_pad": cin_pad, "k_pad": k_padded(conv["cin"], conv["kernel"])}
+    x padded channels), ``cin_pad``, ``k_pad`` and the MMA's ``k_step``."""
+    cin_pad = cin_padded(conv["cin"], elem)
+    return {"k": cin_pad * math.prod(conv["kernel"]), "cin_pad": cin_pad, "k_pad": k_padded(conv["cin"], conv["kernel"], elem),
+            "k_step": MMAS[elem].k}
 
 
-def weight_words(cout: int, k_pad: int) -> int:
-    """Words of the staged weights: per k step of 8 and pair of n-tiles, four words for each of 32
-    lanes (the B fragments of both tiles, loaded as one 16-byte vector; an odd last tile is padded)."""
-    return k_pad // 8 * -(-cout // 16) * 128
+def weight_words(cout: int, k_pad: int, elem: int = 4) -> int:
+    """Words of the staged weights: per k step (of 8, or 16 at 2 bytes: two values a word) and pair of
+    n-tiles, four words for each of 32 lanes (the B fragments of both tiles, loaded as one 16-byte
+    vector; an odd last tile is padded)."""
+    return k_pad // MMAS[elem].k * -(-cout // 16) * 128
 
 
-def channel_stride(volume: int, row_step: int) -> int:
-    """Words between the staged input's channels: a multiple of 4 (16-byte copies) of at least
-    ``volume`` (one channel's box). Lane 4g + t reads A row g at its channel t: word g * row_step +
-    t * stride (plus a constant). The stride is the smallest whose 32 words land in the most
-    distinct banks (all 32 where possible), so the A loads of a warp take one pass through shared
-    memory, not two."""
-    def distinct_banks(stride: int) -> int:
-        return len({(g * row_step + t * stride) % 32 for g in range(8) for t in range(4)})
-    first = _round_up(volume, 4)
-    return max(range(first, first + 32, 4), key=lambda stride: (distinct_banks(stride), -stride))
+def channel_stride(volume: int, row_step: int, elem: int = 4) -> int:
+    """Elements between the staged input's channels: a multiple of 16 bytes (the copies) of at least
+    ``volume`` (one channel's box). Lane 4g + t reads A row g at its channel t (4 bytes: word g *
+    row_step + t * stride, plus a constant), or at its channels 2t and 2t + 1 (2 bytes: elements g *
+    row_step + (2t + e) * stride, two to a word; lanes that read one word share it). The stride is the
+    smallest whose words land in the most distinct banks (all where possible), so the A loads of a
+    warp take one pass through shared memory, not two."""
+    if elem == 4:
+        def distinct_banks(stride: int) -> int:
+            return len({(g * row_step + t * stride) % 32 for g in range(8) for t in range(4)})
+    else:
+        def distinct_banks(stride: int) -> int:  # the worse of the two loads, e = 0 and e = 1
+            return min(len({(g * row_step + (2 * t + e) * stride) // 2 % 32 for g in range(8) for t in range(4)})
+                       for e in range(2))
+    step = MMAS[elem].row
+    first = _round_up(volume, step)
+    return max(range(first, first + 32 * step // 4, step), key=lambda stride: (distinct_banks(stride), -stride))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,21 +104,23 @@ class GemmTile:
     cells: tuple[int, int, int]   # cells per box (d, h, w)
     region: tuple[int, int, int]  # convolution outputs the box computes (d, h, w)
     input: tuple[int, int, int]   # the input box they read (d, h, w), per input channel
-    input_row: int                # words a staged input row takes: its width rounded up to 4
+    input_row: int                # elements a staged input row takes: its width rounded up to 16 bytes
     m: int                        # GEMM rows: region outputs
     m_tiles: int                  # rows in tiles of 16
     out_stride: int               # row stride of the staged outputs (channels x rows): 4 mod 32 words
-    k: int                        # taps x input channels (padded to 4)
+    k: int                        # taps x input channels (padded to 4; 8 at 2 bytes)
     k_pad: int
-    cin_pad: int                  # input channels staged (padded to 4)
-    channel_stride: int           # words between staged input channels (bank-conflict free A loads)
+    cin_pad: int                  # input channels staged (padded to 4; 8 at 2 bytes)
+    k_step: int                   # the MMA's k (8: TF32; 16: FP16/BF16)
+    channel_stride: int           # elements between staged input channels (bank-conflict free A loads)
     weight_words: int             # staged weights (B fragments in lane order)
     smem_bytes: int               # weights + input box (two: double-buffered) + outputs + scratch
 
 
-def gemm_tile(conv: dict, window: Sequence[int], stride: Sequence[int], tw: int, th: int) -> GemmTile:
+def gemm_tile(conv: dict, window: Sequence[int], stride: Sequence[int], tw: int, th: int, elem: int = 4) -> GemmTile:
     """The box of a variant with width ``tw`` and height ``th`` (outputs) over cells of ``window``
-    outputs every ``stride`` (the pooling window; 1 for the statistics pass or without a pool).
+    outputs every ``stride`` (the pooling window; 1 for the statistics pass or without a pool), for
+    input values of ``elem`` bytes (MMAS: 4, float32; 2, float16 and bfloat16).
 
     ``conv`` is codegen's conv geometry (3-D, 2-D padded). A box is one cell deep.
     """
@@ -100,11 +132,11 @@ def gemm_tile(conv: dict, window: Sequence[int], stride: Sequence[int], tw: int,
     m = math.prod(region)
     m_tiles = -(-m // 16)
     out_stride = m_tiles * 16 + (4 - m_tiles * 16 % 32) % 32
-    k = gemm_k(conv)
-    words = weight_words(conv["cout"], k["k_pad"])
-    input_row = _round_up(inputs[2], 4)
-    stride = channel_stride(inputs[0] * inputs[1] * input_row, conv["stride"][2])
-    floats = words + 2 * k["cin_pad"] * stride + conv["cout"] * out_stride + 4 * 256
+    k = gemm_k(conv, elem)
+    words = weight_words(conv["cout"], k["k_pad"], elem)
+    input_row = _round_up(inputs[2], MMAS[elem].row)
+    stride = channel_stride(inputs[0] * inputs[1] * input_row, conv["stride"][2], elem)
+    floats = words + 2 * k["cin_pad"] * stride * elem // 4 + conv["cout"] * out_stride + 4 * 256
     return GemmTile(cells=cells, region=region, input=inputs, input_row=input_row, m=m, m_tiles=m_tiles,
                     out_stride=out_stride, **k, channel_stride=stride, weight_words=words, smem_bytes=4 * floats)
 
@@ -114,20 +146,20 @@ BOX_HEIGHTS = (4, 8, 16)
 WIDEST_BOX = 32
 
 
-def gemm_max_height(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[int]]]) -> int:
+def gemm_max_height(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[int]]], elem: int = 4) -> int:
     """The tallest box (at the widest) within the shared memory over each (window, stride) of cells,
     0 if none: the variants' constraint ``th <= gemm_th``, so that a convolution whose tallest
     boxes do not fit still takes the others."""
     def fits(th: int) -> bool:
-        return all(gemm_tile(conv, w, s, WIDEST_BOX, th).smem_bytes <= SMEM_LIMIT for w, s in windows)
+        return all(gemm_tile(conv, w, s, WIDEST_BOX, th, elem).smem_bytes <= SMEM_LIMIT for w, s in windows)
     return max((th for th in BOX_HEIGHTS if fits(th)), default=0)
 
 
-def gemm_refusal(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[int]]]) -> str | None:
-    """Why the tensor-core kernels do not take a convolution, None where they do: not transposed
-    (yet), channels in whole MMA columns of 8 and few enough to keep a box's output on chip, weights
-    small enough to stage, and some box over each (window, stride) of cells within the shared memory;
-    dilation 1, one group, symmetric padding (producers.geometry_refusal)."""
+def gemm_refusal(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[int]]], elem: int = 4) -> str | None:
+    """Why the tensor-core kernels do not take a convolution of ``elem``-byte values, None where they
+    do: not transposed (yet), channels in whole MMA columns of 8 and few enough to keep a box's output
+    on chip, weights small enough to stage, and some box over each (window, stride) of cells within the
+    shared memory; dilation 1, one group, symmetric padding (producers.geometry_refusal)."""
     from fusetune.producers import geometry_refusal
 
     refusal = geometry_refusal(conv)
@@ -137,10 +169,10 @@ def gemm_refusal(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[int
         return "a transposed convolution"
     if conv["cout"] % 8 != 0 or conv["cout"] > MAX_CHANNELS:
         return f"{conv['cout']} output channels (a multiple of 8 up to {MAX_CHANNELS})"
-    words = weight_words(conv["cout"], k_padded(conv["cin"], conv["kernel"]))
+    words = weight_words(conv["cout"], k_padded(conv["cin"], conv["kernel"], elem), elem)
     if words > MAX_WEIGHT_FLOATS:
         return f"weights of {words} staged words (at most {MAX_WEIGHT_FLOATS})"
-    if gemm_max_height(conv, windows) == 0:
+    if gemm_max_height(conv, windows, elem) == 0:
         return "no box of outputs (with its pooling windows) within the shared memory"
     return None
 
@@ -151,7 +183,7 @@ BOX_WIDTHS = (16, WIDEST_BOX)
 CLUSTER_MAX_BLOCK = 256
 
 
-def cluster_boxes(conv: dict) -> dict[tuple[int, int], int]:
+def cluster_boxes(conv: dict, elem: int = 4) -> dict[tuple[int, int], int]:
     """(th, tw) -> how many boxes of single outputs a gemm_cluster block can keep in shared memory
     beside its staged weights, its two input buffers and its per-channel scratch (0 where none).
     Mirrors the launcher's arithmetic in gemm_cluster.cu.j2; the variants' constraint compares it
@@ -159,8 +191,9 @@ def cluster_boxes(conv: dict) -> dict[tuple[int, int], int]:
     out = {}
     for th in BOX_HEIGHTS:
         for tw in BOX_WIDTHS:
-            tile = gemm_tile(conv, (1, 1, 1), (1, 1, 1), tw, th)
-            fixed = tile.weight_words + (2 * CLUSTER_MAX_BLOCK // 32 + 5) * conv["cout"] + 2 * tile.cin_pad * tile.channel_stride
+            tile = gemm_tile(conv, (1, 1, 1), (1, 1, 1), tw, th, elem)
+            inputs = 2 * tile.cin_pad * tile.channel_stride * elem // 4  # two buffers, in words
+            fixed = tile.weight_words + (2 * CLUSTER_MAX_BLOCK // 32 + 5) * conv["cout"] + inputs
             out[(th, tw)] = max(0, (SMEM_LIMIT // 4 - fixed) // (conv["cout"] * tile.out_stride))
     return out
 

@@ -1,6 +1,7 @@
 """GPU tests of dtype and precision (issue 24) on the seeds' variants in benchmarks/half/: float16 and
 bfloat16 (the cuDNN world's kernels at the dtype verify against float64 within 8x eager PyTorch's own
-error at that dtype, in both layouts and every vector width; a search with a small budget tunes), and
+error at that dtype, in both layouts and every vector width; so do fusetune's convolution worlds, the
+tensor-core ones included, each way their kernels stage the input; a search with a small budget tunes), and
 float32 with precision ieee (a search tunes, no TF32 world is offered, and the winner is allclose(1e-4,
 1e-4) to eager float32 on fresh inputs); and `fusetune bench` at the dtype.
 
@@ -132,6 +133,14 @@ def test_bench_times_every_column_at_the_dtype(cache, worker):
 HALF_WORLDS = [(config, "direct") for config in HALF if config.stem.startswith(
     ("convt3d_scale_maxpool_gap_clamp", "conv2d_groupnorm_scale_maxpool_clamp", "conv3d_mul_instancenorm_clamp_mul_max"))]
 HALF_WORLDS += [(config, "spectral") for config in HALF if config.stem.startswith("convt3d_scale_batchnorm_gap")]
+#: The tensor-core worlds whose kernels take the half types, and the half seeds' pairs of them: the
+#: whole-weights kernels on FP16/BF16 MMAs (m16n8k16, float accumulation) as gemm, gemm_store and gemm_cluster
+#: for the conv2d and conv3d seeds, and gemm_extrema after the conv2d seed's max pool; the K-tiled kernels
+#: (x and the weights widened into their float workspace, TF32 MMAs) as gemm_wide for the batch norm seed.
+TENSOR_CORE_HALF = {name for name, world in WORLDS.items() if world.tf32 and "float16" in world.dtypes}
+GEMM_HALF_WORLDS = [(config, world) for config in HALF for world in make_plan(load_config(config)).impl_stages
+                    if world in TENSOR_CORE_HALF]
+HALF_WORLDS += GEMM_HALF_WORLDS
 
 
 def _world_candidates(space, facts, world: str) -> list[dict]:
@@ -197,3 +206,90 @@ def test_half_direct_world_reads_a_misaligned_input_one_value_at_a_time(config, 
         assert not space.violations(candidate, facts), candidate
         outcome = session.verify(space.stage_values(candidate))
         assert outcome["status"] == "ok", (candidate, outcome)
+
+
+def _gemm_staging_shapes(shape: tuple) -> dict[str, tuple]:
+    """Shapes beside the configured ones at which the tensor-core kernels stage the input at half precision
+    each way (gemm.cuh.j2's ft_gemm_prefetch_input): rows of an even width that is not a multiple of 8 are
+    copied in 4-byte pairs; rows of a multiple of 8, 16 bytes at a time (the seed shapes; the odd shapes:
+    one value at a time)."""
+    width = shape[-1] // 8 * 8
+    small = (2, *shape[1:-1])
+    return {"pairs": (*small, width + 6), "eights": (*small, width + 8)}
+
+
+@pytest.mark.parametrize("config", sorted({config for config, world in GEMM_HALF_WORLDS if world == "gemm"}),
+                         ids=lambda p: p.stem)
+def test_half_gemm_worlds_stage_pairs_eights_and_misaligned_inputs(config, cache):
+    """Each tensor-core world's default at the dtype verifies against float64 within 8x eager's error where its
+    kernels stage the input in 4-byte pairs (an even width not a multiple of 8), where an input 16-byte aligned
+    rows would take 16 bytes at a time is only 4-byte aligned (2 values into its storage: pairs), and where it
+    is only 2-byte aligned (1 value into its storage: one value at a time)."""
+    from fusetune.build import build
+    from fusetune.evaluate import Session
+
+    spec = load_config(config)
+    plan = make_plan(spec)
+    worlds = [world for world in plan.impl_stages if world in TENSOR_CORE_HALF]
+    assert {"gemm", "gemm_store", "gemm_cluster"} <= set(worlds), worlds
+    space = plan_space(plan)
+    machine = Machine.detect()
+    built = build(render(plan), cache, arch=machine.capability)
+    assert built.ok, built.log[-3000:]
+    shapes = _gemm_staging_shapes(tuple(spec.shapes[-1]))
+    for case, shape, offset in (("pairs", shapes["pairs"], 0), ("4-byte aligned", shapes["eights"], 2),
+                                ("2-byte aligned", shapes["eights"], 1)):
+        session = Session(str(built.module_dir), str(built.build_dir), shape, seed=0, arch=machine.capability)
+        if offset:
+            storage = torch.empty(session.x.numel() + offset, device="cuda", dtype=session.x.dtype)
+            storage[offset:].copy_(session.x.reshape(-1))
+            session.x = storage[offset:].view(session.x.shape)
+            assert session.x.is_contiguous() and session.x.data_ptr() % 16 == 2 * offset
+        facts = shape_facts(spec, plan, shape, machine.capability)
+        for world in worlds:
+            candidate = space.canonical({**space.default(), "producer.impl": world})
+            assert not space.violations(candidate, facts), (case, candidate)
+            outcome = session.verify(space.stage_values(candidate))
+            assert outcome["status"] == "ok", (case, shape, world, outcome)
+            assert outcome["eager_error_rel"] > 1e-5  # half precision's error, not float32's
+
+
+#: Chains of the corpus (tests/chains/) whose convolution fusetune's tensor-core kernels take at a half type
+#: (float16 and bfloat16 in turn): at 2 bytes the whole-weights kernels fit the 64-channel ones (1-D, a padded
+#: 2-D convolution under a max pool, a 3-D one before eval-mode batch norm and a spatial mean); the K-tiled ones
+#: take the rest (wide_main alone over a transposed convolution's classes, after wide_stats and a norm, strided).
+HALF_CORPUS = ("conv1d_wide64_instancenorm_softplus_amax_keepdim", "conv2d_wide64_gelu_maxpool",
+               "conv3d_wide64_scale_batchnorm_eval_tanh_gap_squeeze", "conv3d_wide72_batchnorm_selu_maxpool",
+               "convt2d_wide96_outpad_hardswish_amax_channels", "conv2d_wide96_strided_batchnorm_hardtanh_mean_keepdim",
+               "convt3d_wide64_stride1_groupnorm_relu_adaptiveavgpool_grid")
+
+
+@pytest.mark.parametrize("index", range(len(HALF_CORPUS)), ids=lambda i: HALF_CORPUS[i])
+def test_half_tensor_core_worlds_verify_on_the_corpus(index, cache, worker):
+    """Each tensor-core world the chain takes at the half type (gemm and its kin on FP16/BF16 MMAs; gemm_wide and
+    gemm_wide_recompute on TF32 MMAs of x and the weights widened exactly into their float workspace): the
+    feasible candidate nearest its default verifies against float64 within 8x eager's error at the dtype, at
+    every configured shape of the chain (none of which a tile divides)."""
+    import yaml
+
+    from fusetune.config import parse_config
+
+    path = Path(__file__).resolve().parent / "chains" / f"{HALF_CORPUS[index]}.yaml"
+    raw = {**yaml.safe_load(path.read_text()), "dtype": ("float16", "bfloat16")[index % 2]}
+    spec = parse_config(raw, str(path))
+    plan = make_plan(spec)
+    worlds = [world for world in plan.impl_stages if world in TENSOR_CORE_HALF]
+    assert worlds, plan.impl_stages
+    machine = Machine.detect()
+    space = plan_space(plan)
+    for shape in spec.shapes:
+        bench = GpuBenchmarker(plan, shape, cache, machine, worker, echo=print)
+        bench.prepare()
+        facts = shape_facts(spec, plan, shape, machine.capability)
+        for world in worlds:
+            feasible = [c for c in space.all({"producer.impl": world}) if not space.violations(c, facts)]
+            candidate = _nearest(space.canonical({**space.default(), "producer.impl": world}), feasible)
+            assert candidate is not None, (shape, world)
+            outcome = bench.verify(candidate)
+            assert outcome["status"] == "ok", (shape, world, candidate, outcome)
+            assert outcome["eager_error_rel"] > 1e-5

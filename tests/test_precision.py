@@ -137,6 +137,48 @@ def test_half_convolution_worlds_render_their_numerics(path):
     assert (widened in module.files["model.py"]) is bool(spectral)
 
 
+@pytest.mark.parametrize("path", BY_KIND["fp16"] + BY_KIND["bf16"], ids=lambda p: p.stem)
+def test_half_tensor_core_worlds_render_fp16_or_bf16_mmas(path):
+    """The whole-weights tensor-core worlds take the half seeds whose float32 seed they take, and their kernels
+    multiply on the dtype's m16n8k16 MMA (float accumulation), staging x and the weights as they are (no TF32
+    rounding, K in steps of 16); the float32 seeds' kernels stay on TF32 m16n8k8."""
+    spec = load_config(path)
+    plan = make_plan(spec)
+    dtype = DTYPES[spec.dtype]
+    seed_plan = make_plan(load_config(_seed_of(path)))
+    whole = {name for name, stages in seed_plan.impl_stages.items() if {"gemm_stats", "gemm_cluster"} & set(stages)}
+    assert whole <= set(plan.impl_stages) and all(spec.dtype in WORLDS[name].dtypes for name in whole)
+    module, seed_module = render(plan), render(seed_plan)
+    units = {u: t for u, t in module.cuda_sources.items() if re.fullmatch(r"gemm_(stats|main|cluster)_\d+\.cu", u)}
+    assert bool(units) is bool(whole)
+    for unit, text in units.items():
+        assert f"mma.sync.aligned.m16n8k16.row.col.f32.{dtype.mma}.{dtype.mma}.f32" in text, unit
+        assert "ft_tf32(" not in text.split("enum { FT_CINP")[1] and ".tf32.tf32" not in text.split("ft_mma_half")[1], unit
+        assert "FT_GKS = FT_GKP / 16" in text and "ft_gemm_stage_weights(const ft_t* __restrict__ w" in text, unit
+        assert "const ft_t* xn = a.x" in text, unit
+    for unit, text in seed_module.cuda_sources.items():
+        if re.fullmatch(r"gemm_(stats|main|cluster)_\d+\.cu", unit):
+            assert "m16n8k16" not in text and "FT_GKS = FT_GKP / 8" in text and not re.search(r"\bft_t\b", text), unit
+
+
+@pytest.mark.parametrize("path", BY_KIND["fp16"] + BY_KIND["bf16"], ids=lambda p: p.stem)
+def test_half_wide_worlds_widen_x_and_the_weights_into_their_float_workspace(path):
+    """The K-tiled tensor-core worlds take the half seeds whose float32 seed they take: their pad and pack
+    kernels read x and the weights in the dtype (widened to float, exactly TF32), the pivots too, and what they
+    write of the model's (the stored convolution, the output) is in the dtype; the workspace stays float."""
+    spec = load_config(path)
+    plan = make_plan(spec)
+    seed_plan = make_plan(load_config(_seed_of(path)))
+    wide = {name for name, stages in seed_plan.impl_stages.items() if {"wide_stats", "wide_main"} & set(stages)}
+    assert wide <= set(plan.impl_stages)
+    units = {u: t for u, t in render(plan).cuda_sources.items() if re.fullmatch(r"wide_(stats|main)_\d+\.cu", u)}
+    assert bool(units) is bool(wide)
+    for unit, text in units.items():
+        assert "ft_wide_pad_kernel(const ft_t* __restrict__ x, float* __restrict__ padded" in text, unit
+        assert "ft_wide_pack_kernel(const ft_t* __restrict__ w, uint32_t* __restrict__ packed)" in text, unit
+        assert not re.search(r"\bfloat\* out = a\.out", text), unit
+
+
 def test_float32_module_has_no_half_code():
     for path in SEEDS.values():
         module = render(make_plan(load_config(path)))

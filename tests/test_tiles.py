@@ -74,6 +74,49 @@ def test_staged_weights_hold_every_b_fragment_once(cout):
     assert all(cout <= n < 16 * pairs for n, _ in seen if n >= cout)
 
 
+def test_half_k_steps_are_16_and_channels_come_in_eights():
+    """At 2 bytes (FP16/BF16 m16n8k16) a k step is 16 K columns and the channels are padded to 8, so that
+    columns 0..7 and 8..15 of a step are each 8 channels of one tap; the float32 geometry is unchanged."""
+    assert cin_padded(3, 2) == 8 and cin_padded(8, 2) == 8 and cin_padded(9, 2) == 16
+    assert k_padded(3, (3, 3, 3), 2) == 224 and k_padded(8, (1, 3, 3), 2) == 80  # 216 and 72 real columns
+    tile = gemm_tile(_conv(cin=3, cout=16, kernel=(3, 3, 3)), ONE, ONE, 30, 3, elem=2)
+    assert (tile.k, tile.k_pad, tile.cin_pad, tile.k_step) == (216, 224, 8, 16)
+    assert tile.weight_words == weight_words(16, 224, elem=2) == 14 * 1 * 128  # 14 k steps, one pair of n-tiles
+    assert gemm_tile(_conv(cin=3, cout=16, kernel=(3, 3, 3)), ONE, ONE, 30, 3).k_step == 8
+
+
+@pytest.mark.parametrize("cout", range(8, 65, 8))
+def test_half_staged_weights_hold_every_b_fragment_once(cout):
+    """The 2-byte staging order of gemm.cuh.j2 (ft_gemm_stage_weights at float16 and bfloat16): word ((ks *
+    pairs + jp) * 32 + lane) * 4 + e holds column (2 jp + e // 2) * 8 + lane // 4 at rows k and k + 1, k = ks
+    * 16 + 2 (lane % 4) + 8 (e % 2): PTX's m16n8k16 B fragment (b0, b1: rows 2t, 2t + 1; b2, b3: 2t + 8,
+    2t + 9; column g). Every (k, n) of the tile is there exactly once."""
+    k_pad, pairs = 80, -(-cout // 16)
+    seen = []
+    for i in range(weight_words(cout, k_pad, elem=2)):
+        e, lane, rest = i % 4, i // 4 % 32, i // 128
+        jp, ks = rest % pairs, rest // pairs
+        k = ks * 16 + 2 * (lane % 4) + 8 * (e % 2)
+        seen += [((2 * jp + e // 2) * 8 + lane // 4, k + h) for h in range(2)]
+    real = [(n, k) for n, k in seen if n < cout]
+    assert sorted(real) == [(n, k) for n in range(cout) for k in range(k_pad)]
+
+
+@pytest.mark.parametrize("name", ["groupnorm", "instancenorm"])
+@pytest.mark.parametrize("tw, th", [(16, 4), (32, 8), (32, 16)])
+def test_half_a_loads_of_a_warp_take_one_pass_at_the_seeds(name, tw, th):
+    """At 2 bytes lane 4g + t reads A row g at its channels 2t and 2t + 1 (two loads): values g * conv
+    stride + (2t + e) * channel_stride, two to a 4-byte word. Each load's words fall in distinct banks (lanes
+    that read one word share it). Rows and channels start on 16 bytes (8 values), for the 16-byte copies."""
+    conv = load_config(SEEDS[name]).producer.geometry()
+    tile = gemm_tile(conv, ONE, ONE, tw, th, elem=2)
+    assert tile.input_row % 8 == 0 and tile.input[2] <= tile.input_row < tile.input[2] + 8
+    assert tile.channel_stride % 8 == 0 and tile.channel_stride >= tile.input[0] * tile.input[1] * tile.input_row
+    for e in range(2):
+        words = {(g * conv["stride"][2] + (2 * t + e) * tile.channel_stride) // 2 for g in range(8) for t in range(4)}
+        assert len({w % 32 for w in words}) == len(words)
+
+
 @pytest.mark.parametrize("tw, th", [(16, 4), (16, 8), (32, 4), (32, 8), (30, 3)])
 def test_output_stores_of_a_warp_hit_32_banks(tw, th):
     """Lane 4g + t stores D rows g (and g + 8) of channels 2t (and 2t + 1): word 2t * stride + g."""
@@ -346,3 +389,89 @@ def test_wide_pipeline_depth_within_the_shared_memory():
     assert all(wide_depth(seed, bm, bn, 1, "plane") == 0 for bm in (128, 256) for bn in (64, 128))
     upsample = {**seed, "cin": 32, "cout": 64, "kernel": (4, 4, 4), "stride": (2, 2, 2), "padding": (1, 1, 1)}
     assert wide_depth(upsample, 256, 64, 1, "plane") == 3
+
+
+@pytest.mark.parametrize("conv", [_conv(cin=3, cout=16), _conv(cin=5, cout=24, kernel=(2, 3, 2), stride=(1, 2, 1))],
+                         ids=["conv2d", "conv3d_strided"])
+def test_half_mma_fragments_compute_the_convolution(conv):
+    """The index algebra of gemm.cuh.j2 at 2 bytes, step by step on the CPU: the staged input box
+    (ft_gemm_prefetch_input's layout), each lane's A registers (ft_gemm_tiles: rows g and g + 8 at
+    ft_gemm_m_offset, its channels 2t and 2t + 1 at ft_gemm_k_offset of columns 0 and 8 of the step, two
+    values a register), its B registers (ft_gemm_stage_weights' words, ft_gemm_load_b), multiplied as PTX
+    defines mma.m16n8k16 (A rows g, g + 8 at columns 2t, 2t + 1 and 2t + 8, 2t + 9; B rows 2t, 2t + 1 and
+    2t + 8, 2t + 9 at column g; D rows g, g + 8 at columns 2t, 2t + 1): every output of the box is the
+    convolution's."""
+    import random
+
+    rng = random.Random(0)
+    tile = gemm_tile(conv, ONE, ONE, 16, 4, elem=2)
+    (kd, kh, kw), (sd, sh, sw) = conv["kernel"], conv["stride"]
+    cin, cout, cinp, gk = conv["cin"], conv["cout"], tile.cin_pad, tile.k
+    tid, tih, tiw = tile.input
+    rd, rh, rw = tile.region
+    x = [[[[rng.uniform(-1, 1) for _ in range(tiw)] for _ in range(tih)] for _ in range(tid)] for _ in range(cin)]
+    w = [[[[[rng.uniform(-1, 1) for _ in range(kw)] for _ in range(kh)] for _ in range(kd)] for _ in range(cin)]
+         for _ in range(cout)]
+    cs, row = tile.channel_stride, tile.input_row
+    xs = [0.0] * (cinp * cs)  # one buffer; padding channels zero
+    for ci, d, h, c in itertools.product(range(cin), range(tid), range(tih), range(tiw)):
+        xs[ci * cs + (d * tih + h) * row + c] = x[ci][d][h][c]
+
+    def k_offset(k0):
+        tap = k0 // cinp
+        return 0 if k0 >= gk else (k0 % cinp) * cs + ((tap // (kh * kw)) * tih + tap // kw % kh) * row + tap % kw
+
+    def m_offset(m):
+        if m >= tile.m:
+            return 0
+        t = m // rw
+        return (t // rh * sd * tih + t % rh * sh) * row + m % rw * sw
+
+    def weight(n, k):  # B[k][n], zero for padding (ft_gemm_stage_weights' `real`)
+        tap, ci = k // cinp, k % cinp
+        if n >= cout or ci >= cin or k >= gk:
+            return 0.0
+        return w[n][ci][tap // (kh * kw)][tap // kw % kh][tap % kw]
+
+    pairs, gnt = -(-cout // 16), cout // 8
+    words = []  # each word: its (low, high) values
+    for i in range(tile.weight_words):
+        e, lane, rest = i % 4, i // 4 % 32, i // 128
+        jp, ks = rest % pairs, rest // pairs
+        n, k = (2 * jp + e // 2) * 8 + lane // 4, ks * 16 + 2 * (lane % 4) + 8 * (e % 2)
+        words.append((weight(n, k), weight(n, k + 1)))
+    for mt in range(tile.m_tiles):
+        for j in range(gnt):
+            acc = {lane: [0.0] * 4 for lane in range(32)}
+            for ks in range(tile.k_pad // 16):
+                a_mat = [[None] * 16 for _ in range(16)]
+                b_mat = [[None] * 8 for _ in range(16)]
+                lo, hi = k_offset(ks * 16), k_offset(ks * 16 + 8)
+                for lane in range(32):
+                    g, t = lane // 4, lane % 4
+                    rows = [m_offset(mt * 16 + g) + 2 * t * cs, m_offset(mt * 16 + g + 8) + 2 * t * cs]
+                    regs = [(xs[p], xs[p + cs]) for p in (rows[0] + lo, rows[1] + lo, rows[0] + hi, rows[1] + hi)]
+                    for r, (low, high) in enumerate(regs):  # PTX: a0..a7, two a register, low first
+                        for half, value in enumerate((low, high)):
+                            i = 2 * r + half
+                            a_mat[g + 8 * (i % 4 >= 2)][2 * t + (i & 1) + 8 * (i >= 4)] = value
+                    vec = ((ks * pairs + j // 2) * 32 + lane) * 4  # ft_gemm_load_b: the uint4 of n-tile pair j // 2
+                    for r in range(2):
+                        for half, value in enumerate(words[vec + 2 * (j % 2) + r]):
+                            i = 2 * r + half
+                            b_mat[2 * t + (i & 1) + 8 * (i >= 2)][g] = value
+                for lane in range(32):
+                    g, t = lane // 4, lane % 4
+                    for c in range(4):
+                        m, n = g + 8 * (c >= 2), 2 * t + c % 2
+                        acc[lane][c] += sum(a_mat[m][k] * b_mat[k][n] for k in range(16))
+            for lane in range(32):
+                g, t = lane // 4, lane % 4
+                for c in range(4):
+                    m, n = mt * 16 + g + 8 * (c >= 2), j * 8 + 2 * t + c % 2
+                    if m >= tile.m:
+                        continue
+                    od, oh, ow = m // (rh * rw), m // rw % rh, m % rw
+                    want = sum(x[ci][od * sd + a][oh * sh + b][ow * sw + c2] * w[n][ci][a][b][c2]
+                               for ci in range(cin) for a in range(kd) for b in range(kh) for c2 in range(kw))
+                    assert acc[lane][c] == pytest.approx(want, abs=1e-9), (mt, j, lane, c)

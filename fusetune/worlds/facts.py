@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from fusetune.dtypes import DEFAULT_DTYPE, DTYPES
 from fusetune.ops.reduce import KERNEL_MODES
 from fusetune.ops.reductions import REDUCTIONS
 from fusetune.tiles import BOX_HEIGHTS, WIDE_BN, WIDEST_BOX, gemm_refusal as _gemm_geometry_refusal, wide_fits
@@ -17,6 +18,15 @@ if TYPE_CHECKING:
 CONV_STAGES = ("direct_stats", "direct_main", "gemm_stats", "gemm_main", "gemm_cluster", "wide_stats", "wide_main")
 #: Why the worlds that compute the convolution inside the kernels refuse a padded pool.
 PADDED_POOL = "a padded pool (the kernels that compute the convolution pool whole unpadded windows of their boxes)"
+#: The dtypes of the whole-weights tensor-core kernels (gemm_stats, gemm_main, gemm_cluster) and so of the
+#: worlds built on them: float32 on TF32 MMAs, float16 and bfloat16 on FP16/BF16 MMAs (m16n8k16), the
+#: products accumulated, the statistics and the chain computed in float either way.
+GEMM_DTYPES = ("float32", "float16", "bfloat16")
+#: The dtypes of the K-tiled tensor-core kernels (wide_stats, wide_main) and so of gemm_wide and
+#: gemm_wide_recompute: float32 on TF32 MMAs; float16 and bfloat16 widened to float in their workspace (the
+#: padded input, the packed weights) and multiplied on the same TF32 MMAs, exactly (their significands fit
+#: TF32's), accumulating in float. FP16/BF16 MMAs on a half workspace would halve its bytes and the MMAs' time.
+WIDE_DTYPES = ("float32", "float16", "bfloat16")
 #: The norms whose statistics lie within one sample, so that one thread-block cluster can hold them.
 SAMPLE_SCOPES = ("instance", "group")
 #: The main families whose ends the kernels that compute the convolution inside implement (direct_main,
@@ -102,12 +112,18 @@ def gemm_windows(plan: Plan) -> list[tuple[tuple[int, int, int], tuple[int, int,
     return [((1, 1, 1), (1, 1, 1)), plan.pool_window]
 
 
+def gemm_elem(plan: Plan) -> int:
+    """Bytes of the region's tensor elements: the whole-weights tensor-core kernels stage them as they
+    are and multiply them in TF32 (4) or in FP16/BF16 (2), with geometry to match (tiles.MMAS)."""
+    return DTYPES[getattr(plan.spec, "dtype", DEFAULT_DTYPE)].bytes
+
+
 def gemm_refusal(plan: Plan) -> str | None:
     """Why the whole-weights tensor-core kernels (gemm_stats, gemm_main) do not take the region's
     convolution, None where they do (tiles.gemm_refusal: not transposed, channels in tiles of 8 and at
     most 64, weights and boxes within the shared memory); every world that builds on them asks."""
     return (padded_pool(plan) or unknown_family(plan, "the tensor-core kernels")
-            or _gemm_geometry_refusal(plan.spec.producer.geometry(), gemm_windows(plan)))
+            or _gemm_geometry_refusal(plan.spec.producer.geometry(), gemm_windows(plan), gemm_elem(plan)))
 
 
 def windows_in_boxes(plan: Plan) -> bool:

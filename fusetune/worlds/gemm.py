@@ -1,19 +1,21 @@
-"""gemm: the convolution inside the fused kernels as implicit GEMMs on the tensor cores (TF32)."""
+"""gemm: the convolution inside the fused kernels as implicit GEMMs on the tensor cores (TF32 for float32,
+FP16/BF16 for the half types, accumulating in float)."""
 from __future__ import annotations
 
 from fusetune.tiles import gemm_max_height
 from fusetune.worlds.base import World
-from fusetune.worlds.facts import gemm_refusal, gemm_windows, stages_of
+from fusetune.worlds.facts import GEMM_DTYPES, gemm_elem, gemm_refusal, gemm_windows, stages_of
 
 
 class Gemm(World):
     name = "gemm"
-    doc = ("the convolution inside the fused kernels as implicit GEMMs on the tensor cores in TF32 "
-           "(gemm_stats, gemm_main), computed in each pass; convolutions (not transposed) whose channels "
+    doc = ("the convolution inside the fused kernels as implicit GEMMs on the tensor cores in TF32, or FP16/BF16 "
+           "at those dtypes (gemm_stats, gemm_main), computed in each pass; convolutions (not transposed) whose channels "
            "come in tiles of 8 up to 64")
     computes_conv_inside = True
     tf32 = True
     min_sm = 80
+    dtypes = GEMM_DTYPES
 
     def why_not(self, plan):
         return gemm_refusal(plan)
@@ -25,5 +27,5 @@ class Gemm(World):
         """``gemm``: the whole-weights tensor-core kernels take the convolution; ``gemm_th``: the tallest
         box of theirs within the shared memory (tiles.gemm_max_height), 0 where they do not."""
         offered = self.refusal(plan) is None
-        th = gemm_max_height(plan.spec.producer.geometry(), gemm_windows(plan)) if offered else 0
+        th = gemm_max_height(plan.spec.producer.geometry(), gemm_windows(plan), gemm_elem(plan)) if offered else 0
         return {"gemm": int(offered), "gemm_th": th}

@@ -3,7 +3,7 @@ window's extremes, and extrema_map applies the chain to those."""
 from __future__ import annotations
 
 from fusetune.worlds.base import World
-from fusetune.worlds.facts import gemm_refusal, pool_at_extremes, stages_of, windows_in_boxes
+from fusetune.worlds.facts import GEMM_DTYPES, gemm_refusal, pool_at_extremes, stages_of, windows_in_boxes
 
 
 class GemmExtrema(World):
@@ -12,6 +12,7 @@ class GemmExtrema(World):
            "window's largest and smallest value, extrema_map applies the per-channel monotone chain to them")
     computes_conv_inside = True
     tf32 = True
+    dtypes = GEMM_DTYPES
     min_sm = 80
 
     def why_not(self, plan):

@@ -3,7 +3,7 @@ cuDNN world's main kernel."""
 from __future__ import annotations
 
 from fusetune.worlds.base import World
-from fusetune.worlds.facts import gemm_refusal, stages_of
+from fusetune.worlds.facts import GEMM_DTYPES, gemm_elem, gemm_refusal, stages_of
 
 
 class GemmStore(World):
@@ -12,6 +12,7 @@ class GemmStore(World):
            "less each plane's pivot), which the cuDNN world's main kernel reads: computed once, not twice")
     computes_conv_inside = True
     tf32 = True
+    dtypes = GEMM_DTYPES
     min_sm = 80
 
     def why_not(self, plan):
@@ -36,7 +37,9 @@ class GemmStore(World):
         """``gemm_store``: offered; ``half_store``: it may write its output in half precision, less each
         plane's pivot (producer.store): the pre chain is affine, so the statistics pass's MMAs start
         from -pivot and hold y - pivot, a value of the plane's spread rather than its offset; and the
-        main kernel is channel_reduce, the one family that reads it so."""
+        main kernel is channel_reduce, the one family that reads it so. At float32 only: at the half
+        dtypes the output is written in the dtype, as cuDNN's would be."""
         offered = self.refusal(plan) is None
-        half = offered and plan.pre_scale is not None and plan.family == "channel_reduce"
+        half = (offered and gemm_elem(plan) == 4 and plan.pre_scale is not None
+                and plan.family == "channel_reduce")
         return {"gemm_store": int(offered), "half_store": int(half)}

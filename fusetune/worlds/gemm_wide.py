@@ -6,7 +6,7 @@ import functools
 
 from fusetune.tiles import wide_depths, wide_pool_fits, wide_rows_fit
 from fusetune.worlds.base import World
-from fusetune.worlds.facts import stages_of, wide_main_refusal, wide_stats_refusal
+from fusetune.worlds.facts import WIDE_DTYPES, stages_of, wide_main_refusal, wide_stats_refusal
 
 
 class GemmWide(World):
@@ -16,6 +16,7 @@ class GemmWide(World):
            "chain in one kernel (wide_main)")
     computes_conv_inside = True
     tf32 = True
+    dtypes = WIDE_DTYPES
     min_sm = 80
 
     def why_not(self, plan):

@@ -3,7 +3,7 @@ again and applies the chain, its output never written."""
 from __future__ import annotations
 
 from fusetune.worlds.base import World
-from fusetune.worlds.facts import stages_of, wide_main_refusal, wide_stats_refusal
+from fusetune.worlds.facts import WIDE_DTYPES, stages_of, wide_main_refusal, wide_stats_refusal
 
 
 class GemmWideRecompute(World):
@@ -12,6 +12,7 @@ class GemmWideRecompute(World):
            "again and applies the chain, its output never written")
     computes_conv_inside = True
     tf32 = True
+    dtypes = WIDE_DTYPES
     min_sm = 80
 
     def why_not(self, plan):

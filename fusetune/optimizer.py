@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 import torch
 import torch.nn as nn
@@ -279,37 +280,78 @@ def conv_precision() -> str:
 def _tune(found: list[Found], cache: Any, machine: Any, budget_s: float, trials: int | None,
           benchmarker: Callable | None) -> dict[str, dict[str, Any]]:
     """Each chain's winning variant (config name -> stage values): cached, or searched within the
-    budget left, shared by the chains still to go."""
+    budget left, shared by the chains still to go.
+
+    With the GPU benchmarker (or a budgeted factory, see ``BudgetedFactory``) a search builds only
+    the candidates it is about to time (fusetune.lazy): every chain's cheapest batch is submitted to
+    one build pool before the first chain is timed, so nvcc works for later chains meanwhile; the
+    winners' modules are built in that pool at the end, so the returned model loads without building.
+    """
     from fusetune.cache import make_key
     from fusetune.codegen import plan_space, render
+    from fusetune.lazy import MIN_SEARCH_S, Batches, BuildPool, starts
     from fusetune.plan import make_plan
     from fusetune.search import key_fields, tune_shape
 
     deadline = time.monotonic() + budget_s
-    worker_box: list[Any] = []
     winners: dict[str, dict[str, Any]] = {}
     # Chains that are the same problem at the same shape (a network's repeated blocks) are tuned once:
     # the others read the cache. The budget is shared by the distinct ones still to go.
     problems = [json.dumps([item.spec.canonical(), list(item.spec.shapes[0])], default=list) for item in found]
-    renders: dict[str, Any] = {}  # problem -> the module of every variant (rendering it takes a while)
+    renders: dict[str, Any] = {}  # problem -> the module of every variant (its hash keys the cache; not built)
+    todo: list[int] = []
+    for i, item in enumerate(found):
+        try:  # everything of one chain, its render and its cache entry too
+            if problems[i] not in renders:
+                renders[problems[i]] = render(make_plan(item.spec))
+            item.full = renders[problems[i]]
+            entry = cache.load(make_key(key_fields(item.spec, item.spec.shapes[0], machine, item.full.source_hash)))
+            if entry is not None and entry.winner is not None:  # what tune_shape would return, without its work
+                winners[item.spec.name] = dict(entry.winner["variant"])
+            else:
+                todo.append(i)
+        except Exception as exc:  # one chain's trouble never takes the others (or the model) down
+            log.warning("fusetune.optimize: %s not tuned: %s: %s", item.spec.name, type(exc).__name__, exc)
+    factory = benchmarker if benchmarker is not None else _GpuFactory(cache, machine)
+    budgeted = getattr(factory, "budgeted", False)
+    pool = BuildPool(factory.builder) if budgeted and todo else None
+    batches: dict[str, Any] = {}
     try:
-        for i, item in enumerate(found):
+        # Every chain's cheapest batch builds now, in the order the chains are timed; then every chain's
+        # other starts (the search's first queue), so that nvcc works for later chains while earlier ones are timed.
+        first: dict[str, list[Any]] = {}
+        for i in todo:
+            if pool is not None and problems[i] not in batches:
+                try:
+                    spec, shape = found[i].spec, found[i].spec.shapes[0]
+                    plan = make_plan(spec)
+                    first[problems[i]] = starts(spec, plan, shape, machine.capability)
+                    batches[problems[i]] = Batches(plan, pool, deadline, (first[problems[i]] or [None])[0])
+                except Exception as exc:
+                    log.warning("fusetune.optimize: %s: its first batch: %s: %s", found[i].spec.name,
+                                type(exc).__name__, exc)
+        for problem, queued in first.items():
+            if problem in batches:
+                batches[problem].schedule(queued)
+        for n, i in enumerate(todo):
+            item = found[i]
             shape = item.spec.shapes[0]
-            try:  # everything of one chain, its render and its cache entry too
-                if problems[i] not in renders:
-                    renders[problems[i]] = render(make_plan(item.spec))
-                item.full = renders[problems[i]]
-                entry = cache.load(make_key(key_fields(item.spec, shape, machine, item.full.source_hash)))
-                if entry is not None and entry.winner is not None:  # what tune_shape would return, without its work
-                    winners[item.spec.name] = dict(entry.winner["variant"])
-                    continue
-                left = deadline - time.monotonic()
-                to_go = len(set(problems[i:]) - set(problems[:i]))
-                factory = benchmarker or _gpu_factory(cache, machine, worker_box, max(1.0, left))
-                if left <= 1.0:
-                    factory = _out_of_budget
-                result = tune_shape(item.spec, shape, cache, machine, factory, trials=trials,
-                                    timeout=max(1.0, left / max(1, to_go)), echo=log.debug)
+            left = deadline - time.monotonic()
+            to_go = len({problems[j] for j in todo[n:]} - {problems[j] for j in todo[:n]})
+            share = max(1.0, left / max(1, to_go))
+            make = _out_of_budget
+            if left > 1.0:
+                make = factory
+                if budgeted:
+                    share = max(share, MIN_SEARCH_S)  # its cheapest candidates, however small its share
+                    chain_batches = batches.get(problems[i])
+                    if chain_batches is None:  # its first batch could not be made: said above
+                        continue
+                    chain_batches.deadline = time.monotonic() + share
+                    make = functools.partial(factory, batches=chain_batches)
+            try:
+                result = tune_shape(item.spec, shape, cache, machine, make, trials=trials, timeout=share,
+                                    echo=log.debug)
             except (_OutOfBudget, FusetuneError) as exc:
                 log.info("fusetune.optimize: %s %s not tuned: %s", item.spec.name, list(shape), exc)
                 continue
@@ -317,16 +359,46 @@ def _tune(found: list[Found], cache: Any, machine: Any, budget_s: float, trials:
                 log.warning("fusetune.optimize: %s %s not tuned: %s: %s", item.spec.name, list(shape),
                             type(exc).__name__, exc)
                 continue
+            finally:
+                if problems[i] in batches:
+                    batches[problems[i]].cancel_pending()
             if result.candidate is None:
                 log.info("fusetune.optimize: %s %s: %s", item.spec.name, list(shape), result.message or result.status)
                 continue
             winners[item.spec.name] = plan_space(make_plan(item.spec)).stage_values(result.candidate)
             log.info("fusetune.optimize: %s %s %s: %.4f ms (eager %s ms)", item.spec.name, list(shape), result.status,
                      result.time_ms or float("nan"), f"{result.eager_ms:.4f}" if result.eager_ms else "?")
+        if pool is not None:
+            pool.cancel()  # the batches of chains the budget did not reach: the winners' modules come first
+            _build_winners(found, winners, pool, cache, machine.capability)
     finally:
-        for worker in worker_box:
-            worker.close()
+        if pool is not None:
+            pool.close()
+        close = getattr(factory, "close", None)
+        if close is not None:
+            close()
     return winners
+
+
+def _build_winners(found: list[Found], winners: Mapping[str, Mapping[str, Any]], pool: Any, cache: Any,
+                   arch: str) -> None:
+    """Build every winner's module at once (fusetune.lazy.winner_module: a cuDNN winner's is its chain's
+    batch 0, already built), so that loading the model compiles nothing. A failed build is said when its
+    chain loads (which then runs eagerly)."""
+    futures = []
+    for item in found:
+        variant = winners.get(item.spec.name)
+        if variant is None or variant.get("producer", {}).get("impl") == "eager" or _built(item.full, cache, arch):
+            continue  # nothing to run, or the search's module of every variant is built (FusedChain.make takes it)
+        try:
+            futures.append((item, pool.submit(_winner_module(item, variant))))
+        except Exception as exc:
+            log.warning("fusetune.optimize: %s: its winner's module: %s: %s", item.spec.name, type(exc).__name__, exc)
+    for item, future in futures:
+        try:
+            future.result()
+        except Exception as exc:
+            log.warning("fusetune.optimize: %s: its winner's module: %s: %s", item.spec.name, type(exc).__name__, exc)
 
 
 class _OutOfBudget(Exception):
@@ -334,20 +406,49 @@ class _OutOfBudget(Exception):
         return "the time budget is spent (a later optimize with more budget_s tunes it)"
 
 
-def _out_of_budget(plan: Any, shape: Any) -> Any:
+def _out_of_budget(plan: Any, shape: Any, **_: Any) -> Any:
     raise _OutOfBudget()
 
 
-def _gpu_factory(cache: Any, machine: Any, worker_box: list, seconds_left: float) -> Callable:
-    from fusetune.runner import GpuBenchmarker
-    from fusetune.worker import Worker
+class BudgetedFactory(Protocol):
+    """A benchmarker factory that builds per batch (fusetune.lazy): ``budgeted`` is True, ``builder``
+    builds one module (the pool runs it), and each chain's factory call gets that chain's ``batches``
+    (fusetune.lazy.Batches, under the chain's deadline). optimize's own GPU factory is one; tests pass
+    one with a fake builder."""
 
-    def make(plan: Any, shape: Any) -> Any:
-        if not worker_box:
-            worker_box.append(Worker())
-        return GpuBenchmarker(plan, shape, cache, machine, worker_box[0], build_timeout=seconds_left,
-                              open_timeout=seconds_left, echo=log.debug)
-    return make
+    budgeted: bool
+    builder: Callable[[Any], Any]
+
+    def __call__(self, plan: Any, shape: Any, *, batches: Any) -> Any: ...
+
+
+class _GpuFactory:
+    """The GPU's budgeted factory: one evaluation worker for the run, LazyGpuBenchmarker per chain."""
+
+    budgeted = True
+
+    def __init__(self, cache: Any, machine: Any) -> None:
+        self.cache, self.machine = cache, machine
+        self.worker: Any = None
+
+    def builder(self, module: Any) -> Any:
+        from fusetune.build import build
+
+        return build(module, self.cache, arch=self.machine.capability)
+
+    def __call__(self, plan: Any, shape: Any, *, batches: Any) -> Any:
+        from fusetune.runner import LazyGpuBenchmarker
+        from fusetune.worker import Worker
+
+        if self.worker is None:
+            self.worker = Worker()
+        left = max(60.0, batches.deadline - time.monotonic())
+        return LazyGpuBenchmarker(plan, shape, self.cache, self.machine, self.worker, batches,
+                                  open_timeout=left, echo=log.debug)
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -356,6 +457,18 @@ def _gpu_factory(cache: Any, machine: Any, worker_box: list, seconds_left: float
 
 #: The winners' modules rendered in this process, by problem and variant (the sources depend on nothing else).
 _RENDERED: dict[str, Any] = {}
+
+
+def _winner_module(item: Found, variant: Mapping[str, Any]) -> Any:
+    """The module of a chain's winner alone (fusetune.lazy.winner_module), rendered once per problem and
+    winner in this process: a network repeats its blocks."""
+    from fusetune.lazy import winner_module
+    from fusetune.plan import make_plan
+
+    memo = json.dumps([item.spec.canonical(), variant], sort_keys=True, default=list)
+    if memo not in _RENDERED:
+        _RENDERED[memo] = winner_module(make_plan(item.spec), variant)
+    return _RENDERED[memo]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -407,7 +520,6 @@ class FusedChain(nn.Module):
              arch: str | None) -> "FusedChain | str":
         """The fused module of a chain of ``gm`` (not yet in its graph), or why there is none."""
         from fusetune.build import load_generated
-        from fusetune.plan import make_plan
 
         reference = _reference_graph(gm, item)
         if isinstance(reference, str):
@@ -427,15 +539,10 @@ class FusedChain(nn.Module):
         rendered = None
         shapes: set[tuple[int, ...]] = set()
         if variant is not None and variant.get("producer", {}).get("impl") != "eager":
-            from fusetune.winners import render_winners
-
-            memo = json.dumps([item.spec.canonical(), variant], sort_keys=True, default=list)
             if _built(item.full, cache, arch):  # the search built every variant here: nothing to compile
                 rendered = item.full
-            elif memo in _RENDERED:  # a network repeats its blocks: one render per problem and winner
-                rendered = _RENDERED[memo]
             else:
-                rendered = _RENDERED[memo] = render_winners(make_plan(item.spec), [variant])
+                rendered = _winner_module(item, variant)
             generated = load_generated(rendered.write(cache.module_dir(rendered.name)))
             kernel_model = generated.ModelNew(variant=dict(variant))
             kernel_model.training = False  # not .eval(): that would reach the user's modules once bound

@@ -171,3 +171,35 @@ def _ident(only: dict[str, list[dict[str, Any]]]) -> str:
 def _clean(result: dict[str, Any]) -> dict[str, Any]:
     """Keep what belongs in the cache: status, time, errors, log."""
     return {k: v for k, v in result.items() if k != "restart"}
+
+
+class LazyGpuBenchmarker(GpuBenchmarker):
+    """The GPU benchmarker under a deadline (``fusetune.optimize``): no module of every variant; each
+    candidate runs in the module of its batch (fusetune.lazy.Batches: built in a pool shared by the
+    run's chains, cheapest batch first). The search calls ``schedule`` with the candidates it is about
+    to try; a candidate whose module is not built by the deadline is deferred (search.Deferred)."""
+
+    def __init__(self, plan: Plan, shape: Shape, cache: Cache, machine: Machine, worker: Worker, batches: Any,
+                 **kwargs: Any) -> None:
+        super().__init__(plan, shape, cache, machine, worker, **kwargs)
+        self.batches = batches  # fusetune.lazy.Batches
+        self.final = False  # naming the winner (after eager_ms): wait for any build, defer nothing
+
+    def prepare(self) -> None:
+        """No module of every variant: wait for batch 0 (submitted when the batches were made), so the
+        search's time starts when its cheapest candidates can run."""
+        self.main = self.batches.first_built()
+
+    def schedule(self, queued: list[Candidate]) -> list[Candidate]:
+        return self.batches.schedule(queued)
+
+    def _module_for(self, candidate: Candidate) -> BuildResult:
+        module = self.batches.module_for(candidate, final=self.final)
+        if self.main is None and module.ok:
+            self.main = module  # the module a failure to open the shape is blamed on the shape for
+        return module
+
+    def eager_ms(self) -> float | None:
+        self.final = True
+        self.main = self.main or self.batches.first_built()
+        return super().eager_ms()

@@ -84,6 +84,12 @@ class Benchmarker(Protocol):
 BenchmarkerFactory = Callable[[Plan, Shape], Benchmarker]
 
 
+class Deferred(Exception):
+    """Raised by a benchmarker's ``evaluate`` that cannot run a candidate in the search's time (its
+    module is still building at the deadline: fusetune.lazy). The trial is pruned with no outcome
+    recorded, so a later search (with more time) tries the candidate."""
+
+
 @dataclasses.dataclass
 class ShapeResult:
     shape: Shape
@@ -206,7 +212,10 @@ class _Objective:
         if known is not None and not (self.force and ckey not in self.rerun):
             outcome, source = known, "known"
         else:
-            outcome, source = self._run(candidate), "new"
+            try:
+                outcome, source = self._run(candidate), "new"
+            except Deferred as exc:  # no outcome: nothing recorded, so a later search tries it
+                raise optuna.TrialPruned(f"deferred: {exc}") from None
             self.rerun.add(ckey)
             self.cache.record(self.key, self.fields, ckey, {**outcome, "candidate": candidate})
         trial.set_user_attr("status", outcome["status"])
@@ -315,7 +324,8 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
 
     def run(queued: list[Candidate], budget: int) -> None:
         """Trials up to ``budget`` (the queued first) while budget and time are left."""
-        for candidate in queued:
+        schedule = getattr(bench, "schedule", None)  # a benchmarker that builds per batch orders them (lazy.py)
+        for candidate in (schedule(queued) if schedule is not None and queued else queued):
             study.enqueue_trial(candidate)
         left = deadline - time.perf_counter()
         if budget > 0 and left > 0 and objective.evaluated < objective.total:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -118,6 +119,14 @@ def _pool_window(plan: Plan) -> dict[str, Any]:
             "padded": any(padding)}
 
 
+def _without_path(text: str | None, path: str) -> str | None:
+    """A planner's message without the config's path in front: model.py is part of the cache key, and a
+    config moved or copied elsewhere is the same problem."""
+    if text is not None and text.startswith(f"{path}: "):
+        return text[len(path) + 2:]
+    return text
+
+
 def _later(plan: Plan) -> list[dict[str, Any]]:
     """The segments after the first region (fusetune/pipeline.py) as the generated model runs them: each
     one's PyTorch lines, and for a later region of kernels its folder (where an export writes its tuned
@@ -220,13 +229,19 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
     }
     sources = _units(env, plan, variants, context)
     binding = env.get_template("binding.cpp.j2").render(**context)
-    digest = hashlib.sha256(("".join(sources[k] for k in sorted(sources)) + binding + repr(CUDA_FLAGS)).encode())
-    name = f"ft_{digest.hexdigest()[:12]}"  # by content alone: configs that differ only in name share builds and keys
+    # By content alone, configs that differ only in name or path share builds and keys; the problem is part of
+    # it because model.py is: two problems whose kernels read the same (a later region's, whose .cu holds no
+    # convolution: fusetune/pipeline.py) must not share a module folder or a generated module's import name.
+    problem = json.dumps(plan.spec.canonical(), sort_keys=True, default=list)
+    digest = hashlib.sha256(("".join(sources[k] for k in sorted(sources)) + binding + repr(CUDA_FLAGS)
+                             + problem).encode())
+    name = f"ft_{digest.hexdigest()[:12]}"
     submodules, lines, norm_attr = _reference_code(plan)
     model = env.get_template("model.py.j2").render(
         module_name=name, variants=variants, default_variant=space.stage_values(space.default()),
         submodules=submodules, forward_lines=lines, norm_attr=norm_attr, cuda_sources=list(sources),
         tail_lines=[step.op.forward_code("x", step.attr) for step in plan.tail], later=_later(plan),
+        tail_why=_without_path(plan.ends, plan.spec.path),
         later_regions=[{k: s[k] for k in ("index", "folder", "attrs", "params")} for s in _later(plan) if s["kernels"]],
         reads_producer=any(op.uses_producer() for op in plan.spec.epilogue),
         tail_reads_producer=any(step.op.uses_producer() for step in plan.tail), worlds=launches(plan),

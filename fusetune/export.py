@@ -22,6 +22,7 @@ from fusetune.errors import FusetuneError
 from fusetune.ops import Shape
 from fusetune.pipeline import later_segments
 from fusetune.plan import make_plan
+from fusetune.worlds import DEFAULT, WORLDS
 from fusetune.winners import machine_fields, prebuilt_entry, render_winners, write_manifest
 
 
@@ -55,8 +56,11 @@ def export(spec: ProblemSpec, shapes: list[Shape], cache: Cache, out_dir: Path, 
                 continue
             region_shapes = [segment.spec.shapes[spec.shapes.index(tuple(s))] for s in shapes]
             try:
-                _write_module(_winners_module(segment.spec, region_shapes, cache, gpu, prebuilt),
-                              staging / f"r{segment.index}")
+                module = _winners_module(segment.spec, region_shapes, cache, gpu, prebuilt)
+                if all(WORLDS[w["candidate"].get("producer.impl", DEFAULT)].runs_reference for w in module[1]["shapes"]):
+                    later[f"r{segment.index}"] = f"{segment.where}: PyTorch (its search found nothing faster)"
+                    continue
+                _write_module(module, staging / f"r{segment.index}")
                 later[f"r{segment.index}"] = f"{segment.where}: tuned kernels"
             except FusetuneError as exc:
                 shutil.rmtree(staging / f"r{segment.index}", ignore_errors=True)

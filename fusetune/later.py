@@ -2,7 +2,7 @@
 region's model: what ``load_tuned``, ``optimize`` and ``bench`` run, and what ``export`` writes beside it.
 
 A later region is tuned as a problem of its own (its own cache key): here each one with a winner at the
-config's shapes gets a module of its winners' variants (``winners.render_winners``), built into the cache
+config's shapes (one of kernels: where PyTorch's own ops won, they run inline) gets a module of its winners' variants (``winners.render_winners``), built into the cache
 and attached to the first region's ModelNew (``ModelNew.attach_later``), which then runs it instead of the
 region's ops in PyTorch. One without a winner stays in PyTorch; that is said, never an error.
 """
@@ -18,6 +18,7 @@ from fusetune.export import find_winner
 from fusetune.pipeline import Segment, later_segments
 from fusetune.plan import Plan, make_plan
 from fusetune.winners import render_winners
+from fusetune.worlds import DEFAULT, WORLDS
 
 log = logging.getLogger("fusetune")
 
@@ -34,6 +35,12 @@ def region_winners(segment: Segment, cache: Cache, gpu: str | None) -> dict[tupl
     return found
 
 
+def _reference_won(winner: dict) -> bool:
+    """Whether a winner is PyTorch's own forward (or torch.compile's): inline in the first region's model,
+    the region's ops cost less than a model of its own that runs them."""
+    return WORLDS[winner["candidate"].get("producer.impl", DEFAULT)].runs_reference
+
+
 def attach_later(model: Any, plan: Plan, cache: Cache, gpu: str | None, arch: str | None) -> list[str]:
     """Attach each later region's tuned model to ``model`` (the first region's ModelNew); one line per
     later region of kernels saying what runs there."""
@@ -46,6 +53,9 @@ def attach_later(model: Any, plan: Plan, cache: Cache, gpu: str | None, arch: st
             winners = region_winners(segment, cache, gpu)
             if not winners:
                 lines.append(f"{label}: PyTorch (not tuned yet: `fusetune search {plan.spec.path}` tunes it)")
+                continue
+            if all(_reference_won(entry.winner) for entry in winners.values()):
+                lines.append(f"{label}: PyTorch (its search found nothing faster than the region's own ops)")
                 continue
             variants = {shape: dict(entry.winner["variant"]) for shape, entry in winners.items()}
             generated = build_and_load(render_winners(make_plan(segment.spec), variants.values()), cache, arch)

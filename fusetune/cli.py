@@ -270,6 +270,7 @@ def search(ctx: click.Context, configs: tuple[str, ...], shapes: tuple[str, ...]
     reporter.line("fusetune search: reading the configs, looking for a CUDA GPU")
     from fusetune import documents
     from fusetune.runner import GpuBenchmarker
+    from fusetune.later import prebuild
     from fusetune.pipeline import expand
     from fusetune.search import Machine, check_memory, tune_shape
     from fusetune.worker import Worker
@@ -296,8 +297,10 @@ def search(ctx: click.Context, configs: tuple[str, ...], shapes: tuple[str, ...]
                                    storage)
         sys.exit(code)
     rows, results = [], []
+    problems = [item for pair in selected for item in expand(*pair)]  # each config's first region, then its later ones
+    prebuild([spec for spec, _ in problems], cache, machine.capability)  # the later regions' builds, meanwhile
     with reporter, Worker() as worker:
-        for spec, spec_shapes in [item for pair in selected for item in expand(*pair)]:  # with the later regions
+        for spec, spec_shapes in problems:
             for shape in spec_shapes:
                 reporter.line(f"{spec.name} {list(shape)}")
 

@@ -9,11 +9,13 @@ region's ops in PyTorch. One without a winner stays in PyTorch; that is said, ne
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from fusetune.build import build_and_load
 from fusetune.cache import Cache
 from fusetune.codegen import render
+from fusetune.config import ProblemSpec
 from fusetune.export import find_winner
 from fusetune.pipeline import Segment, later_segments
 from fusetune.plan import Plan, make_plan
@@ -69,3 +71,28 @@ def attach_later(model: Any, plan: Plan, cache: Cache, gpu: str | None, arch: st
     for line in lines:
         log.debug("fusetune: %s: %s", plan.spec.name, line)
     return lines
+
+
+def prebuild(problems: list[ProblemSpec], cache: Cache, arch: str | None) -> threading.Thread | None:
+    """Build the later regions' modules (every variant, as their searches build them) in the background,
+    while the first region is searched: a later region's module is small (cuDNN's world's stages alone), and
+    built one after another each added its whole build to a cold search. The searches' own builds find them
+    finished, or wait on the module's lock while one runs. None where there is no later region."""
+    later = [p for p in problems if not p.producer.convolves]
+    if not later:
+        return None
+    modules = list({m.name: m for m in (render(make_plan(p)) for p in later)}.values())
+    thread = threading.Thread(target=_build_quietly, args=(modules, cache, arch), name="fusetune-prebuild",
+                              daemon=True)
+    thread.start()
+    return thread
+
+
+def _build_quietly(modules: list, cache: Cache, arch: str | None) -> None:
+    """A failed or interrupted prebuild is the search's to meet (its own build says why), never this thread's."""
+    from fusetune.build import build_many
+
+    try:
+        build_many(modules, cache, arch=arch)
+    except Exception as exc:  # noqa: BLE001 - reported by the search that builds it again
+        log.debug("fusetune: prebuilding the later regions' modules: %s: %s", type(exc).__name__, exc)

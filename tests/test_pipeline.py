@@ -143,3 +143,21 @@ def test_a_rewrite_that_holds_at_the_configs_shapes_only_guards_the_model(tmp_pa
     assert generated.EXACT_AT == [list(s) for s in spec.shapes]
     plain = load_generated(render(make_plan(load_config(TWO_REGIONS))).write(tmp_path / "plain"))
     assert plain.EXACT_AT is None
+
+
+def test_the_later_regions_modules_are_built_in_the_background(monkeypatch, tmp_path: Path) -> None:
+    """fusetune search starts the later regions' builds while the first region is searched: every later region's
+    full module once, never the first region's (its search builds it), nothing without later regions."""
+    import fusetune.build
+    from fusetune.later import prebuild
+
+    built: list[list[str]] = []
+    monkeypatch.setattr(fusetune.build, "build_many", lambda modules, cache, arch=None: built.append(
+        [m.name for m in modules]))
+    spec = load_config(TWO_REGIONS)
+    problems = [p for p, _ in expand(spec, list(spec.shapes))]
+    thread = prebuild(problems + problems, Cache(tmp_path), "9.0")  # a config given twice: built once
+    thread.join(30)
+    assert built == [[render(make_plan(p)).name for p in problems[1:]]]
+    assert prebuild([load_config(ROOT / "configs" / "conv2d_groupnorm_scale_maxpool_clamp.yaml")], Cache(tmp_path),
+                    "9.0") is None

@@ -21,6 +21,11 @@ reference path, the user's own ops from the traced graph, exactly as the model w
 Each such fallback is said once through ``logging`` (logger ``fusetune.optimize``), per chain and
 reason (per chain and shape for untuned shapes), never per call.
 
+What follows a chain's first fused region is cut into later regions (fusetune/pipeline.py), each a problem
+of its own: they are tuned after every chain's first region, within the same budget, and where one's winner
+runs kernels the chain's generated model runs them (on the chain's own modules); elsewhere its ops run in
+PyTorch inside the chain's kernel path.
+
 Code in the model's forward that reads ``self.training`` for a functional call
 (``F.dropout(x, training=self.training)``) is traced in eval mode, as torch.fx fixes such values;
 modules (``nn.Dropout``, ``nn.BatchNorm2d``) follow ``.train()`` and ``.eval()`` as usual.
@@ -54,7 +59,8 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
 
     ``example_inputs``: a tensor or a sequence of the forward's arguments; each chain is tuned at the
     shape it sees with them. ``budget_s``: seconds for tuning, shared by the chains still untuned
-    (cached winners cost none); a chain the budget does not reach runs its reference path.
+    (cached winners cost none), every chain's first region before any later region; a chain the budget
+    does not reach runs its reference path, a later region it does not reach runs in PyTorch.
     ``trials``: per chain (default: the search's). ``benchmarker``: a factory ``(plan, shape) ->
     Benchmarker`` replacing the GPU one (tests drive the search with a fake); with it, ``machine``
     (a ``fusetune.search.Machine``) names the machine the results are cached for.
@@ -90,7 +96,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
     build_now = benchmarker is None and torch.cuda.is_available()
     for item in found:
         try:
-            chain = FusedChain.make(gm, item, winners.get(item.spec.name), cache, machine.capability)
+            chain = FusedChain.make(gm, item, winners.get(item.spec.name), cache, machine.capability, winners)
         except Exception as exc:  # a generated module that does not take the winner: this chain stays eager
             chain = f"{type(exc).__name__}: {exc}"
         if isinstance(chain, str):
@@ -231,6 +237,9 @@ class Found:
     spec: Any  # config.ProblemSpec
     weights: dict[str, str]  # generated Model state key -> the user's name
     full: Any = None  # the module of every variant (the search's), once rendered
+    later: list["Found"] = dataclasses.field(default_factory=list)  # a chain's later regions of kernels (_tune)
+    owner: str | None = None  # of a later region: its chain's config name
+    region: int = 0  # of a later region: its place in the chain's pipeline (ModelNew.attach_later's index)
 
 
 def _configs(gm: torch.fx.GraphModule, model_name: str) -> list[Found]:
@@ -277,114 +286,211 @@ def conv_precision() -> str:
         return "tf32"
 
 
+#: A later region's weight in the split of the budget (a first region's is 1): its ops, without the convolution,
+#: are the smaller part of its chain's time, so its search has less to gain. The first regions leave this share
+#: for each later region still untuned; the later regions get what is left after every first region.
+LATER_WEIGHT = 0.5
+
+
 def _tune(found: list[Found], cache: Any, machine: Any, budget_s: float, trials: int | None,
           benchmarker: Callable | None) -> dict[str, dict[str, Any]]:
-    """Each chain's winning variant (config name -> stage values): cached, or searched within the
-    budget left, shared by the chains still to go.
+    """Each chain's winning variant (config name -> stage values), and each of its later regions' (under the
+    region's own name, fusetune/pipeline.py): cached, or searched within the budget left, shared by the
+    problems still to go. Sets each chain's ``later`` (its later regions of kernels, as problems).
+
+    Every chain's first region is searched first (the convolution and what fuses with it: most of a chain's
+    time), then, with what is left, the later regions of the chains whose first region runs kernels (only
+    there does a later region run: a chain without kernels keeps the model's own ops); a first region gets at
+    least fusetune.lazy.MIN_SEARCH_S however small its share, a later region no more than is left. A later region is a
+    problem like any chain, keyed as ``fusetune search`` keys it, so either finds what the other tuned.
+    Problems that repeat at the same shape (a network's repeated blocks) are tuned once: the others read
+    the cache.
 
     With the GPU benchmarker (or a budgeted factory, see ``BudgetedFactory``) a search builds only
-    the candidates it is about to time (fusetune.lazy): every chain's cheapest batch is submitted to
-    one build pool before the first chain is timed, so nvcc works for later chains meanwhile; the
-    winners' modules are built in that pool at the end, so the returned model loads without building.
+    the candidates it is about to time (fusetune.lazy): every problem's cheapest batch of a phase is
+    submitted to one build pool before the phase's first is timed, so nvcc works for later problems
+    meanwhile; the winners' modules are built in that pool at the end, so the returned model loads without
+    building.
     """
-    from fusetune.cache import make_key
-    from fusetune.codegen import plan_space, render
-    from fusetune.lazy import MIN_SEARCH_S, Batches, BuildPool, starts
-    from fusetune.plan import make_plan
-    from fusetune.search import key_fields, tune_shape
+    from fusetune.lazy import MIN_SEARCH_S
 
-    deadline = time.monotonic() + budget_s
-    winners: dict[str, dict[str, Any]] = {}
-    # Chains that are the same problem at the same shape (a network's repeated blocks) are tuned once:
-    # the others read the cache. The budget is shared by the distinct ones still to go.
-    problems = [json.dumps([item.spec.canonical(), list(item.spec.shapes[0])], default=list) for item in found]
-    renders: dict[str, Any] = {}  # problem -> the module of every variant (its hash keys the cache; not built)
-    todo: list[int] = []
-    for i, item in enumerate(found):
-        try:  # everything of one chain, its render and its cache entry too
-            if problems[i] not in renders:
-                renders[problems[i]] = render(make_plan(item.spec))
-            item.full = renders[problems[i]]
-            entry = cache.load(make_key(key_fields(item.spec, item.spec.shapes[0], machine, item.full.source_hash)))
-            if entry is not None and entry.winner is not None:  # what tune_shape would return, without its work
-                winners[item.spec.name] = dict(entry.winner["variant"])
-            else:
-                todo.append(i)
-        except Exception as exc:  # one chain's trouble never takes the others (or the model) down
-            log.warning("fusetune.optimize: %s not tuned: %s: %s", item.spec.name, type(exc).__name__, exc)
-    factory = benchmarker if benchmarker is not None else _GpuFactory(cache, machine)
-    budgeted = getattr(factory, "budgeted", False)
-    pool = BuildPool(factory.builder) if budgeted and todo else None
-    batches: dict[str, Any] = {}
+    run = _Tuning(cache, machine, time.monotonic() + budget_s, trials, benchmarker)
+    for item in found:
+        item.later = run.regions(item)
+    todo = run.cached(found)
+    later = run.cached([r for item in found if _may_run_kernels(run.winners.get(item.spec.name)) for r in item.later])
     try:
-        # Every chain's cheapest batch builds now, in the order the chains are timed; then every chain's
-        # other starts (the search's first queue), so that nvcc works for later chains while earlier ones are timed.
+        run.search(todo, reserve=LATER_WEIGHT * len({_problem(r) for r in later}), least_s=MIN_SEARCH_S)
+        ready = {item.spec.name for item in found if _runs_kernels(run.winners.get(item.spec.name))}
+        run.search([r for r in later if r.owner in ready], reserve=0.0, least_s=0.0)
+        run.build_winners([*found, *(r for item in found if item.spec.name in ready for r in item.later)])
+    finally:
+        run.close()
+    return run.winners
+
+
+def _problem(item: Found) -> str:
+    """What a search is of: the problem at its shape (chains and later regions that repeat share one)."""
+    return json.dumps([item.spec.canonical(), list(item.spec.shapes[0])], default=list)
+
+
+def _runs_kernels(variant: Mapping[str, Any] | None) -> bool:
+    """Whether a winner runs kernels of its own (not PyTorch's forward, nor torch.compile's of it)."""
+    from fusetune.worlds import DEFAULT, WORLDS
+
+    if variant is None:
+        return False
+    world = WORLDS.get(variant.get("producer", {}).get("impl", DEFAULT))
+    return world is None or not world.runs_reference
+
+
+def _may_run_kernels(variant: Mapping[str, Any] | None) -> bool:
+    """Whether a chain's first region may run kernels: it does, or it is not tuned yet."""
+    return variant is None or _runs_kernels(variant)
+
+
+class _Tuning:
+    """One optimize run's searches: the winners found, the modules rendered (their hashes key the cache), and,
+    under a budgeted factory, the build pool all of them share and each problem's batches (fusetune.lazy)."""
+
+    def __init__(self, cache: Any, machine: Any, deadline: float, trials: int | None,
+                 benchmarker: Callable | None) -> None:
+        self.cache, self.machine, self.deadline, self.trials = cache, machine, deadline, trials
+        self.winners: dict[str, dict[str, Any]] = {}
+        self.renders: dict[str, Any] = {}  # problem -> the module of every variant (its hash keys the cache; not built)
+        self.factory = benchmarker if benchmarker is not None else _GpuFactory(cache, machine)
+        self.budgeted = getattr(self.factory, "budgeted", False)
+        self.pool: Any = None
+        self.batches: dict[str, Any] = {}  # problem -> its fusetune.lazy.Batches
+
+    def regions(self, item: Found) -> list[Found]:
+        """The chain's later regions of kernels, each a problem of its own at the tensor's shape."""
+        from fusetune.pipeline import later_segments
+        from fusetune.plan import make_plan
+
+        try:
+            return [Found(item.chain, segment.spec, {}, owner=item.spec.name, region=segment.index)
+                    for segment in later_segments(make_plan(item.spec)) if segment.spec is not None]
+        except Exception as exc:  # its later regions stay in PyTorch; the chain itself is tuned as ever
+            log.warning("fusetune.optimize: %s: its later regions: %s: %s", item.spec.name, type(exc).__name__, exc)
+            return []
+
+    def cached(self, items: list[Found]) -> list[Found]:
+        """The items still to search; the others' cached winners are read (what tune_shape would return,
+        without its work). Renders each problem's module of every variant once (``item.full``)."""
+        from fusetune.cache import make_key
+        from fusetune.codegen import render
+        from fusetune.plan import make_plan
+        from fusetune.search import key_fields
+
+        todo: list[Found] = []
+        for item in items:
+            try:  # everything of one problem, its render and its cache entry too
+                problem = _problem(item)
+                if problem not in self.renders:
+                    self.renders[problem] = render(make_plan(item.spec))
+                item.full = self.renders[problem]
+                entry = self.cache.load(make_key(key_fields(item.spec, item.spec.shapes[0], self.machine,
+                                                            item.full.source_hash)))
+                if entry is not None and entry.winner is not None:
+                    self.winners[item.spec.name] = dict(entry.winner["variant"])
+                else:
+                    todo.append(item)
+            except Exception as exc:  # one problem's trouble never takes the others (or the model) down
+                log.warning("fusetune.optimize: %s not tuned: %s: %s", item.spec.name, type(exc).__name__, exc)
+        return todo
+
+    def _schedule(self, todo: list[Found]) -> None:
+        """Every problem's cheapest batch builds now, in the order they are timed; then every problem's other
+        starts (the search's first queue), so that nvcc works for later problems while earlier ones are timed."""
+        from fusetune.lazy import Batches, BuildPool, starts
+        from fusetune.plan import make_plan
+
+        if self.pool is None:
+            self.pool = BuildPool(self.factory.builder)
         first: dict[str, list[Any]] = {}
-        for i in todo:
-            if pool is not None and problems[i] not in batches:
-                try:
-                    spec, shape = found[i].spec, found[i].spec.shapes[0]
-                    plan = make_plan(spec)
-                    first[problems[i]] = starts(spec, plan, shape, machine.capability)
-                    batches[problems[i]] = Batches(plan, pool, deadline, (first[problems[i]] or [None])[0])
-                except Exception as exc:
-                    log.warning("fusetune.optimize: %s: its first batch: %s: %s", found[i].spec.name,
-                                type(exc).__name__, exc)
+        for item in todo:
+            problem = _problem(item)
+            if problem in self.batches:
+                continue
+            try:
+                spec, shape = item.spec, item.spec.shapes[0]
+                plan = make_plan(spec)
+                first[problem] = starts(spec, plan, shape, self.machine.capability)
+                self.batches[problem] = Batches(plan, self.pool, self.deadline, (first[problem] or [None])[0])
+            except Exception as exc:
+                log.warning("fusetune.optimize: %s: its first batch: %s: %s", item.spec.name, type(exc).__name__, exc)
         for problem, queued in first.items():
-            if problem in batches:
-                batches[problem].schedule(queued)
-        for n, i in enumerate(todo):
-            item = found[i]
+            if problem in self.batches:
+                self.batches[problem].schedule(queued)
+
+    def search(self, todo: list[Found], reserve: float, least_s: float) -> None:
+        """Search ``todo`` in order, each with its share of the budget left: the time left over the distinct
+        problems still to go and ``reserve`` (the shares kept for what is searched after these). Under a
+        budgeted factory a search gets at least ``least_s`` (its cheapest batch is timed whatever its share)."""
+        from fusetune.codegen import plan_space
+        from fusetune.plan import make_plan
+        from fusetune.search import tune_shape
+
+        if not todo:
+            return
+        if self.budgeted:
+            self._schedule(todo)
+        problems = [_problem(item) for item in todo]
+        for n, item in enumerate(todo):
             shape = item.spec.shapes[0]
-            left = deadline - time.monotonic()
-            to_go = len({problems[j] for j in todo[n:]} - {problems[j] for j in todo[:n]})
-            share = max(1.0, left / max(1, to_go))
+            left = self.deadline - time.monotonic()
+            to_go = len(set(problems[n:]) - set(problems[:n]))
+            share = max(1.0, left / max(1.0, to_go + reserve))
             make = _out_of_budget
             if left > 1.0:
-                make = factory
-                if budgeted:
-                    share = max(share, MIN_SEARCH_S)  # its cheapest candidates, however small its share
-                    chain_batches = batches.get(problems[i])
-                    if chain_batches is None:  # its first batch could not be made: said above
+                make = self.factory
+                if self.budgeted:
+                    share = max(share, least_s)  # its cheapest candidates, however small its share
+                    batches = self.batches.get(problems[n])
+                    if batches is None:  # its first batch could not be made: said above
                         continue
-                    chain_batches.deadline = time.monotonic() + share
-                    make = functools.partial(factory, batches=chain_batches)
+                    batches.deadline = time.monotonic() + share
+                    make = functools.partial(self.factory, batches=batches)
             try:
-                result = tune_shape(item.spec, shape, cache, machine, make, trials=trials, timeout=share,
-                                    echo=log.debug)
+                result = tune_shape(item.spec, shape, self.cache, self.machine, make, trials=self.trials,
+                                    timeout=share, echo=log.debug)
             except (_OutOfBudget, FusetuneError) as exc:
                 log.info("fusetune.optimize: %s %s not tuned: %s", item.spec.name, list(shape), exc)
                 continue
-            except Exception as exc:  # one chain's trouble never takes the others (or the model) down
+            except Exception as exc:  # one problem's trouble never takes the others (or the model) down
                 log.warning("fusetune.optimize: %s %s not tuned: %s: %s", item.spec.name, list(shape),
                             type(exc).__name__, exc)
                 continue
             finally:
-                if problems[i] in batches:
-                    batches[problems[i]].cancel_pending()
+                if problems[n] in self.batches:
+                    self.batches[problems[n]].cancel_pending()
             if result.candidate is None:
                 log.info("fusetune.optimize: %s %s: %s", item.spec.name, list(shape), result.message or result.status)
                 continue
-            winners[item.spec.name] = plan_space(make_plan(item.spec)).stage_values(result.candidate)
+            self.winners[item.spec.name] = plan_space(make_plan(item.spec)).stage_values(result.candidate)
             log.info("fusetune.optimize: %s %s %s: %.4f ms (eager %s ms)", item.spec.name, list(shape), result.status,
                      result.time_ms or float("nan"), f"{result.eager_ms:.4f}" if result.eager_ms else "?")
-        if pool is not None:
-            pool.cancel()  # the batches of chains the budget did not reach: the winners' modules come first
-            _build_winners(found, winners, pool, cache, machine.capability)
-    finally:
-        if pool is not None:
-            pool.close()
-        close = getattr(factory, "close", None)
+        if self.pool is not None:
+            self.pool.cancel()  # the batches of problems the budget did not reach: what comes next goes first
+
+    def build_winners(self, items: list[Found]) -> None:
+        if self.pool is not None:
+            _build_winners(items, self.winners, self.pool, self.cache, self.machine.capability)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+        close = getattr(self.factory, "close", None)
         if close is not None:
             close()
-    return winners
 
 
 def _build_winners(found: list[Found], winners: Mapping[str, Mapping[str, Any]], pool: Any, cache: Any,
                    arch: str) -> None:
     """Build every winner's module at once (fusetune.lazy.winner_module: a cuDNN winner's is its chain's
     batch 0, already built), so that loading the model compiles nothing. A failed build is said when its
-    chain loads (which then runs eagerly)."""
+    chain loads (which then runs eagerly; a later region's, in PyTorch)."""
     futures = []
     for item in found:
         variant = winners.get(item.spec.name)
@@ -490,6 +596,8 @@ class ChainState:
     rendered: Any  # the generated module whose kernels are built (codegen.RenderedModule), or None
     cache: Any  # the cache its build goes to
     arch: str | None  # the compute capability it was tuned for
+    #: (index, its module, the chain's parameters it reads) of each later region attached to kernel_model
+    later: tuple[tuple[int, Any, tuple[str, ...]], ...] = ()
 
 
 class FusedChain(nn.Module):
@@ -517,8 +625,9 @@ class FusedChain(nn.Module):
 
     @classmethod
     def make(cls, gm: torch.fx.GraphModule, item: Found, variant: Mapping[str, Any] | None, cache: Any,
-             arch: str | None) -> "FusedChain | str":
-        """The fused module of a chain of ``gm`` (not yet in its graph), or why there is none."""
+             arch: str | None, winners: Mapping[str, Mapping[str, Any]] | None = None) -> "FusedChain | str":
+        """The fused module of a chain of ``gm`` (not yet in its graph), or why there is none. ``winners``
+        (config name -> variant) holds its later regions' (``item.later``): each that runs kernels is attached."""
         from fusetune.build import load_generated
 
         reference = _reference_graph(gm, item)
@@ -551,12 +660,14 @@ class FusedChain(nn.Module):
                 return bound
             loose = bound
             shapes = {tuple(s) for s in item.spec.shapes}
+            later = _attach_later(kernel_model, item, winners or {}, cache, arch)
         else:
             loose = []
+            later = ()
         chain = cls(ChainState(
             name=item.spec.name, spec=item.spec, reference=ref, kernel_model=kernel_model, shapes=frozenset(shapes),
             modules=tuple(modules), tensors=tuple(tensors), loose=tuple(loose), root_tensors=tuple(root_tensors),
-            root=gm, input_node=inputs_node, rendered=rendered, cache=cache, arch=arch))
+            root=gm, input_node=inputs_node, rendered=rendered, cache=cache, arch=arch, later=later))
         if variant is None:
             chain._say("untuned", "not tuned (see the log above); it runs eagerly")
         return chain
@@ -567,14 +678,26 @@ class FusedChain(nn.Module):
         why = self._why_eager(x)
         state = self.state
         if why is None:
-            for owner, attr, user, user_attr in state.loose:
-                _set_tensor(owner, attr, getattr(user, user_attr))
+            self._bind_tensors()
             self.kernel_calls += 1  # how many calls ran the kernels: what a user (or a test) checks first
             return state.kernel_model(x)
         self._say(*why)
         for name in state.root_tensors:
             _set_tensor(state.reference, name, getattr(state.root, name))
         return state.reference(x)
+
+    def _bind_tensors(self) -> None:
+        """Give the kernels the user's tensors now (``.to()`` replaces a buffer by a new tensor), and the later
+        regions the chain's parameters they read (the same objects)."""
+        state = self.state
+        changed = False
+        for owner, attr, user, user_attr in state.loose:
+            changed |= _set_tensor(owner, attr, getattr(user, user_attr))
+        if changed:
+            for index, _, params in state.later:
+                region = state.kernel_model._later.get(index)
+                for name in params if region is not None else ():
+                    _set_tensor(region, name, getattr(state.kernel_model, name))
 
     def _why_eager(self, x: Any) -> tuple[str, str] | None:
         """Why this call takes the reference path (a key for saying it once, and the reason), or None."""
@@ -615,6 +738,14 @@ class FusedChain(nn.Module):
             except Exception as exc:  # a build that fails leaves the model running, eagerly
                 object.__setattr__(self, "_kernels", f"the kernels did not build ({type(exc).__name__}: "
                                                      f"{str(exc)[-500:]}): eager")
+            if not self._kernels:
+                for index, rendered, _ in self.state.later:
+                    try:
+                        build_and_load(rendered, self.state.cache, arch)
+                    except Exception as exc:  # that region runs in PyTorch, the chain's kernels as ever
+                        self.state.kernel_model._later.pop(index, None)
+                        self._say(f"later {index}", f"later region {index}'s kernels did not build "
+                                                    f"({type(exc).__name__}: {str(exc)[-500:]}): it runs in PyTorch")
         return self._kernels or None
 
     def _say(self, key: str, message: str) -> None:
@@ -632,10 +763,17 @@ class FusedChain(nn.Module):
         """The generated ModelNew, bound to the user's tensors (None where the chain is not tuned)."""
         return self.state.kernel_model
 
+    @property
+    def later(self) -> dict[int, nn.Module]:
+        """The later regions that run their tuned kernels inside ``kernel_model`` (index -> the region's
+        ModelNew, on the chain's modules); the chain's other later regions run in PyTorch there."""
+        return dict(self.state.kernel_model._later) if self.state.kernel_model is not None else {}
+
     def extra_repr(self) -> str:
         nodes = self.state.reference.graph.nodes
         ops = [str(n.target) for n in nodes if n.op not in ("placeholder", "output", "get_attr")]
-        return f"{self.name}: {' -> '.join(ops)}; tuned shapes {sorted(map(list, self.shapes))}"
+        later = f"; later regions on kernels {sorted(self.later)}" if self.later else ""
+        return f"{self.name}: {' -> '.join(ops)}; tuned shapes {sorted(map(list, self.shapes))}{later}"
 
 
 def _built(rendered: Any, cache: Any, arch: str | None) -> bool:
@@ -646,16 +784,49 @@ def _built(rendered: Any, cache: Any, arch: str | None) -> bool:
         cache.build_dir(f"{rendered.name}-sm{arch.replace('.', '')}"), arch)
 
 
+def _attach_later(kernel_model: nn.Module, item: Found, winners: Mapping[str, Mapping[str, Any]], cache: Any,
+                  arch: str | None) -> tuple[tuple[int, Any, tuple[str, ...]], ...]:
+    """Attach each later region of the chain whose winner runs kernels to the chain's ModelNew (already bound
+    to the user's tensors: ModelNew.attach_later gives the region its modules and parameters); (index, the
+    module whose kernels it runs, the parameters it reads) of each. One untuned, or whose winner is PyTorch's own ops (cheaper inline in
+    the chain's model), or that does not load, runs in PyTorch there."""
+    from fusetune.build import load_generated
+
+    attached = []
+    for region in item.later:
+        variant = winners.get(region.spec.name)
+        if not _runs_kernels(variant):
+            continue
+        try:
+            rendered = region.full if _built(region.full, cache, arch) else _winner_module(region, variant)
+            generated = load_generated(rendered.write(cache.module_dir(rendered.name)))
+            model = generated.ModelNew(variant=dict(variant))
+            model.training = False  # not .eval(): attached, it runs the user's modules
+            params = tuple(p.name for p in region.spec.parameters)
+            for name in params:  # a buffer of the user's in a Parameter's place is given as what it is
+                _set_tensor(model, name, getattr(kernel_model, name))
+            try:
+                kernel_model.attach_later(region.region, model)
+            except Exception:
+                kernel_model._later.pop(region.region, None)
+                raise
+            attached.append((region.region, rendered, params))
+        except Exception as exc:  # that region runs in PyTorch, the chain's kernels as ever
+            log.info("fusetune.optimize: %s stays in PyTorch: %s: %s", region.spec.name, type(exc).__name__, exc)
+    return tuple(attached)
+
+
 def _owner(root: nn.Module, name: str) -> tuple[nn.Module, str]:
     """(the module holding the user's tensor ``name``, its attribute): modules outlive ``.to()``, tensors may not."""
     owner, _, attr = name.rpartition(".")
     return (root.get_submodule(owner) if owner else root), attr
 
 
-def _set_tensor(module: nn.Module, name: str, value: torch.Tensor) -> None:
-    """Make ``module.name`` the tensor object ``value`` (a Parameter stays one, anything else a buffer)."""
+def _set_tensor(module: nn.Module, name: str, value: torch.Tensor) -> bool:
+    """Make ``module.name`` the tensor object ``value`` (a Parameter stays one, anything else a buffer);
+    whether it was another before."""
     if module._parameters.get(name) is value or module._buffers.get(name) is value:
-        return
+        return False
     module._parameters.pop(name, None)
     module._buffers.pop(name, None)
     module.__dict__.pop(name, None)
@@ -663,6 +834,7 @@ def _set_tensor(module: nn.Module, name: str, value: torch.Tensor) -> None:
         module.register_parameter(name, value)
     else:
         module.register_buffer(name, value, persistent=False)
+    return True
 
 
 def _bind(kernel_model: nn.Module, root: nn.Module, weights: Mapping[str, str]) -> list | str:

@@ -10,10 +10,13 @@ reason the chain stops before it.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib
 import importlib.util
+import inspect
+import io
 import itertools
 import json
 import math
@@ -150,7 +153,8 @@ def _float32_inputs(inputs: Iterable[Any]) -> tuple[Any, ...]:
 
 
 def trace(model: nn.Module, inputs: Sequence[Any], source: str = "<model>") -> torch.fx.GraphModule:
-    """``symbolic_trace`` the model and record every node's shape (``node.meta['tensor_meta']``).
+    """``symbolic_trace`` the model and record every node's shape (``node.meta['tensor_meta']``), on fake
+    tensors where every op has a fake kernel (nothing computed, no statistic moved), else by running it.
     The model's own modules are shared with the result, so a training-mode batch norm's running
     statistics move when it runs, as they would in the model."""
     from torch.fx.passes.shape_prop import ShapeProp
@@ -164,6 +168,8 @@ def trace(model: nn.Module, inputs: Sequence[Any], source: str = "<model>") -> t
                          "depends on tensor values (if x.sum() > 0, loops over a tensor's size) cannot be "
                          "traced: write it with torch.where, or move it into a submodule and trace the "
                          "convolutions' part") from None
+    if _propagate_fake(gm, inputs):
+        return gm
     try:
         with torch.no_grad():
             ShapeProp(gm).propagate(*inputs)
@@ -171,6 +177,22 @@ def trace(model: nn.Module, inputs: Sequence[Any], source: str = "<model>") -> t
         raise TraceError(f"{source}: running the traced model on the example inputs failed "
                          f"({type(exc).__name__}: {exc})") from None
     return gm
+
+
+def _propagate_fake(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> bool:
+    """Shapes without computing: ShapeProp on fake tensors (KernelBench sizes take gigabytes and minutes
+    on a CPU; the chains need only the shapes). False where some op has no fake kernel: then it runs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    try:  # ShapeProp prints the traceback of a failing node: the fallback runs it, so it is noise here
+        with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):
+            ShapeProp(gm, fake_mode=FakeTensorMode(allow_non_fake_inputs=True)).propagate(*inputs)
+    except Exception:
+        for node in gm.graph.nodes:
+            node.meta.pop("tensor_meta", None)
+        return False
+    return True
 
 
 def _shape(node: Any) -> Shape | None:
@@ -344,7 +366,8 @@ class Site:
             shape = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
             return (f"the operand {arg.target} has shape {shape}, not a per-channel {list(per_channel)} "
                     "parameter")
-        return f"the other operand ({arg.name}) is another tensor, not the convolution's output or a parameter"
+        return (f"the other operand ({arg.name}) is computed in the forward or is an input of it, not a number, the "
+                "convolution's output or a per-channel parameter")
 
 
 Builder = Callable[[Site], "Mapped | str"]
@@ -449,7 +472,7 @@ def module_op(kind: str, read: Callable[[nn.Module], Mapping[str, Any]] = lambda
 
 def binary(kind: str) -> Builder:
     """x (op) other, other (op) x: a number, a per-channel parameter or the producer; c - x is
-    neg then add; c / x and c ** x are not in the vocabulary; x * x is pow 2."""
+    neg then add; c / x and c ** x are not in the vocabulary; x * x is pow 2, x + x is mul 2."""
     def build(site: Site) -> Mapped:
         args, kwargs = _call_args(site)
         if kwargs or len(args) != 2:
@@ -458,6 +481,8 @@ def binary(kind: str) -> Builder:
         if site.is_x(a) and site.is_x(b) and not (site.cur & site.producer):
             if kind == "mul":
                 return _one(site, {"op": "pow", "by": 2.0})
+            if kind == "add":
+                return _one(site, {"op": "mul", "by": 2.0})
             raise _Stop("both operands are the chain's value")
         if site.is_x(a):
             return _one(site, _binary_entry(kind, site.operand(b)))
@@ -845,6 +870,69 @@ TABLE: dict[tuple[str, Any], Builder] = {
     ("call_module", nn.Identity): identity_module,
 }
 
+#: relu6(x + 3) as PyTorch users write it.
+_RELU6_OF_X_PLUS_3: tuple[tuple[Entry, ...], ...] = (
+    ({"op": "add", "by": 3.0}, {"op": "relu6"}),
+    ({"op": "add", "by": 3.0}, {"op": "clamp", "min": 0.0, "max": 6.0}),
+    ({"op": "add", "by": 3.0}, {"op": "hardtanh", "min_val": 0.0, "max_val": 6.0}),
+)
+#: ``x * f(x)`` written out by hand: the entries of f (a run of the table's unary ops from x to the
+#: multiply) -> the vocabulary's entries computing ``x * f(x)``; the chain's value is read twice, which no
+#: single op of the table takes.
+IDIOMS: tuple[tuple[tuple[Entry, ...], tuple[Entry, ...]], ...] = (
+    (({"op": "sigmoid"},), ({"op": "silu"},)),
+    (({"op": "softplus", "beta": 1.0, "threshold": 20.0}, {"op": "tanh"}), ({"op": "mish"},)),
+    (({"op": "hardsigmoid"},), ({"op": "hardswish"},)),
+    # x * relu6(x + 3) is 6 hardswish(x) (its / 6 follows as an op of its own)
+    *((run, ({"op": "hardswish"}, {"op": "mul", "by": 6.0})) for run in _RELU6_OF_X_PLUS_3),
+    # x * (relu6(x + 3) / 6), x * clamp((x + 3) / 6, 0, 1): hardswish
+    *((run + ({"op": "div", "by": 6.0},), ({"op": "hardswish"},)) for run in _RELU6_OF_X_PLUS_3),
+    (({"op": "add", "by": 3.0}, {"op": "div", "by": 6.0}, {"op": "clamp", "min": 0.0, "max": 1.0}),
+     ({"op": "hardswish"},)),
+    (({"op": "add", "by": 3.0}, {"op": "div", "by": 6.0}, {"op": "hardtanh", "min_val": 0.0, "max_val": 1.0}),
+     ({"op": "hardswish"},)),
+)
+#: The multiply that closes an idiom: operator.mul, torch.mul, x.mul(y).
+_MUL_TARGETS = (("call_function", operator.mul), ("call_function", torch.mul), ("call_method", "mul"))
+
+
+def match_idiom(site: Site, readers: Sequence[torch.fx.Node]
+                ) -> tuple[list[torch.fx.Node], list[Entry], torch.fx.Node] | None:
+    """``x * f(x)`` where the chain's value x has exactly two readers: the multiply and the first op of f.
+    Returns (f's nodes, the idiom's entries, the multiply), or None where the readers are anything else."""
+    if len(readers) != 2:
+        return None
+    for mul, first in (readers, readers[::-1]):
+        if (mul.op, mul.target) not in _MUL_TARGETS or mul.kwargs or len(mul.args) != 2:
+            continue
+        inner: list[torch.fx.Node] = []
+        entries: list[Entry] = []
+        node, cur = first, set(site.cur)
+        while node is not mul and len(inner) < 3:
+            builder = lookup(site.gm, node)
+            if builder is None:
+                break
+            try:
+                mapped = builder(dataclasses.replace(site, node=node, cur=cur))
+            except Exception:  # noqa: BLE001 - _Stop, or arguments no row foresaw: no idiom
+                break
+            if isinstance(mapped, str) or mapped.out is not node or mapped.module is not None or len(node.users) != 1:
+                break
+            inner.append(node)
+            entries.extend(mapped.entries)
+            cur = {node}
+            node = next(iter(node.users))
+        if node is not mul or not inner:
+            continue
+        a, b = mul.args
+        if not ((site.is_x(a) and b is inner[-1]) or (site.is_x(b) and a is inner[-1])):
+            continue
+        for pattern, replacement in IDIOMS:
+            if list(pattern) == entries:
+                return inner, [dict(e) for e in replacement], mul
+    return None
+
+
 #: Ops that return their input's value: the chain's value under another name (``r = x.clone()``).
 IDENTITY_METHODS = ("clone", "detach", "contiguous")
 IDENTITY_FUNCTIONS = (torch.clone, torch.detach)
@@ -866,6 +954,26 @@ def lookup(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Builder | None:
         except TypeError:  # an unhashable target
             return None
     return None
+
+
+def _is_convolution(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    if node.op == "call_module":
+        return type(gm.get_submodule(node.target)) in _CONV_MODULES
+    return node.op == "call_function" and node.target in _CONV_FUNCTIONS
+
+
+def _in_place(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Whether the op overwrites its input (``nn.ReLU(inplace=True)``, ``F.relu(x, inplace=True)``): harmless
+    inside a chain, whose values have one reader, but not on a convolution's output that another op reads."""
+    if node.op == "call_module":
+        return bool(getattr(gm.get_submodule(node.target), "inplace", False))
+    if node.op == "call_function":
+        try:
+            bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)
+        except (TypeError, ValueError):
+            return bool(node.kwargs.get("inplace", False))
+        return bool(bound.arguments.get("inplace", False))
+    return False
 
 
 def _is_identity(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
@@ -919,6 +1027,7 @@ class Chain:
     end: str  # why the chain ends where it does
     end_node: str | None  # the node it ends before, if any
     output_node: str = ""
+    producer_readers: list[str] = dataclasses.field(default_factory=list)  # ops reading the convolution's value
 
     @property
     def nodes(self) -> list[str]:
@@ -978,16 +1087,28 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
             chain.end = "its value is not read by any op"
             break
         if len(candidates) > 1:
-            names = ", ".join(c.name for c in candidates)
-            chain.end, chain.end_node = f"its value is read by several ops ({names})", None
-            break
+            site = Site(gm, candidates[0], set(cur), set(producer), int(match.entry["out_channels"]), dims)
+            idiom = match_idiom(site, candidates)
+            if idiom is None:
+                names = ", ".join(c.name for c in candidates)
+                chain.end, chain.end_node = (f"its value is read by several ops ({names}), not as x * f(x) for an "
+                                             "f of the idioms (swish, mish, hardswish written out)"), None
+                break
+            inner, entries, mul = idiom
+            out_aliases = _aliases(gm, mul)
+            covered = [s.name for s in shape_reads] + [n.name for n in inner] + [a.name for a in out_aliases]
+            chain.steps.append(Step(entries, covered, None))
+            cur = out_aliases
+            continue
         nxt = candidates[0]
         if nxt.op == "output":
             chain.end, chain.end_node = "its value is the model's output", None
             break
         builder = lookup(gm, nxt)
         if builder is None:
-            chain.end, chain.end_node = f"{_describe(gm, nxt)} is not in the vocabulary", nxt.name
+            what = ("is a convolution (a chain of its own starts there)" if _is_convolution(gm, nxt)
+                    else "is not in the vocabulary")
+            chain.end, chain.end_node = f"{_describe(gm, nxt)} {what}", nxt.name
             break
         site = Site(gm, nxt, set(cur), set(producer), int(match.entry["out_channels"]), dims)
         try:
@@ -995,9 +1116,15 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
         except _Stop as stop:
             chain.end, chain.end_node = f"{_describe(gm, nxt)}: {stop}", nxt.name
             break
+        except Exception as exc:  # noqa: BLE001 - arguments no row foresaw: the op stays in PyTorch, named
+            mapped = f"its arguments are not in the vocabulary ({type(exc).__name__}: {exc})"
         if isinstance(mapped, str):
             chain.end, chain.end_node = f"{_describe(gm, nxt)}: {mapped}", nxt.name
             break
+        shared = [p.name for p in pending if p is not nxt]
+        if first and shared and _in_place(gm, nxt):
+            return NoChain(node.name, f"{_describe(gm, nxt)} writes the convolution's output in place, which "
+                                      f"{', '.join(shared)} also reads (after it, so it reads the new values)")
         if nxt in pending:
             pending.remove(nxt)
         covered = [s.name for s in shape_reads] + [nxt.name] + [e.name for e in mapped.extra]
@@ -1006,6 +1133,7 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
         chain.steps.append(Step(mapped.entries, covered, mapped.module))
         cur = nxt_aliases
     chain.output_node = _last_value(chain)
+    chain.producer_readers = [r.name for r in _readers(gm, producer)[0]]
     outside = [p.name for p in pending if p.name not in chain.nodes]
     if outside:
         return NoChain(node.name, f"the convolution's output is also read by {', '.join(outside)}, outside "
@@ -1098,22 +1226,43 @@ def fit_chain(chain: Chain, name: str, path: Path) -> tuple[int, dict[str, Any],
         raw, weights = chain_config(chain, name, k)
         if not raw["epilogue"]:
             continue
-        try:
-            parse_config(raw, str(path))
-        except ConfigError as exc:
-            last_error = exc.message if not exc.key else f"{exc.key}: {exc.message}"
+        refused = _refusal(raw, path)
+        if refused is not None:
+            last_error = refused
             if k == len(chain.steps):
                 step = chain.steps[-1]
                 chain.end = f"{step.nodes[-1] if step.nodes else '?'} is refused by the config's validation: {last_error}"
                 chain.end_node = step.nodes[0] if step.nodes else None
             continue
         if k < len(chain.steps):
+            kept = {n for step in chain.steps[:k] for n in step.nodes}
+            outside = [r for r in chain.producer_readers if r not in kept]
+            if outside:
+                return (f"the config's validation refuses {chain.steps[k].nodes[0] if chain.steps[k].nodes else '?'} "
+                        f"({last_error}), and without it the convolution's output is also read by "
+                        f"{', '.join(outside)}, outside the chain (a chain's intermediate values are not kept)")
             chain.end_node = chain.steps[k].nodes[0] if chain.steps[k].nodes else None
             chain.end = f"the config's validation refuses what follows: {last_error}"
             chain.steps = chain.steps[:k]
             chain.output_node = _last_value(chain)
         return k, raw, weights
     return last_error or "no op of the vocabulary follows the convolution"
+
+
+def _refusal(raw: Mapping[str, Any], path: Path) -> str | None:
+    """Why the config would not be written: its validation's message, or the planner's error (a config the
+    planner cannot take stays in PyTorch with that reason rather than failing the import); None where it plans."""
+    from fusetune.plan import make_plan
+
+    try:
+        spec = parse_config(raw, str(path))
+    except ConfigError as exc:
+        return exc.message if not exc.key else f"{exc.key}: {exc.message}"
+    try:
+        make_plan(spec)
+    except Exception as exc:  # noqa: BLE001 - any planner failure keeps the chain in PyTorch, named
+        return f"the planner fails on it ({type(exc).__name__}: {exc})"
+    return None
 
 
 def _dump(raw: Mapping[str, Any], header: str) -> str:
@@ -1156,7 +1305,10 @@ def find_chains(gm: torch.fx.GraphModule) -> tuple[list[Chain], list[NoChain]]:
     chains: list[Chain] = []
     refused: list[NoChain] = []
     for node in gm.graph.nodes:
-        match = match_producer(gm, node)
+        try:
+            match = match_producer(gm, node)
+        except Exception as exc:  # noqa: BLE001 - arguments no case foresaw: the convolution stays in PyTorch
+            match = f"its arguments could not be read ({type(exc).__name__}: {exc})"
         if match is None:
             continue
         if isinstance(match, str):

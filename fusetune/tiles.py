@@ -73,11 +73,12 @@ def gemm_k(conv: dict, elem: int = 4) -> dict[str, int]:
             "k_step": MMAS[elem].k}
 
 
-def weight_words(cout: int, k_pad: int, elem: int = 4) -> int:
+def weight_words(cout: int, k_pad: int, elem: int = 4, terms: int = 1) -> int:
     """Words of the staged weights: per k step (of 8, or 16 at 2 bytes: two values a word) and pair of
     n-tiles, four words for each of 32 lanes (the B fragments of both tiles, loaded as one 16-byte
-    vector; an odd last tile is padded)."""
-    return k_pad // MMAS[elem].k * -(-cout // 16) * 128
+    vector; an odd last tile is padded); ``terms`` times that where each weight is staged as several
+    TF32 terms (2: split TF32 under precision ieee, gemm.cuh.j2's FT_GW_TERM)."""
+    return terms * (k_pad // MMAS[elem].k * -(-cout // 16) * 128)
 
 
 def channel_stride(volume: int, row_step: int, elem: int = 4) -> int:
@@ -117,10 +118,12 @@ class GemmTile:
     smem_bytes: int               # weights + input box (two: double-buffered) + outputs + scratch
 
 
-def gemm_tile(conv: dict, window: Sequence[int], stride: Sequence[int], tw: int, th: int, elem: int = 4) -> GemmTile:
+def gemm_tile(conv: dict, window: Sequence[int], stride: Sequence[int], tw: int, th: int, elem: int = 4,
+              terms: int = 1) -> GemmTile:
     """The box of a variant with width ``tw`` and height ``th`` (outputs) over cells of ``window``
     outputs every ``stride`` (the pooling window; 1 for the statistics pass or without a pool), for
-    input values of ``elem`` bytes (MMAS: 4, float32; 2, float16 and bfloat16).
+    input values of ``elem`` bytes (MMAS: 4, float32; 2, float16 and bfloat16), the weights staged as
+    ``terms`` TF32 terms each (weight_words).
 
     ``conv`` is codegen's conv geometry (3-D, 2-D padded). A box is one cell deep.
     """
@@ -133,7 +136,7 @@ def gemm_tile(conv: dict, window: Sequence[int], stride: Sequence[int], tw: int,
     m_tiles = -(-m // 16)
     out_stride = m_tiles * 16 + (4 - m_tiles * 16 % 32) % 32
     k = gemm_k(conv, elem)
-    words = weight_words(conv["cout"], k["k_pad"], elem)
+    words = weight_words(conv["cout"], k["k_pad"], elem, terms)
     input_row = _round_up(inputs[2], MMAS[elem].row)
     stride = channel_stride(inputs[0] * inputs[1] * input_row, conv["stride"][2], elem)
     floats = words + 2 * k["cin_pad"] * stride * elem // 4 + conv["cout"] * out_stride + 4 * 256
@@ -146,17 +149,20 @@ BOX_HEIGHTS = (4, 8, 16)
 WIDEST_BOX = 32
 
 
-def gemm_max_height(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[int]]], elem: int = 4) -> int:
+def gemm_max_height(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[int]]], elem: int = 4,
+                    terms: int = 1) -> int:
     """The tallest box (at the widest) within the shared memory over each (window, stride) of cells,
     0 if none: the variants' constraint ``th <= gemm_th``, so that a convolution whose tallest
     boxes do not fit still takes the others."""
     def fits(th: int) -> bool:
-        return all(gemm_tile(conv, w, s, WIDEST_BOX, th, elem).smem_bytes <= SMEM_LIMIT for w, s in windows)
+        return all(gemm_tile(conv, w, s, WIDEST_BOX, th, elem, terms).smem_bytes <= SMEM_LIMIT for w, s in windows)
     return max((th for th in BOX_HEIGHTS if fits(th)), default=0)
 
 
-def gemm_refusal(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[int]]], elem: int = 4) -> str | None:
-    """Why the tensor-core kernels do not take a convolution of ``elem``-byte values, None where they
+def gemm_refusal(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[int]]], elem: int = 4,
+                 terms: int = 1) -> str | None:
+    """Why the tensor-core kernels do not take a convolution of ``elem``-byte values (weights staged as
+    ``terms`` TF32 terms each: weight_words), None where they
     do: not transposed (yet), channels in whole MMA columns of 8 and few enough to keep a box's output
     on chip, weights small enough to stage, and some box over each (window, stride) of cells within the
     shared memory; dilation 1, one group, symmetric padding (producers.geometry_refusal)."""
@@ -169,10 +175,10 @@ def gemm_refusal(conv: dict, windows: Sequence[tuple[Sequence[int], Sequence[int
         return "a transposed convolution"
     if conv["cout"] % 8 != 0 or conv["cout"] > MAX_CHANNELS:
         return f"{conv['cout']} output channels (a multiple of 8 up to {MAX_CHANNELS})"
-    words = weight_words(conv["cout"], k_padded(conv["cin"], conv["kernel"], elem), elem)
+    words = weight_words(conv["cout"], k_padded(conv["cin"], conv["kernel"], elem), elem, terms)
     if words > MAX_WEIGHT_FLOATS:
         return f"weights of {words} staged words (at most {MAX_WEIGHT_FLOATS})"
-    if gemm_max_height(conv, windows, elem) == 0:
+    if gemm_max_height(conv, windows, elem, terms) == 0:
         return "no box of outputs (with its pooling windows) within the shared memory"
     return None
 
@@ -183,7 +189,7 @@ BOX_WIDTHS = (16, WIDEST_BOX)
 CLUSTER_MAX_BLOCK = 256
 
 
-def cluster_boxes(conv: dict, elem: int = 4) -> dict[tuple[int, int], int]:
+def cluster_boxes(conv: dict, elem: int = 4, terms: int = 1) -> dict[tuple[int, int], int]:
     """(th, tw) -> how many boxes of single outputs a gemm_cluster block can keep in shared memory
     beside its staged weights, its two input buffers and its per-channel scratch (0 where none).
     Mirrors the launcher's arithmetic in gemm_cluster.cu.j2; the variants' constraint compares it
@@ -191,7 +197,7 @@ def cluster_boxes(conv: dict, elem: int = 4) -> dict[tuple[int, int], int]:
     out = {}
     for th in BOX_HEIGHTS:
         for tw in BOX_WIDTHS:
-            tile = gemm_tile(conv, (1, 1, 1), (1, 1, 1), tw, th, elem)
+            tile = gemm_tile(conv, (1, 1, 1), (1, 1, 1), tw, th, elem, terms)
             inputs = 2 * tile.cin_pad * tile.channel_stride * elem // 4  # two buffers, in words
             fixed = tile.weight_words + (2 * CLUSTER_MAX_BLOCK // 32 + 5) * conv["cout"] + inputs
             out[(th, tw)] = max(0, (SMEM_LIMIT // 4 - fixed) // (conv["cout"] * tile.out_stride))

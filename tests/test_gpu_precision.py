@@ -2,8 +2,9 @@
 bfloat16 (the cuDNN world's kernels at the dtype verify against float64 within 8x eager PyTorch's own
 error at that dtype, in both layouts and every vector width; so do fusetune's convolution worlds, the
 tensor-core ones included, each way their kernels stage the input; a search with a small budget tunes), and
-float32 with precision ieee (a search tunes, no TF32 world is offered, and the winner is allclose(1e-4,
-1e-4) to eager float32 on fresh inputs); and `fusetune bench` at the dtype.
+float32 with precision ieee (a search tunes, the K-tiled TF32 worlds are not offered, and the winner is
+allclose(1e-4, 1e-4) to eager float32 on fresh inputs; the whole-weights tensor-core worlds, in split TF32,
+verify each way they are compiled); and `fusetune bench` at the dtype.
 
 Skipped without a CUDA GPU: pytest -m gpu tests/test_gpu_precision.py (FUSETUNE_TEST_CACHE=DIR shares
 builds with tests/test_gpu.py).
@@ -30,7 +31,8 @@ from fusetune.worlds import WORLDS  # noqa: E402
 HALF_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "half"
 HALF = sorted(HALF_DIR.glob("*_fp16.yaml")) + sorted(HALF_DIR.glob("*_bf16.yaml"))
 IEEE = sorted(HALF_DIR.glob("*_ieee.yaml"))
-TF32_WORLDS = {name for name, world in WORLDS.items() if world.tf32}
+#: The worlds refused under precision ieee (the K-tiled tensor-core ones: TF32 products, no split form).
+IEEE_REFUSED = {name for name, world in WORLDS.items() if "ieee" not in world.precisions}
 
 
 def _factory(cache, machine, worker):
@@ -83,12 +85,12 @@ def test_half_seed_verifies_and_tunes(config, cache, worker):
 
 @pytest.mark.parametrize("config", IEEE, ids=lambda p: p.stem)
 def test_ieee_seed_tunes_and_is_allclose_to_eager_float32(config, cache, worker):
-    """No TF32 tensor-core world is offered; a small search tunes (verification enforcing the config's
+    """No world refused under ieee is offered; a small search tunes (verification enforcing the config's
     allclose); the winner, on fresh inputs, is allclose(1e-4, 1e-4) to eager float32 (TF32 off, as
     PRECISION asks), and leaves torch's TF32 switch as it found it."""
     spec = load_config(config)
     plan = make_plan(spec)
-    assert not TF32_WORLDS & set(plan.impl_stages)
+    assert not IEEE_REFUSED & set(plan.impl_stages)
     machine = Machine.detect()
     shape = spec.shapes[-1]
     result = tune_shape(spec, shape, cache, machine, _factory(cache, machine, worker), trials=4)
@@ -299,3 +301,36 @@ def test_half_tensor_core_worlds_verify_on_the_corpus(index, cache, worker):
             outcome = bench.verify(candidate)
             assert outcome["status"] == "ok", (shape, world, candidate, outcome)
             assert outcome["eager_error_rel"] > 1e-5
+
+
+#: The ieee seeds' tensor-core worlds: the whole-weights kernels (gemm, gemm_extrema, gemm_store, gemm_cluster)
+#: multiplying in split TF32, three TF32 MMAs a product (templates/mma.cuh.j2's ft_mma_split).
+IEEE_TENSOR_CORE_WORLDS = [(config, world) for config in IEEE for world in make_plan(load_config(config)).impl_stages
+                           if WORLDS[world].tf32]
+
+
+@pytest.mark.parametrize(("config", "world"), IEEE_TENSOR_CORE_WORLDS, ids=lambda v: getattr(v, "stem", v))
+def test_ieee_tensor_core_worlds_verify_in_split_tf32(config, world, cache, worker):
+    """precision ieee, at both configured shapes (the seed's and one no tile divides): the world's default and
+    each value of each of its stages' compile-time parameters verify against float64 within 8x eager float32's
+    error (TF32 off) and are allclose(1e-4, 1e-4) to eager float32 (the config's tolerance, which verification
+    enforces); their error is a small part of TF32's (products rounded to TF32, not split, would be at it)."""
+    spec = load_config(config)
+    plan = make_plan(spec)
+    assert spec.precision == "ieee" and spec.tolerance == {"atol": 1e-4, "rtol": 1e-4} and world in plan.impl_stages
+    machine = Machine.detect()
+    space = plan_space(plan)
+    verified = 0
+    for shape in spec.shapes:
+        candidates = _world_candidates(space, shape_facts(spec, plan, shape, machine.capability), world)
+        if not candidates:  # the world does not take this shape (gemm_cluster: a plane too large for a cluster)
+            continue
+        bench = GpuBenchmarker(plan, shape, cache, machine, worker, echo=print)
+        bench.prepare()
+        verified += 1
+        for candidate in candidates:
+            outcome = bench.verify(candidate)
+            assert outcome["status"] == "ok", (shape, candidate, outcome)
+            assert "eager_diff_max" in outcome  # verification checked allclose(1e-4, 1e-4) to eager float32
+            assert outcome["error_rel"] < 0.1 * outcome["tf32_error_rel"], (shape, candidate, outcome)
+    assert verified, f"{world} takes none of {spec.path}'s shapes"

@@ -4,8 +4,12 @@ take it. The configs are benchmarks/half/: the four seeds in float16, in bfloat1
 precision ieee and a tolerance."""
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,8 +26,19 @@ from conftest import ROOT, SEEDS, import_file
 
 HALF = sorted((ROOT / "benchmarks" / "half").glob("*.yaml"))
 BY_KIND = {kind: [p for p in HALF if p.stem.endswith(f"_{kind}")] for kind in ("fp16", "bf16", "ieee")}
-#: The worlds whose products are TF32 MMAs: refused under precision ieee.
-TF32_WORLDS = {name for name, world in WORLDS.items() if world.tf32}
+#: The worlds refused under precision ieee (their products TF32 MMAs with no split-TF32 form: the K-tiled ones).
+IEEE_REFUSED = {name for name, world in WORLDS.items() if "ieee" not in world.precisions}
+#: The tensor-core worlds that take precision ieee, their products in split TF32 (the whole-weights kernels).
+SPLIT_WORLDS = {name for name, world in WORLDS.items() if world.tf32 and "ieee" in world.precisions}
+
+
+def test_which_worlds_take_precision_ieee():
+    """Every world but the TF32 tensor-core ones multiplies in float32 already; of those, the whole-weights
+    kernels' worlds take ieee in split TF32, the K-tiled ones are refused, saying why."""
+    assert SPLIT_WORLDS == {"gemm", "gemm_extrema", "gemm_store", "gemm_cluster"}
+    assert IEEE_REFUSED == {"gemm_wide", "gemm_wide_recompute"}
+    assert all(WORLDS[name].tf32 and WORLDS[name].ieee_refusal.strip() for name in IEEE_REFUSED)
+    assert all(set(world.precisions) <= {"tf32", "ieee"} and "tf32" in world.precisions for world in WORLDS.values())
 
 
 def _seed_of(path: Path) -> Path:
@@ -62,8 +77,8 @@ def test_numerics_defaults():
 @pytest.mark.parametrize("path", HALF, ids=lambda p: p.stem)
 def test_worlds_offered_at_the_numerics(path):
     """Half precision: the worlds the seed is offered whose kernels take the dtype (cuDNN's, direct,
-    spectral, eager, inductor), the others refused naming the dtype. precision ieee: no TF32 tensor-core
-    world, each refused naming the precision."""
+    spectral, eager, inductor), the others refused naming the dtype. precision ieee: the seed's worlds but the
+    K-tiled tensor-core ones, each refused naming the precision."""
     spec = load_config(path)
     plan = make_plan(spec)
     if spec.dtype != "float32":
@@ -73,11 +88,11 @@ def test_worlds_offered_at_the_numerics(path):
         assert set(plan.impl_stages) == set(seed_plan.impl_stages) & takes
         assert all(f"dtype {spec.dtype}" in refusals(plan)[name] for name in set(WORLDS) - takes)
     else:
-        assert not TF32_WORLDS & set(plan.impl_stages)
-        for name in TF32_WORLDS:
-            assert "precision ieee" in WORLDS[name].refusal(plan), name
+        assert not IEEE_REFUSED & set(plan.impl_stages)
+        for name in IEEE_REFUSED:
+            assert WORLDS[name].refusal(plan).startswith("precision ieee: its K-tiled products"), name
         seed_plan = make_plan(load_config(_seed_of(path)))
-        assert set(plan.impl_stages) == set(seed_plan.impl_stages) - TF32_WORLDS
+        assert set(plan.impl_stages) == set(seed_plan.impl_stages) - IEEE_REFUSED
 
 
 @pytest.mark.parametrize("path", HALF, ids=lambda p: p.stem)
@@ -88,8 +103,8 @@ def test_plan_shows_the_numerics(path):
     assert f"  numerics: dtype {spec.dtype}" in text.output
     if spec.precision == "ieee":
         assert "precision ieee" in text.output and "allclose(atol=0.0001, rtol=0.0001)" in text.output
-        # every TF32 world the float32 seed is offered is refused here, for its precision
-        for name in TF32_WORLDS & set(make_plan(load_config(_seed_of(path))).impl_stages):
+        # every K-tiled world the float32 seed is offered is refused here, for its precision
+        for name in IEEE_REFUSED & set(make_plan(load_config(_seed_of(path))).impl_stages):
             assert f"no {name} world: precision ieee" in text.output, name
     document = json.loads(CliRunner().invoke(main, ["plan", "--json", str(path)]).output)[0]
     assert {k: document[k] for k in ("dtype", "precision", "tolerance")} == spec.numerics()
@@ -159,6 +174,80 @@ def test_half_tensor_core_worlds_render_fp16_or_bf16_mmas(path):
     for unit, text in seed_module.cuda_sources.items():
         if re.fullmatch(r"gemm_(stats|main|cluster)_\d+\.cu", unit):
             assert "m16n8k16" not in text and "FT_GKS = FT_GKP / 8" in text and not re.search(r"\bft_t\b", text), unit
+
+
+@pytest.mark.parametrize("path", BY_KIND["ieee"], ids=lambda p: p.stem)
+def test_ieee_tensor_core_worlds_render_split_tf32(path):
+    """Under precision ieee the whole-weights tensor-core worlds take the seeds whose float32 seed they take,
+    their kernels multiplying in split TF32: the weights staged once as hi and lo terms (twice the words, the
+    shared memory and the boxes planned for it), each A value split as read, three MMAs a product; gemm_store
+    never writes its output in half precision. The float32 seed's kernels (precision tf32) have none of it."""
+    from fusetune.codegen import plan_facts
+    from fusetune.tiles import gemm_max_height, weight_words
+    from fusetune.worlds.facts import gemm_windows
+
+    spec = load_config(path)
+    plan, seed_plan = make_plan(spec), make_plan(load_config(_seed_of(path)))
+    split = SPLIT_WORLDS & set(seed_plan.impl_stages)
+    assert split <= set(plan.impl_stages)
+    module, seed_module = render(plan), render(seed_plan)
+    units = {u: t for u, t in module.cuda_sources.items() if re.fullmatch(r"gemm_(stats|main|cluster)_\d+\.cu", u)}
+    assert bool(units) is bool(split)
+    for unit, text in units.items():
+        kernels = text.split("enum { FT_CINP")[1]
+        assert "FT_GW_WORDS = 2 * FT_GW_TERM" in kernels and "ft_tf32_split(real ? __ldg(w" in kernels, unit
+        assert "ft_mma_split(acc[i][2 * jp], ah[i], al[i], b[0])" in kernels and "ft_mma_tf32(" not in kernels, unit
+        assert "CACHED = FT_GKS * FT_GNT * 4 <= FT_GEMM_B_REGS" in kernels, unit
+        assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in text and "m16n8k16" not in text, unit
+    for unit, text in seed_module.cuda_sources.items():
+        assert "ft_tf32_split" not in text and "FT_GW_TERM" not in text, unit
+    facts, seed_facts = plan_facts(plan), plan_facts(seed_plan)
+    assert facts["half_store"] == 0 and (facts["tf32_terms"], seed_facts["tf32_terms"]) == (2, 1)
+    # in split TF32 no variant that spilled registers (gemm_stats but at 128 threads and one m-tile a warp,
+    # gemm_main at two m-tiles a warp)
+    for unit in units:
+        variant = re.search(r"// The box of variant 0 \((\{[^}]*\})\)", module.cuda_sources[unit]).group(1)
+        assert ("'block': 128, 'mt': 1" in variant) if unit.startswith("gemm_stats") else True, (unit, variant)
+        assert ("'mt': 1" in variant) if unit.startswith("gemm_main") else True, (unit, variant)
+    if split:
+        conv = spec.producer.geometry()
+        assert facts["gemm_th"] == gemm_max_height(conv, gemm_windows(plan), 4, 2) <= seed_facts["gemm_th"]
+        assert weight_words(conv["cout"], 72, terms=2) == 2 * weight_words(conv["cout"], 72)
+        assert all(facts["cluster_boxes"][box] <= seed_facts["cluster_boxes"][box] for box in facts["cluster_boxes"])
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_split_tf32_units_compile_for_sm90_without_spills(tmp_path):
+    """Split TF32 at the ieee conv2d seed's 64 channels (the most registers of the seeds): of each whole-weights
+    tensor-core stage, the first and the last variant the plan compiles (the smallest and the largest choices)
+    compile for sm_90 without register spills; the variants that spilled are left out by the families'
+    compile_if (tf32_terms). A sample, as tests/test_compile.py takes of the half configs: a unit is seconds of
+    nvcc, and the other stages' text is the float32 seed's, compiled there."""
+    path = next(p for p in BY_KIND["ieee"] if p.stem.startswith("conv2d_groupnorm"))
+    module = render(make_plan(load_config(path)))
+    units = []
+    for stage in ("gemm_stats", "gemm_main", "gemm_cluster"):
+        built = sorted(int(m.group(1)) for u in module.cuda_sources if (m := re.fullmatch(rf"{stage}_(\d+)\.cu", u)))
+        assert built, stage
+        units += [f"{stage}_{built[0]}.cu", f"{stage}_{built[-1]}.cu"]
+
+    def compile_one(unit: str) -> subprocess.CompletedProcess:
+        source = tmp_path / unit
+        source.write_text(module.cuda_sources[unit])
+        return subprocess.run([shutil.which("nvcc"), "-arch=sm_90", "-O3", "-std=c++17", "-Xcompiler", "-fPIC",
+                               "-Xptxas", "-v", "-c", str(source), "-o", str(source.with_suffix(".o"))],
+                              capture_output=True, text=True, timeout=900)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 2)) as pool:
+        results = dict(zip(units, pool.map(compile_one, units)))
+    for unit, result in results.items():
+        log = result.stdout + result.stderr
+        assert result.returncode == 0, (unit, log[-6000:])
+        assert "ft_mma_split" in module.cuda_sources[unit], unit
+        entries = re.findall(r"Compiling entry function '(\w+)' for 'sm_90'", log)
+        spills = dict(re.findall(r"Function properties for (\w+)\n\s*\d+ bytes stack frame, (\d+) bytes spill stores", log))
+        assert entries and set(entries) <= set(spills), (unit, log[-3000:])
+        assert {fn: n for fn, n in spills.items() if int(n)} == {}, unit
 
 
 @pytest.mark.parametrize("path", BY_KIND["fp16"] + BY_KIND["bf16"], ids=lambda p: p.stem)

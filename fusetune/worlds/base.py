@@ -29,9 +29,15 @@ class World(abc.ABC):
     min_sm: ClassVar[int] = 0
     #: The element types its kernels take.
     dtypes: ClassVar[tuple[str, ...]] = (DEFAULT_DTYPE,)
-    #: Whether its convolution's products are TF32 MMAs on the tensor cores: refused under a config's
-    #: ``precision: ieee`` (float32 products only; a split-TF32 product, three MMAs, is not implemented yet).
+    #: Whether its convolution's products are on the tensor cores in TF32 at float32 (MMAs of operands
+    #: rounded to TF32 under ``precision: tf32``, split TF32 under ``ieee`` where ``precisions`` says so).
     tf32: ClassVar[bool] = False
+    #: The float32 precisions (config.PRECISIONS) its kernels take: both for the worlds off the tensor cores
+    #: and for those whose ieee products are split TF32 (hi + lo terms, three MMAs a product); the others
+    #: say why not in ``ieee_refusal``.
+    precisions: ClassVar[tuple[str, ...]] = ("tf32", "ieee")
+    #: Why it does not take precision ieee, where ``precisions`` leaves it out.
+    ieee_refusal: ClassVar[str] = ""
     #: How the generated model launches it: "cudnn" (cuDNN, then the stages on its output), "kernels"
     #: (the stages with the convolution inside), "cluster" (one cluster kernel), "spectral" (the
     #: input's spectrum first), "eager" (the reference's own forward), "inductor" (the reference's
@@ -76,8 +82,9 @@ class World(abc.ABC):
         dtype = getattr(plan.spec, "dtype", DEFAULT_DTYPE)
         if dtype not in self.dtypes:
             return f"dtype {dtype} (its kernels take {', '.join(self.dtypes)} only)"
-        if self.tf32 and getattr(plan.spec, "precision", None) == "ieee":
-            return "precision ieee: its products are TF32 MMAs (a split-TF32 product is not implemented yet)"
+        precision = getattr(plan.spec, "precision", None)
+        if precision is not None and precision not in self.precisions:
+            return f"precision {precision}: {self.ieee_refusal}"
         return None
 
     @abc.abstractmethod

@@ -118,12 +118,25 @@ def gemm_elem(plan: Plan) -> int:
     return DTYPES[getattr(plan.spec, "dtype", DEFAULT_DTYPE)].bytes
 
 
+#: float32's precision (config.PRECISIONS) -> the TF32 terms each operand of a tensor-core product is taken
+#: as: one under tf32 (rounded to TF32), two under ieee (hi + lo, split TF32: three MMAs a product).
+TF32_TERMS = {"tf32": 1, "ieee": 2}
+
+
+def gemm_terms(plan: Plan) -> int:
+    """TF32 terms per staged weight of the whole-weights tensor-core kernels (gemm.cuh.j2's FT_GW_TERM):
+    2 under precision ieee, else 1 (TF32; the half types multiply as they are)."""
+    precision = getattr(plan.spec, "precision", None)
+    return TF32_TERMS.get(precision, 1) if gemm_elem(plan) == 4 else 1
+
+
 def gemm_refusal(plan: Plan) -> str | None:
     """Why the whole-weights tensor-core kernels (gemm_stats, gemm_main) do not take the region's
     convolution, None where they do (tiles.gemm_refusal: not transposed, channels in tiles of 8 and at
     most 64, weights and boxes within the shared memory); every world that builds on them asks."""
     return (padded_pool(plan) or unknown_family(plan, "the tensor-core kernels")
-            or _gemm_geometry_refusal(plan.spec.producer.geometry(), gemm_windows(plan), gemm_elem(plan)))
+            or _gemm_geometry_refusal(plan.spec.producer.geometry(), gemm_windows(plan), gemm_elem(plan),
+                                          gemm_terms(plan)))
 
 
 def windows_in_boxes(plan: Plan) -> bool:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from fusetune.tiles import gemm_max_height
 from fusetune.worlds.base import World
-from fusetune.worlds.facts import GEMM_DTYPES, gemm_elem, gemm_refusal, gemm_windows, stages_of
+from fusetune.worlds.facts import GEMM_DTYPES, gemm_elem, gemm_refusal, gemm_terms, gemm_windows, stages_of
 
 
 class Gemm(World):
     name = "gemm"
-    doc = ("the convolution inside the fused kernels as implicit GEMMs on the tensor cores in TF32, or FP16/BF16 "
-           "at those dtypes (gemm_stats, gemm_main), computed in each pass; convolutions (not transposed) whose channels "
-           "come in tiles of 8 up to 64")
+    doc = ("the convolution inside the fused kernels as implicit GEMMs on the tensor cores in TF32 (split TF32, "
+           "three MMAs a product, under precision ieee), or FP16/BF16 at those dtypes (gemm_stats, gemm_main), "
+           "computed in each pass; convolutions (not transposed) whose channels come in tiles of 8 up to 64")
     computes_conv_inside = True
     tf32 = True
     min_sm = 80
@@ -25,7 +25,10 @@ class Gemm(World):
 
     def facts(self, plan):
         """``gemm``: the whole-weights tensor-core kernels take the convolution; ``gemm_th``: the tallest
-        box of theirs within the shared memory (tiles.gemm_max_height), 0 where they do not."""
+        box of theirs within the shared memory (tiles.gemm_max_height), 0 where they do not;
+        ``tf32_terms``: the TF32 terms of each operand of their products (2: split TF32, precision ieee;
+        facts.gemm_terms), whose variants' compile_if leaves out those that spill registers then."""
         offered = self.refusal(plan) is None
-        th = gemm_max_height(plan.spec.producer.geometry(), gemm_windows(plan), gemm_elem(plan)) if offered else 0
-        return {"gemm": int(offered), "gemm_th": th}
+        terms = gemm_terms(plan)
+        th = gemm_max_height(plan.spec.producer.geometry(), gemm_windows(plan), gemm_elem(plan), terms) if offered else 0
+        return {"gemm": int(offered), "gemm_th": th, "tf32_terms": terms}

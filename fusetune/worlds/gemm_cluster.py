@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from fusetune.tiles import cluster_boxes
 from fusetune.worlds.base import World
-from fusetune.worlds.facts import GEMM_DTYPES, SAMPLE_SCOPES, gemm_elem, gemm_refusal, windows_in_boxes
+from fusetune.worlds.facts import GEMM_DTYPES, SAMPLE_SCOPES, gemm_elem, gemm_refusal, gemm_terms, windows_in_boxes
 
 
 class GemmCluster(World):
@@ -40,5 +40,5 @@ class GemmCluster(World):
     def facts(self, plan):
         """``cluster``: offered; ``cluster_boxes``: (th, tw) -> the boxes a block keeps (tiles.cluster_boxes)."""
         offered = self.refusal(plan) is None
-        boxes = cluster_boxes(plan.spec.producer.geometry(), gemm_elem(plan)) if offered else {}
+        boxes = cluster_boxes(plan.spec.producer.geometry(), gemm_elem(plan), gemm_terms(plan)) if offered else {}
         return {"cluster": int(offered), "cluster_boxes": boxes}

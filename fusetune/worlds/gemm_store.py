@@ -37,9 +37,10 @@ class GemmStore(World):
         """``gemm_store``: offered; ``half_store``: it may write its output in half precision, less each
         plane's pivot (producer.store): the pre chain is affine, so the statistics pass's MMAs start
         from -pivot and hold y - pivot, a value of the plane's spread rather than its offset; and the
-        main kernel is channel_reduce, the one family that reads it so. At float32 only: at the half
-        dtypes the output is written in the dtype, as cuDNN's would be."""
+        main kernel is channel_reduce, the one family that reads it so. At float32 under precision tf32
+        only: at the half dtypes the output is written in the dtype, as cuDNN's would be, and under ieee
+        half precision's rounding of the spread would exceed float32's."""
         offered = self.refusal(plan) is None
-        half = (offered and gemm_elem(plan) == 4 and plan.pre_scale is not None
-                and plan.family == "channel_reduce")
+        half = (offered and gemm_elem(plan) == 4 and getattr(plan.spec, "precision", None) != "ieee"
+                and plan.pre_scale is not None and plan.family == "channel_reduce")
         return {"gemm_store": int(offered), "half_store": int(half)}

@@ -12,6 +12,8 @@ class GemmWideRecompute(World):
            "again and applies the chain, its output never written")
     computes_conv_inside = True
     tf32 = True
+    precisions = ("tf32",)
+    ieee_refusal = "its K-tiled products are TF32 MMAs (split TF32 is in the whole-weights kernels only)"
     dtypes = WIDE_DTYPES
     min_sm = 80
 

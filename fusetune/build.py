@@ -131,8 +131,8 @@ def build(rendered: RenderedModule, cache: Cache, timeout: float = 900.0, arch: 
 def load_kernels(generated: ModuleType, build_dir: str, arch: str | None) -> None:
     """Load a built module's kernels under the flags they were built with. torch derives nvcc's
     -gencode flags from TORCH_CUDA_ARCH_LIST (else from the GPU it sees), and ninja rebuilds every
-    unit whose command changed: a worker loading without the variable rebuilt the whole module
-    (35 s of a cold conv2d search on an H100)."""
+    unit whose command changed: a worker loading without the variable rebuilt the whole module, a large
+    part of a cold search."""
     previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
     if arch:
         os.environ["TORCH_CUDA_ARCH_LIST"] = arch

@@ -41,8 +41,8 @@ def median_ms(fn: Callable[[], Any], reps: int = 20, warmup: int = 3, flush_byte
     """Median time of ``fn`` in milliseconds: CUDA events, L2 flushed before each run.
 
     The flush reads a buffer larger than the L2 rather than writing one: a write leaves the L2 full
-    of dirty lines, and writing them back to memory (up to 50 MB on an H100, about 17 us) was
-    charged to whatever ran next, a fifth of a 70 us epilogue."""
+    of dirty lines, and writing them back to memory was charged to whatever ran next: a sizeable part
+    of a short epilogue's time."""
     import torch
 
     flush = torch.ones(flush_bytes // 4, dtype=torch.float32, device="cuda")

@@ -125,14 +125,23 @@ def spectral_flops(spec: ProblemSpec, shape: Shape) -> int:
     return 8 * shape[0] * spec.producer.in_channels * spec.producer.out_channels * bins
 
 
-#: Dense flops per multiprocessor per clock on Hopper, by the units that compute them.
-PEAK_FLOPS_PER_SM_CLOCK = {"FP32": 128 * 2, "TF32": 1024 * 2}
+#: Dense flops per multiprocessor per clock on Hopper, by the units that compute them; TF32x3 counts the
+#: useful products of split TF32 (three TF32 MMAs each, precision ieee).
+PEAK_FLOPS_PER_SM_CLOCK = {"FP32": 128 * 2, "TF32": 1024 * 2, "TF32x3": 1024 * 2 / 3, "FP16": 2048 * 2}
 
 
-def compute_units(impl: str) -> str:
-    """The units a world's convolution (or what stands for it) runs on: the gemm_* worlds' implicit
-    GEMMs on the tensor cores in TF32 (World.tf32); the direct kernels and spectral's products on CUDA cores."""
-    return "TF32" if WORLDS[impl].tf32 else "FP32"
+def compute_units(impl: str, spec: ProblemSpec | None = None) -> str:
+    """The units a world's convolution (or what stands for it) runs on: the gemm_* worlds' implicit GEMMs on
+    the tensor cores (World.tf32): in TF32, in split TF32 under precision ieee, on FP16/BF16 MMAs at a half
+    dtype they take as it is (World.native_mma); the direct kernels and spectral's products on CUDA cores."""
+    world = WORLDS[impl]
+    if not world.tf32:
+        return "FP32"
+    if spec is not None and spec.precision == "ieee":
+        return "TF32x3"
+    if spec is not None and spec.dtype in world.native_mma:
+        return "FP16"
+    return "TF32"
 
 
 def peak_tflops(flops_per_sm_clock: int) -> float | None:
@@ -218,7 +227,7 @@ def _run_bench(spec: ProblemSpec, shape: Shape, plan: Plan, generated: Any, entr
         # What bounds it is arithmetic: the convolution's FMAs, once per pass that computes it (or,
         # spectral, the products of spectra that stand for it).
         passes = conv_passes(plan, impl)
-        kind = compute_units(impl)
+        kind = compute_units(impl, spec)
         peak = peak_tflops(PEAK_FLOPS_PER_SM_CLOCK[kind])
         result.update(impl=impl, conv_passes=passes, conv_gflop=conv_flops(spec, shape) / 1e9)
         work = spectral_flops(spec, shape) / 1e9 if impl == "spectral" else passes * result["conv_gflop"]

@@ -14,7 +14,7 @@ from fusetune.config import load_config, parse_config
 from fusetune.plan import make_plan
 from fusetune.worlds import WORLDS
 
-from conftest import SEEDS
+from conftest import ROOT, SEEDS
 
 RESULTS = sorted((Path(__file__).resolve().parent.parent / "benchmarks" / "h100").glob("*.json"))
 
@@ -38,11 +38,16 @@ def test_epilogue_bytes_read_the_conv_output_once_per_pass():
 
 
 def test_peaks_are_hopper_dense_rates_of_each_worlds_units():
-    assert PEAK_FLOPS_PER_SM_CLOCK == {"FP32": 256, "TF32": 2048}
+    assert PEAK_FLOPS_PER_SM_CLOCK == {"FP32": 256, "TF32": 2048, "TF32x3": 2048 / 3, "FP16": 4096}
     units = {impl: compute_units(impl) for impl, world in WORLDS.items() if world.computes_conv_inside}
     assert units == {"direct": "FP32", "gemm": "TF32", "gemm_extrema": "TF32", "gemm_store": "TF32",
                      "gemm_cluster": "TF32", "gemm_wide": "TF32", "gemm_wide_recompute": "TF32",
                      "spectral": "FP32"}
+    half = load_config(ROOT / "benchmarks" / "half" / "conv2d_groupnorm_scale_maxpool_clamp_fp16.yaml")
+    ieee = load_config(ROOT / "benchmarks" / "half" / "conv2d_groupnorm_scale_maxpool_clamp_ieee.yaml")
+    # FP16 MMAs in the whole-weights kernels; the K-tiled ones widen a half type to TF32; split TF32 under ieee
+    assert [compute_units(impl, half) for impl in ("gemm_extrema", "gemm_wide", "direct")] == ["FP16", "TF32", "FP32"]
+    assert compute_units("gemm_store", ieee) == "TF32x3"
 
 
 def test_spectral_flops_count_the_products_of_spectra():

@@ -38,6 +38,9 @@ class World(abc.ABC):
     precisions: ClassVar[tuple[str, ...]] = ("tf32", "ieee")
     #: Why it does not take precision ieee, where ``precisions`` leaves it out.
     ieee_refusal: ClassVar[str] = ""
+    #: The half dtypes its tensor-core products take as they are (FP16/BF16 MMAs); at another dtype its
+    #: tensor-core products are TF32's (a half type widened to float first, exactly).
+    native_mma: ClassVar[tuple[str, ...]] = ()
     #: How the generated model launches it: "cudnn" (cuDNN, then the stages on its output), "kernels"
     #: (the stages with the convolution inside), "cluster" (one cluster kernel), "spectral" (the
     #: input's spectrum first), "eager" (the reference's own forward), "inductor" (the reference's

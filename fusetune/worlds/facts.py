@@ -22,6 +22,8 @@ PADDED_POOL = "a padded pool (the kernels that compute the convolution pool whol
 #: worlds built on them: float32 on TF32 MMAs, float16 and bfloat16 on FP16/BF16 MMAs (m16n8k16), the
 #: products accumulated, the statistics and the chain computed in float either way.
 GEMM_DTYPES = ("float32", "float16", "bfloat16")
+#: The half dtypes the whole-weights kernels multiply as they are (World.native_mma).
+GEMM_NATIVE_MMA = ("float16", "bfloat16")
 #: The dtypes of the K-tiled tensor-core kernels (wide_stats, wide_main) and so of gemm_wide and
 #: gemm_wide_recompute: float32 on TF32 MMAs; float16 and bfloat16 widened to float in their workspace (the
 #: padded input, the packed weights) and multiplied on the same TF32 MMAs, exactly (their significands fit

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from fusetune.tiles import gemm_max_height
 from fusetune.worlds.base import World
-from fusetune.worlds.facts import GEMM_DTYPES, gemm_elem, gemm_refusal, gemm_terms, gemm_windows, stages_of
+from fusetune.worlds.facts import (GEMM_DTYPES, GEMM_NATIVE_MMA, gemm_elem, gemm_refusal, gemm_terms,
+                                   gemm_windows, stages_of)
 
 
 class Gemm(World):
@@ -16,6 +17,7 @@ class Gemm(World):
     tf32 = True
     min_sm = 80
     dtypes = GEMM_DTYPES
+    native_mma = GEMM_NATIVE_MMA
 
     def why_not(self, plan):
         return gemm_refusal(plan)

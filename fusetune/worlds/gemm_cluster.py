@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from fusetune.tiles import cluster_boxes
 from fusetune.worlds.base import World
-from fusetune.worlds.facts import GEMM_DTYPES, SAMPLE_SCOPES, gemm_elem, gemm_refusal, gemm_terms, windows_in_boxes
+from fusetune.worlds.facts import (GEMM_DTYPES, GEMM_NATIVE_MMA, SAMPLE_SCOPES, gemm_elem, gemm_refusal,
+                                   gemm_terms, windows_in_boxes)
 
 
 class GemmCluster(World):
@@ -13,6 +14,7 @@ class GemmCluster(World):
     computes_conv_inside = True
     tf32 = True
     dtypes = GEMM_DTYPES
+    native_mma = GEMM_NATIVE_MMA
     min_sm = 90
     launch = "cluster"
 

@@ -3,7 +3,8 @@ window's extremes, and extrema_map applies the chain to those."""
 from __future__ import annotations
 
 from fusetune.worlds.base import World
-from fusetune.worlds.facts import GEMM_DTYPES, gemm_refusal, pool_at_extremes, stages_of, windows_in_boxes
+from fusetune.worlds.facts import (GEMM_DTYPES, GEMM_NATIVE_MMA, gemm_refusal, pool_at_extremes, stages_of,
+                                   windows_in_boxes)
 
 
 class GemmExtrema(World):
@@ -13,6 +14,7 @@ class GemmExtrema(World):
     computes_conv_inside = True
     tf32 = True
     dtypes = GEMM_DTYPES
+    native_mma = GEMM_NATIVE_MMA
     min_sm = 80
 
     def why_not(self, plan):

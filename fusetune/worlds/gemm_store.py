@@ -3,7 +3,7 @@ cuDNN world's main kernel."""
 from __future__ import annotations
 
 from fusetune.worlds.base import World
-from fusetune.worlds.facts import GEMM_DTYPES, gemm_elem, gemm_refusal, stages_of
+from fusetune.worlds.facts import GEMM_DTYPES, GEMM_NATIVE_MMA, gemm_elem, gemm_refusal, stages_of
 
 
 class GemmStore(World):
@@ -13,6 +13,7 @@ class GemmStore(World):
     computes_conv_inside = True
     tf32 = True
     dtypes = GEMM_DTYPES
+    native_mma = GEMM_NATIVE_MMA
     min_sm = 80
 
     def why_not(self, plan):

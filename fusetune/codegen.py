@@ -237,12 +237,13 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
                              + problem).encode())
     name = f"ft_{digest.hexdigest()[:12]}"
     submodules, lines, norm_attr = _reference_code(plan)
+    later = _later(plan)
     model = env.get_template("model.py.j2").render(
         module_name=name, variants=variants, default_variant=space.stage_values(space.default()),
         submodules=submodules, forward_lines=lines, norm_attr=norm_attr, cuda_sources=list(sources),
-        tail_lines=[step.op.forward_code("x", step.attr) for step in plan.tail], later=_later(plan),
+        tail_lines=[step.op.forward_code("x", step.attr) for step in plan.tail], later=later,
         tail_why=_without_path(plan.ends, plan.spec.path),
-        later_regions=[{k: s[k] for k in ("index", "folder", "attrs", "params")} for s in _later(plan) if s["kernels"]],
+        later_regions=[{k: s[k] for k in ("index", "folder", "attrs", "params")} for s in later if s["kernels"]],
         reads_producer=any(op.uses_producer() for op in plan.spec.epilogue),
         tail_reads_producer=any(step.op.uses_producer() for step in plan.tail), worlds=launches(plan),
         default_world=DEFAULT, **context)

@@ -20,9 +20,9 @@ from fusetune.codegen import render
 from fusetune.config import ProblemSpec
 from fusetune.errors import FusetuneError
 from fusetune.ops import Shape
-from fusetune.pipeline import later_segments
+from fusetune.pipeline import later_segments, region_shapes
 from fusetune.plan import make_plan
-from fusetune.worlds import DEFAULT, WORLDS
+from fusetune.worlds import reference_won
 from fusetune.winners import machine_fields, prebuilt_entry, render_winners, write_manifest
 
 
@@ -54,10 +54,10 @@ def export(spec: ProblemSpec, shapes: list[Shape], cache: Cache, out_dir: Path, 
         for segment in later_segments(make_plan(spec)):
             if segment.spec is None:
                 continue
-            region_shapes = [segment.spec.shapes[spec.shapes.index(tuple(s))] for s in shapes]
             try:
-                module = _winners_module(segment.spec, region_shapes, cache, gpu, prebuilt)
-                if all(WORLDS[w["candidate"].get("producer.impl", DEFAULT)].runs_reference for w in module[1]["shapes"]):
+                at = region_shapes(spec, segment.spec, shapes)
+                module = _winners_module(segment.spec, at, cache, gpu, prebuilt)
+                if all(reference_won(w["candidate"]) for w in module[1]["shapes"]):
                     later[f"r{segment.index}"] = f"{segment.where}: PyTorch (its search found nothing faster)"
                     continue
                 _write_module(module, staging / f"r{segment.index}")

@@ -20,7 +20,7 @@ from fusetune.export import find_winner
 from fusetune.pipeline import Segment, later_segments
 from fusetune.plan import Plan, make_plan
 from fusetune.winners import render_winners
-from fusetune.worlds import DEFAULT, WORLDS
+from fusetune.worlds import reference_won
 
 log = logging.getLogger("fusetune")
 
@@ -37,12 +37,6 @@ def region_winners(segment: Segment, cache: Cache, gpu: str | None) -> dict[tupl
     return found
 
 
-def _reference_won(winner: dict) -> bool:
-    """Whether a winner is PyTorch's own forward (or torch.compile's): inline in the first region's model,
-    the region's ops cost less than a model of its own that runs them."""
-    return WORLDS[winner["candidate"].get("producer.impl", DEFAULT)].runs_reference
-
-
 def attach_later(model: Any, plan: Plan, cache: Cache, gpu: str | None, arch: str | None) -> list[str]:
     """Attach each later region's tuned model to ``model`` (the first region's ModelNew); one line per
     later region of kernels saying what runs there."""
@@ -56,7 +50,8 @@ def attach_later(model: Any, plan: Plan, cache: Cache, gpu: str | None, arch: st
             if not winners:
                 lines.append(f"{label}: PyTorch (not tuned yet: `fusetune search {plan.spec.path}` tunes it)")
                 continue
-            if all(_reference_won(entry.winner) for entry in winners.values()):
+            # PyTorch's own forward won: inline in the first region's model its ops cost less than a model of its own
+            if all(reference_won(entry.winner["candidate"]) for entry in winners.values()):
                 lines.append(f"{label}: PyTorch (its search found nothing faster than the region's own ops)")
                 continue
             variants = {shape: dict(entry.winner["variant"]) for shape, entry in winners.items()}

@@ -153,11 +153,16 @@ def problems(spec: ProblemSpec) -> list[ProblemSpec]:
     return [spec, *(s.spec for s in later_segments(make_plan(spec)) if s.spec is not None)]
 
 
+def region_shapes(spec: ProblemSpec, region: ProblemSpec, shapes: list[Shape]) -> list[Shape]:
+    """A later region's input shapes at some of the config's shapes (its own shapes are at all of them, in order)."""
+    return [region.shapes[spec.shapes.index(tuple(s))] for s in shapes]
+
+
 def expand(spec: ProblemSpec, shapes: list[Shape]) -> list[tuple[ProblemSpec, list[Shape]]]:
     """``(spec, shapes)`` and, after it, each later region of kernels at the shapes its tensor has at
     those of the config (what ``fusetune search`` tunes for them, in order: the first region first)."""
     out = [(spec, list(shapes))]
     for segment in later_segments(make_plan(spec)):
         if segment.spec is not None:
-            out.append((segment.spec, [segment.spec.shapes[spec.shapes.index(tuple(s))] for s in shapes]))
+            out.append((segment.spec, region_shapes(spec, segment.spec, shapes)))
     return out

@@ -21,7 +21,8 @@ pytestmark = [pytest.mark.gpu,
 from fusetune.config import load_config  # noqa: E402
 from fusetune.deploy import load_tuned  # noqa: E402
 from fusetune.export import export  # noqa: E402
-from fusetune.later import _reference_won, region_winners  # noqa: E402
+from fusetune.later import region_winners  # noqa: E402
+from fusetune.worlds import reference_won  # noqa: E402
 from fusetune.pipeline import expand, later_segments  # noqa: E402
 from fusetune.plan import make_plan  # noqa: E402
 from fusetune.runner import GpuBenchmarker  # noqa: E402
@@ -76,7 +77,7 @@ def test_every_region_tuned_and_the_whole_model_matches_float64(name, cache, wor
             assert result.status == "tuned", (problem.name, shape, result.message)
     model = load_tuned(path, cache)
     kernels = [s.index for s in later_segments(make_plan(spec)) if s.kernels and not all(
-        _reference_won(e.winner) for e in region_winners(s, cache, machine.gpu).values())]
+        reference_won(e.winner["candidate"]) for e in region_winners(s, cache, machine.gpu).values())]
     assert sorted(model._later) == kernels  # each region whose winner is kernels (eager's run inline)
     model.fill_value = float("nan")
     for region in model._later.values():

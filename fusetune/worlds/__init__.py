@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from fusetune.plan import Plan
 
 __all__ = ["DEFAULT", "WORLDS", "World", "all_facts", "conv_passes", "launches", "machine_refusals", "offered",
-           "refusals", "won_note"]
+           "reference_won", "refusals", "won_note"]
 
 #: producer.impl -> its world; cudnn first (the default), then the kernels' worlds, then the search's
 #: floors: eager (PyTorch's own forward) and inductor (torch.compile's max-autotune of it).
@@ -50,6 +50,12 @@ def machine_refusals(plan: Plan) -> dict[str, str]:
     without triton): the plan offers them, the search here leaves them out."""
     why = {name: WORLDS[name].machine_refusal() for name in plan.impl_stages}
     return {name: reason for name, reason in why.items() if reason is not None}
+
+
+def reference_won(candidate: dict[str, Any]) -> bool:
+    """Whether a winner is the reference's own forward (eager PyTorch, or torch.compile's): no kernels of
+    fusetune's run for it."""
+    return WORLDS[candidate.get("producer.impl", DEFAULT)].runs_reference
 
 
 def won_note(candidate: dict[str, Any] | None) -> str | None:

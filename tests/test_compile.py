@@ -168,9 +168,8 @@ CORPUS = ("conv1d_batchnorm_relu_maxpool_padded", "conv2d_grouped_strided_relu_m
 #: float16; a reduction over channels after instance norm, and a transposed convolution's pooled mean, in
 #: bfloat16); the spectral world's (batch norm's statistics alone, float16); the tensor-core worlds' on
 #: FP16/BF16 MMAs (gemm_stats, gemm_main, gemm_cluster and extrema_map: the conv2d seed in float16, the conv3d
-#: seed in bfloat16). Of the stages with a unit per variant (direct, spectral, gemm) a half config compiles a
-#: sample (_units): such a unit is 5 to 40 s of nvcc, and every variant of the same template text compiles in
-#: float32 for the seeds (the gemm kernels' half text: scripts or a full run, not CI).
+#: seed in bfloat16). Of the stages with a unit per variant (direct, spectral, gemm, wide), the first config
+#: of each dtype compiles every variant, the others a sample (_units).
 HALF = ("conv2d_groupnorm_scale_maxpool_clamp_fp16", "conv3d_mul_instancenorm_clamp_mul_max_bf16",
         "convt3d_scale_batchnorm_gap_fp16", "convt3d_scale_maxpool_gap_clamp_bf16")
 #: Later regions (fusetune/pipeline.py): the cuDNN world's kernels on an earlier region's output, no convolution
@@ -201,16 +200,31 @@ def rendered():
     return {name: (make_plan(_spec(name)), render(make_plan(_spec(name)))) for name in NAMES}
 
 
-def _units(name: str, plan, module) -> dict[str, str]:
-    """The units a config compiles here: all, but for a half config, of each stage with a unit per variant,
-    the first and the last variant the plan compiles (the smallest and the largest choices, so the most
-    values a thread holds): at half precision those kernels differ from float32's in their loads alone."""
-    if name not in HALF:
-        return module.cuda_sources
+#: The units of each stage with a unit per variant: every variant the plan compiles, for the first config (in
+#: NAMES' order: the seeds first) whose plan has that stage at its dtype; for every later one, the first and
+#: the last variant (the smallest and the largest choices, so the most values a thread holds). Between chains a
+#: variant's text differs in the chain's device functions and the problem's constants, where the largest
+#: choice is the one a heavier chain pushes into spills; so each world's variants compile once, not once per
+#: chain (690 units became 312).
+def _full_variants(rendered) -> dict[tuple[str, str], str]:
+    """(stage, dtype) -> the config that compiles all that stage's variants."""
+    owner: dict[tuple[str, str], str] = {}
+    for name in NAMES:
+        plan = rendered[name][0]
+        for stage in (s for s in plan.stages if s in PER_VARIANT_UNITS):
+            owner.setdefault((stage, plan.spec.dtype), name)
+    return owner
+
+
+def _units(name: str, plan, module, owner: dict[tuple[str, str], str]) -> dict[str, str]:
+    """The units a config compiles here (see _full_variants)."""
     keep = set()
     for stage in (s for s in plan.stages if s in PER_VARIANT_UNITS):
         built = [i for i in range(len(load_family(stage).variants())) if f"{stage}_{i}.cu" in module.cuda_sources]
-        keep |= {f"{stage}_{built[0]}.cu", f"{stage}_{built[-1]}.cu"}
+        if owner[(stage, plan.spec.dtype)] == name:
+            keep |= {f"{stage}_{i}.cu" for i in built}
+        else:
+            keep |= {f"{stage}_{built[0]}.cu", f"{stage}_{built[-1]}.cu"}
     per_variant = re.compile(rf"({'|'.join(PER_VARIANT_UNITS)})_\d+\.cu")
     return {unit: text for unit, text in module.cuda_sources.items() if unit in keep or not per_variant.fullmatch(unit)}
 
@@ -230,7 +244,9 @@ def compiled(rendered, tmp_path_factory):
                                "-c", str(source), "-o", str(source.with_suffix(".o"))],
                               capture_output=True, text=True, timeout=900)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 2))
-    futures = {name: [pool.submit(compile_one, name, unit, text) for unit, text in _units(name, plan, module).items()]
+    owner = _full_variants(rendered)
+    futures = {name: [pool.submit(compile_one, name, unit, text)
+                      for unit, text in _units(name, plan, module, owner).items()]
                for name, (plan, module) in rendered.items()}
     yield folder, futures
     pool.shutdown(wait=True, cancel_futures=True)
@@ -319,7 +335,7 @@ def test_kernels_compile_for_sm90_without_spills(rendered, compiled, name):
     for result in results:
         assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
     # The units link into one library: nothing is defined twice across them (torch's build links them so).
-    units = _units(name, *rendered[name])
+    units = _units(name, *rendered[name], _full_variants(rendered))
     objects = [str(folder / f"{name}-{unit}").replace(".cu", ".o") for unit in units]
     linked = subprocess.run([NVCC, "-arch=sm_90", "-shared", "-o", str(folder / f"{name}.so"), *objects],
                             capture_output=True, text=True, timeout=300)
@@ -336,7 +352,7 @@ def test_kernels_compile_for_sm90_without_spills(rendered, compiled, name):
     searched = [s for s in plan.stages if load_family(s).params]
     # Every variant is compiled, but those the plan's constraints rule out (said so in the launcher).
     skipped = sum(text.count("not compiled") for text in rendered[name][1].cuda_sources.values())
-    sampled_out = len(rendered[name][1].cuda_sources) - len(units)  # a half config's sample (_units)
+    sampled_out = len(rendered[name][1].cuda_sources) - len(units)  # a sample of the variants (_units)
     assert len(entries) >= sum(len(load_family(s).variants()) for s in searched) - skipped - sampled_out
 
 

@@ -557,7 +557,7 @@ def test_fault_injection(cache, monkeypatch):
                          "shapes": [[2, 3, 9, 11, 13]]}, "<fault>")
     # The worlds that compute the convolution inside refuse a main family they do not implement: cuDNN's alone.
     plan = dataclasses.replace(make_plan(spec), family="fault_map")
-    assert set(plan.impl_stages) == {"cudnn", "eager", "inductor"}
+    assert set(plan.impl_stages) == {"cudnn", "eager", "inductor_default", "inductor"}
     machine = Machine.detect()
     with Worker() as worker:
         result = tune_shape(spec, spec.shapes[0], cache, machine,

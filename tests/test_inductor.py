@@ -61,15 +61,15 @@ def compiled(monkeypatch):
     torch._dynamo.reset()
 
 
-def _inductor_variant(spec):
+def _inductor_variant(spec, world: str = "inductor"):
     space = plan_space(make_plan(spec))
-    return space.stage_values(space.canonical({**space.default(), "producer.impl": "inductor"}))
+    return space.stage_values(space.canonical({**space.default(), "producer.impl": world}))
 
 
 def _on_cpu(generated, monkeypatch):
     """The generated model's input check wants a CUDA tensor (the kernels' worlds do): not on CPU."""
     monkeypatch.setattr(generated, "_check_input", lambda x: None)
-    monkeypatch.setattr(generated, "_COMPILED_REFERENCE", None)
+    monkeypatch.setattr(generated, "_COMPILED_REFERENCE", {})
     return generated
 
 
@@ -93,28 +93,36 @@ def _matches_reference(generated, model) -> None:
 
 def test_the_world_is_data_with_max_autotune_and_a_compile_allowance():
     world = WORLDS["inductor"]
-    assert list(WORLDS)[-2:] == ["eager", "inductor"]  # after eager: the floors come last
+    assert list(WORLDS)[-3:] == ["eager", "inductor_default", "inductor"]  # after eager: the floors come last
     assert world.compile_mode == MODE == "max-autotune-no-cudagraphs"
     assert world.runs_reference and world.launch == "inductor" and world.warmup_s >= 300
     assert MODE in world.doc
+    default = WORLDS["inductor_default"]  # torch.compile's default mode: no templates benchmarked, a shorter warm-up
+    assert default.compile_mode == "default" and default.launch == "inductor" and 0 < default.warmup_s < world.warmup_s
+    assert '"default"' in default.doc
 
 
-def test_the_rendered_model_runs_the_reference_compiled_once(tmp_path, compiled, monkeypatch):
-    """ModelNew under impl inductor: its forward is Model.forward compiled in max-autotune (no CUDA
-    graphs) on its own parameters, compiled at the first call and reused by other instances; its
-    output is the reference's."""
+@pytest.mark.parametrize("world", ["inductor", "inductor_default"])
+def test_the_rendered_model_runs_the_reference_compiled_once(tmp_path, compiled, monkeypatch, world):
+    """ModelNew under impl inductor (inductor_default): its forward is Model.forward compiled in
+    max-autotune without CUDA graphs (the default mode) on its own parameters, compiled at the first call
+    and reused by other instances; its output is the reference's. A second world's mode compiles its own."""
     spec = load_config(SEED)
     rendered = render(make_plan(spec))
     generated = _on_cpu(import_file(rendered.write(tmp_path / rendered.name) / "model.py"), monkeypatch)
-    assert generated.WORLDS["inductor"] == {"launch": "inductor", "store": "", "mode": MODE}
+    mode = WORLDS[world].compile_mode
+    assert generated.WORLDS[world] == {"launch": "inductor", "store": "", "mode": mode}
     torch.manual_seed(0)
-    model = generated.ModelNew(variant=_inductor_variant(spec))
+    model = generated.ModelNew(variant=_inductor_variant(spec, world))
     assert compiled.calls == []  # lazily, at the first call
     _matches_reference(generated, model)
-    assert compiled.calls == [(generated.Model.forward, MODE)] and compiled.graphs >= 1
-    other = generated.ModelNew(variant=_inductor_variant(spec))
+    assert compiled.calls == [(generated.Model.forward, mode)] and compiled.graphs >= 1
+    other = generated.ModelNew(variant=_inductor_variant(spec, world))
     _matches_reference(generated, other)
     assert len(compiled.calls) == 1  # compiled once in the process
+    other_world = next(name for name in ("inductor", "inductor_default") if name != world)
+    _matches_reference(generated, generated.ModelNew(variant=_inductor_variant(spec, other_world)))
+    assert [call[1] for call in compiled.calls] == [mode, WORLDS[other_world].compile_mode]
 
 
 def _times(candidate) -> float:
@@ -171,7 +179,9 @@ def test_fusetune_plan_says_where_this_machine_cannot_compile(monkeypatch):
     line = "  inductor world offered, but not on this machine (the search leaves it out): no triton here"
     assert line in CliRunner().invoke(main, ["plan", str(SMALL)]).output
     document = json.loads(CliRunner().invoke(main, ["plan", "--json", str(SMALL)]).output)
-    assert document[0]["not_on_this_machine"] == {"inductor": "no triton here"} and "inductor" in document[0]["worlds"]
+    # both compiler worlds are an Inductor: neither runs without triton
+    assert document[0]["not_on_this_machine"] == {"inductor": "no triton here", "inductor_default": "no triton here"}
+    assert {"inductor", "inductor_default"} <= set(document[0]["worlds"])
     monkeypatch.setattr(Inductor, "machine_refusal", lambda self: None)
     assert "not on this machine" not in CliRunner().invoke(main, ["plan", str(SMALL)]).output
 

@@ -239,15 +239,15 @@ def test_plain_1d_and_2d_producers_go_inside(kind, offered):
 ])
 def test_inside_worlds_refuse_dilation_and_groups(kind, producer, reason):
     plan = _plan(kind, **producer)
-    assert set(plan.impl_stages) == {"cudnn", "eager", "inductor"}  # cuDNN (and PyTorch) take every producer
+    assert set(plan.impl_stages) == {"cudnn", "eager", "inductor_default", "inductor"}  # cuDNN (and PyTorch) take every producer
     assert {impl: refusals(plan)[impl] for impl in ("direct", "gemm", "gemm_wide")} == dict.fromkeys(
         ("direct", "gemm", "gemm_wide"), reason)
 
 
 def test_inside_worlds_refuse_asymmetric_same_and_take_symmetric():
     plan = _plan("conv1d", kernel_size=2, padding="same")
-    assert set(plan.impl_stages) == {"cudnn", "eager", "inductor"}
-    assert set(refusals(plan)) == set(WORLDS) - {"cudnn", "eager", "inductor"}
+    assert set(plan.impl_stages) == {"cudnn", "eager", "inductor_default", "inductor"}
+    assert set(refusals(plan)) == set(WORLDS) - {"cudnn", "eager", "inductor_default", "inductor"}
     assert all(refusals(plan)[impl].startswith("padding 'same' of 0 before and 1 after")
                for impl in ("direct", "gemm", "gemm_wide"))
     plan = _plan("conv1d", kernel_size=3, padding="same")

@@ -53,7 +53,7 @@ def test_each_chain_is_offered_or_refused_with_why_by_every_world(plans):
     for chain, plan in plans.items():
         stages, why = offered(plan), refusals(plan)
         assert set(stages) | set(why) == set(WORLDS) and not set(stages) & set(why), chain
-        assert DEFAULT in stages and stages["eager"] == stages["inductor"] == (), chain
+        assert DEFAULT in stages and stages["eager"] == stages["inductor"] == stages["inductor_default"] == (), chain
         assert all(reason.strip() for reason in why.values()), (chain, why)
         for name, world_stages in stages.items():
             assert WORLDS[name].runs_reference == (not world_stages), (chain, name)

@@ -16,6 +16,7 @@ from fusetune.worlds.gemm_store import GemmStore
 from fusetune.worlds.gemm_wide import GemmWide
 from fusetune.worlds.gemm_wide_recompute import GemmWideRecompute
 from fusetune.worlds.inductor import Inductor
+from fusetune.worlds.inductor_default import InductorDefault
 from fusetune.worlds.spectral import Spectral
 
 if TYPE_CHECKING:
@@ -25,10 +26,11 @@ __all__ = ["DEFAULT", "WORLDS", "World", "all_facts", "conv_passes", "launches",
            "reference_won", "refusals", "won_note"]
 
 #: producer.impl -> its world; cudnn first (the default), then the kernels' worlds, then the search's
-#: floors: eager (PyTorch's own forward) and inductor (torch.compile's max-autotune of it).
+#: floors: eager (PyTorch's own forward), inductor_default and inductor (torch.compile's default mode and
+#: max-autotune of it).
 WORLDS: dict[str, World] = {world.name: world for world in (
     Cudnn(), Direct(), Gemm(), GemmExtrema(), GemmStore(), GemmCluster(), GemmWide(), GemmWideRecompute(),
-    Spectral(), Eager(), Inductor())}
+    Spectral(), Eager(), InductorDefault(), Inductor())}
 #: The world a candidate that names none runs in (producer.impl's default): the registry's first.
 DEFAULT: str = next(iter(WORLDS))
 

@@ -177,14 +177,20 @@ def user_names(config: str | Path, spec: ProblemSpec) -> dict[str, str]:
 def _renamed(model: torch.nn.Module, spec: ProblemSpec, config: str | Path,
              weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The generated model's state dict made of ``weights``, each key looked up by the user's name first."""
+    from fusetune.importer import declared_view
+
     given = weights.state_dict() if isinstance(weights, torch.nn.Module) else dict(weights)
     names = user_names(config, spec)
     out: dict[str, torch.Tensor] = {}
     missing: list[str] = []
-    for key in model.state_dict():
+    params = {p.name for p in spec.parameters}
+    for key, ours in model.state_dict().items():
         name = names.get(key, key)
         if name in given:
-            out[key] = given[name]
+            theirs = given[name]
+            if key in params and theirs.shape != ours.shape and theirs.numel() in (1, ours.numel()):
+                theirs = declared_view(theirs, ours.shape)  # a 0-dim or (1, C, 1, 1) parameter, as imported
+            out[key] = theirs
         elif key in given:
             out[key] = given[key]
         else:

@@ -1,7 +1,8 @@
 """``fusetune import``: find the convolution chains of a PyTorch model and write one config per chain.
 
-The model is traced with torch.fx (``symbolic_trace``) and its shapes propagated with ``ShapeProp`` on
-the example inputs. A chain starts at a convolution (a Conv/ConvTranspose module, or ``F.conv*d`` on
+The model is traced with torch.fx (``symbolic_trace``), or where that fails with torch.export lifted back
+to torch.fx's level (fusetune/exported.py), and its shapes propagated with ``ShapeProp`` on the example
+inputs. A chain starts at a convolution (a Conv/ConvTranspose module, or ``F.conv*d`` on
 module weights) and goes on through ops of the vocabulary while each consumes the previous one's
 output and nothing else reads that intermediate value (ops that read the convolution's own output
 become ``by: producer``). Every module, function and method the importer knows is a row of one
@@ -25,6 +26,7 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -42,9 +44,10 @@ Entry = dict[str, Any]
 
 
 class TraceError(FusetuneError):
-    """torch.fx cannot trace the model (data-dependent control flow, untraceable calls)."""
+    """Neither torch.fx nor torch.export can trace the model (data-dependent control flow), or the traced
+    model does not run on the example inputs: bad input, exit 2, nothing written."""
 
-    exit_code = 1
+    exit_code = 2
 
 
 # --------------------------------------------------------------------------------------------------
@@ -162,12 +165,7 @@ def trace(model: nn.Module, inputs: Sequence[Any], source: str = "<model>") -> t
     try:
         gm = torch.fx.symbolic_trace(model)
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise TraceError(f"{source}: torch.fx cannot trace the model ({type(exc).__name__}: {first}); "
-                         "nothing was imported and the model stays in PyTorch as it is. Control flow that "
-                         "depends on tensor values (if x.sum() > 0, loops over a tensor's size) cannot be "
-                         "traced: write it with torch.where, or move it into a submodule and trace the "
-                         "convolutions' part") from None
+        gm = _export_instead(model, inputs, source, exc)
     if _propagate_fake(gm, inputs):
         return gm
     try:
@@ -179,6 +177,25 @@ def trace(model: nn.Module, inputs: Sequence[Any], source: str = "<model>") -> t
     return gm
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def _export_instead(model: nn.Module, inputs: Sequence[Any], source: str, fx_error: Exception) -> torch.fx.GraphModule:
+    """torch.export's trace (fusetune/exported.py) where torch.fx's failed; a TraceError (exit 2) naming the
+    model and both reasons where neither traces."""
+    from fusetune.exported import export_graph
+
+    try:
+        return export_graph(model, inputs)
+    except Exception as exc:  # noqa: BLE001 - whatever export raises, the model stays in PyTorch, said once
+        raise TraceError(f"{source}: torch.fx cannot trace the model ({_first_line(fx_error)}), nor can torch.export "
+                         f"({_first_line(exc)}); nothing was imported and the model stays in PyTorch as it is. Control "
+                         "flow that depends on tensor values (if x.sum() > 0: ...) cannot be traced: write it with "
+                         "torch.where, or move it into a submodule and import the convolutions' part") from None
+
+
 def _propagate_fake(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> bool:
     """Shapes without computing: ShapeProp on fake tensors (KernelBench sizes take gigabytes and minutes
     on a CPU; the chains need only the shapes). False where some op has no fake kernel: then it runs."""
@@ -186,7 +203,8 @@ def _propagate_fake(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> bool:
     from torch.fx.passes.shape_prop import ShapeProp
 
     try:  # ShapeProp prints the traceback of a failing node: the fallback runs it, so it is noise here
-        with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):
+        with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch's own, copying an exported graph's pytree specs
             ShapeProp(gm, fake_mode=FakeTensorMode(allow_non_fake_inputs=True)).propagate(*inputs)
     except Exception:
         for node in gm.graph.nodes:
@@ -303,9 +321,71 @@ def _has_node(value: Any) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class ParamRef:
-    """A per-channel tensor of the user's model, by its attribute path."""
+    """A tensor of the user's model that the config declares as a per-channel parameter, by its attribute
+    path, and its own shape: (C, 1, ..., 1) as declared, or any shape that broadcasts as one against the
+    chain's value, (1, C, 1, 1) or a single value (0-dim, (1,), (1, 1, 1)), which binds as a view
+    (``declared_view``)."""
 
     target: str
+    shape: tuple[int, ...] = ()
+    views: tuple[str, ...] = ()  # the forward's nodes reshaping it (self.bias.view(1, -1, 1, 1)): the chain's too
+
+
+#: Reshapes of a tensor that keep its values' order: a per-channel tensor viewed as (1, C, 1, 1) in the forward.
+_VIEW_METHODS = ("view", "reshape", "unsqueeze", "squeeze", "flatten", "contiguous")
+_VIEW_FUNCTIONS = (torch.reshape, torch.unsqueeze, torch.squeeze, torch.flatten)
+
+
+def _viewed_tensor(gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[str, list[torch.fx.Node]] | None:
+    """(the attribute, the view nodes) where ``node`` is a model tensor reshaped in the forward (views,
+    ``[None, :, None, None]``), each view read once and the element count kept; else None."""
+    nodes: list[torch.fx.Node] = []
+    while node.op != "get_attr":
+        index_ok = (node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[1], tuple)
+                    and all(i is None or i == slice(None) or i is Ellipsis for i in node.args[1]))
+        if not (index_ok or (node.op == "call_method" and node.target in _VIEW_METHODS)
+                or (node.op == "call_function" and node.target in _VIEW_FUNCTIONS)):
+            return None
+        if len(node.users) != 1 or not node.args or not isinstance(node.args[0], torch.fx.Node) or any(
+                _has_node(a) for a in (*node.args[1:], *node.kwargs.values())):
+            return None
+        nodes.append(node)
+        node = node.args[0]
+    value = _fetch(gm, node.target)
+    if not nodes or not isinstance(value, torch.Tensor) or not value.is_floating_point():
+        return None
+    shape = _shape(nodes[0])
+    if shape is None or math.prod(shape) != value.numel():
+        return None
+    return str(node.target), nodes[::-1]
+
+
+def per_channel_form(shape: Sequence[int], value_shape: Sequence[int], channels: int) -> str | None:
+    """How a tensor of ``shape`` broadcasts against the chain's value (N, C, spatial...) of
+    ``value_shape``: "per_channel" (one value per channel, whatever its leading 1s), "scalar" (one value),
+    or None where it is neither or would change the value's shape (rank above the value's, or a size
+    other than 1 beside the channels)."""
+    shape, rank = tuple(int(s) for s in shape), len(value_shape)
+    if len(shape) > rank or rank < 2 or value_shape[1] != channels:
+        return None
+    padded = (1,) * (rank - len(shape)) + shape
+    if all(s == 1 for s in padded):
+        return "scalar"
+    if padded[1] == channels and all(s == 1 for i, s in enumerate(padded) if i != 1):
+        return "per_channel"
+    return None
+
+
+def declared_view(tensor: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """The user's tensor as the config declares it, (C, 1, ..., 1): itself where it has that shape, else a
+    view of the same storage (a single value expanded, a (1, C, 1, 1) reshaped), so that an in-place update
+    of the user's tensor (an optimizer step, ``load_state_dict``) reaches the kernels."""
+    shape = tuple(int(s) for s in shape)
+    if tuple(tensor.shape) == shape:
+        return tensor
+    if tensor.numel() == 1:
+        return tensor.reshape(()).expand(shape)
+    return tensor.view(shape)
 
 
 @dataclasses.dataclass
@@ -361,11 +441,21 @@ class Site:
                     arg.target.startswith("_tensor_constant") or value.dim() == 0) and not isinstance(value, nn.Parameter):
                 return float(value.item())
             per_channel = (self.channels,) + (1,) * self.spatial_dims
-            if isinstance(value, torch.Tensor) and tuple(value.shape) == per_channel:
-                return ParamRef(arg.target)
+            value_shape = self.shape_in or ()
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and per_channel_form(
+                    value.shape, value_shape, self.channels) is not None:
+                return ParamRef(arg.target, tuple(int(s) for s in value.shape))
             shape = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-            return (f"the operand {arg.target} has shape {shape}, not a per-channel {list(per_channel)} "
-                    "parameter")
+            against = (f"the input now has {value_shape[1]} channels" if len(value_shape) > 1
+                       and value_shape[1] != self.channels else f"the chain's value {list(value_shape)}")
+            return (f"the operand {arg.target} has shape {shape}: not one value per channel nor a single value "
+                    f"against {against} (a per-channel parameter is {list(per_channel)}, (1, C, 1, ...) or 0-dim)")
+        viewed = _viewed_tensor(self.gm, arg)
+        if viewed is not None:  # self.bias.view(1, -1, 1, 1), self.scale[None, :, None, None]
+            target, nodes = viewed
+            value = _fetch(self.gm, target)
+            if per_channel_form(_shape(arg) or (), self.shape_in or (), self.channels) is not None:
+                return ParamRef(target, tuple(int(s) for s in value.shape), tuple(n.name for n in nodes))
         return (f"the other operand ({arg.name}) is computed in the forward or is an input of it, not a number, the "
                 "convolution's output or a per-channel parameter")
 
@@ -796,6 +886,10 @@ def _reductions() -> dict[tuple[str, Any], Builder]:
     return rows
 
 
+#: PyTorch's other names of the binary ops: (the op, the alias of torch and of Tensor).
+_BINARY_ALIASES = (("mul", "multiply"), ("sub", "subtract"), ("div", "divide"), ("div", "true_divide"))
+
+
 def _binaries() -> dict[tuple[str, Any], Builder]:
     rows: dict[tuple[str, Any], Builder] = {}
     for kind, op_fn, torch_fn, method in (("mul", operator.mul, torch.mul, "mul"), ("add", operator.add, torch.add, "add"),
@@ -805,6 +899,9 @@ def _binaries() -> dict[tuple[str, Any], Builder]:
         rows[("call_function", op_fn)] = binary(kind)
         rows[("call_function", torch_fn)] = _method_or_fn_binary(kind)
         rows[("call_method", method)] = _method_or_fn_binary(kind)
+    for kind, alias in _BINARY_ALIASES:  # torch.multiply(x, y), x.subtract(y), ...: the same ops under other names
+        rows[("call_function", getattr(torch, alias))] = _method_or_fn_binary(kind)
+        rows[("call_method", alias)] = _method_or_fn_binary(kind)
     for kind in ("minimum", "maximum"):
         rows[("call_function", getattr(torch, kind))] = binary(kind)
         rows[("call_method", kind)] = binary(kind)
@@ -892,8 +989,9 @@ IDIOMS: tuple[tuple[tuple[Entry, ...], tuple[Entry, ...]], ...] = (
     (({"op": "add", "by": 3.0}, {"op": "div", "by": 6.0}, {"op": "hardtanh", "min_val": 0.0, "max_val": 1.0}),
      ({"op": "hardswish"},)),
 )
-#: The multiply that closes an idiom: operator.mul, torch.mul, x.mul(y).
-_MUL_TARGETS = (("call_function", operator.mul), ("call_function", torch.mul), ("call_method", "mul"))
+#: The multiply that closes an idiom: operator.mul, torch.mul, x.mul(y), torch.multiply, x.multiply(y).
+_MUL_TARGETS = (("call_function", operator.mul), ("call_function", torch.mul), ("call_method", "mul"),
+                ("call_function", torch.multiply), ("call_method", "multiply"))
 
 
 def match_idiom(site: Site, readers: Sequence[torch.fx.Node]
@@ -930,6 +1028,134 @@ def match_idiom(site: Site, readers: Sequence[torch.fx.Node]
         for pattern, replacement in IDIOMS:
             if list(pattern) == entries:
                 return inner, [dict(e) for e in replacement], mul
+    return None
+
+
+#: Elementwise functions and methods a user writes an activation with (x * 0.5 * (1 + torch.erf(x / sqrt(2))),
+#: torch.where(x > 0, x, x * 0.2)): what ``match_pointwise_region`` may evaluate. None reads a shape or a state.
+REGION_FUNCTIONS: frozenset[Any] = frozenset({
+    operator.add, operator.sub, operator.mul, operator.truediv, operator.pow, operator.neg, operator.gt,
+    operator.ge, operator.lt, operator.le,
+    *(getattr(torch, n) for n in ("add", "sub", "mul", "div", "multiply", "subtract", "divide", "true_divide",
+                                  "pow", "neg", "erf", "erfc", "tanh", "sigmoid", "exp",
+                                  "expm1", "log", "log1p", "abs", "sqrt", "rsqrt", "square", "where", "clamp",
+                                  "clamp_min", "clamp_max", "relu", "maximum", "minimum", "gt", "ge", "lt", "le")),
+    *(getattr(F, n) for n in ("relu", "relu6", "softplus", "hardtanh", "sigmoid", "tanh", "silu", "gelu", "elu",
+                              "leaky_relu", "hardsigmoid")),
+})
+REGION_METHODS: frozenset[str] = frozenset({
+    "add", "sub", "mul", "div", "multiply", "subtract", "divide", "true_divide", "pow", "neg", "erf", "tanh",
+    "sigmoid", "exp", "log", "abs", "sqrt", "rsqrt", "square", "clamp", "clamp_min", "clamp_max", "relu", "gt", "ge",
+    "lt", "le"})
+#: What a region of elementwise ops on one value may compute, as the vocabulary writes it: each is checked
+#: against the region's own values in float64 (``match_pointwise_region``); leaky_relu's slope is read off
+#: the region's value at -1.
+REGION_CANDIDATES: tuple[tuple[Entry, Callable[[torch.Tensor], torch.Tensor]], ...] = (
+    ({"op": "gelu", "approximate": "none"}, lambda t: F.gelu(t)),
+    ({"op": "gelu", "approximate": "tanh"}, lambda t: F.gelu(t, approximate="tanh")),
+    ({"op": "silu"}, F.silu),
+    ({"op": "mish"}, F.mish),
+    ({"op": "hardswish"}, F.hardswish),
+    ({"op": "relu"}, torch.relu),
+    ({"op": "relu6"}, F.relu6),
+    ({"op": "elu", "alpha": 1.0}, F.elu),
+    ({"op": "selu"}, torch.selu),
+    ({"op": "softplus", "beta": 1.0, "threshold": 20.0}, F.softplus),
+    ({"op": "sigmoid"}, torch.sigmoid),
+    ({"op": "hardsigmoid"}, F.hardsigmoid),
+    ({"op": "tanh"}, torch.tanh),
+    ({"op": "abs"}, torch.abs),
+)
+#: The float64 values a region is compared on: both signs, the kinks (0, +-3, 6), and beyond softplus's
+#: threshold.
+_PROBE = torch.cat([torch.linspace(-12.0, 12.0, 2401, dtype=torch.float64),
+                    torch.tensor([-1.0, 0.0, -3.0, 3.0, 6.0, 1e-4, -1e-4, 25.0, -25.0], dtype=torch.float64)])
+
+
+_MINUS_ONE = 2401  # _PROBE's index of -1.0
+
+
+def _region_node(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    if node.op == "call_function":
+        try:
+            return node.target in REGION_FUNCTIONS
+        except TypeError:
+            return False
+    return node.op == "call_method" and node.target in REGION_METHODS
+
+
+def _constant(gm: torch.fx.GraphModule, arg: Any) -> bool:
+    """A number, or a one-value constant of the trace (torch.tensor(2.0) in the forward); not a parameter."""
+    if isinstance(arg, torch.fx.Node):
+        if arg.op != "get_attr":
+            return False
+        value = _fetch(gm, arg.target)
+        return isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter) and value.numel() == 1 \
+            and str(arg.target).startswith("_tensor_constant")
+    return isinstance(arg, (int, float, bool)) or arg is None
+
+
+def match_pointwise_region(site: Site, readers: Sequence[torch.fx.Node]
+                           ) -> tuple[list[torch.fx.Node], Entry, torch.fx.Node] | None:
+    """Elementwise ops on the chain's value x, all of its readers among them, that join in one node J and
+    compute one op of the vocabulary however written (an erf GELU, ``torch.where(x > 0, x, x * s)``): every
+    node between x and J reads only x, nodes of the region and constants, has x's shape and no reader
+    outside the region. The region is evaluated in float64 on ``_PROBE`` and compared with each of
+    ``REGION_CANDIDATES`` (leaky_relu's slope read off its value at -1). Returns (the region's nodes, J
+    last; the op's entry; J), or None."""
+    gm, shape = site.gm, site.shape_in
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    region: list[torch.fx.Node] = []
+    frontier = sorted(readers, key=order.__getitem__)
+    seen: set[torch.fx.Node] = set()
+    while frontier and len(region) < 16:
+        node = frontier.pop(0)
+        if node in seen:
+            continue
+        if not _region_node(gm, node) or _shape(node) != shape:
+            return None
+        for arg in node.all_input_nodes:
+            if not (site.is_x(arg) or arg in seen or arg in frontier or _constant(gm, arg)):
+                if arg.op == "get_attr" or order[arg] > order[node]:
+                    return None
+                if arg not in region and not any(arg is r for r in readers):
+                    return None  # an input from outside the region (computed elsewhere)
+        seen.add(node)
+        region.append(node)
+        region.sort(key=order.__getitem__)
+        open_ends = [n for n in region if any(u not in seen for u in n.users) or not n.users]
+        if len(open_ends) == 1 and open_ends[0] is region[-1] and all(r in seen for r in readers) and all(
+                a in seen or site.is_x(a) or _constant(gm, a) for n in region for a in n.all_input_nodes):
+            join = region[-1]
+            entry = _region_op(gm, site, region, join)
+            if entry is not None:
+                return region, entry, join
+        frontier.extend(u for u in node.users if u not in seen and u not in frontier)
+        frontier.sort(key=order.__getitem__)
+    return None
+
+
+def _region_op(gm: torch.fx.GraphModule, site: Site, region: list[torch.fx.Node], join: torch.fx.Node) -> Entry | None:
+    """The candidate op the region computes on ``_PROBE``, or None."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    env: dict[torch.fx.Node, torch.fx.Node] = {a: x for a in site.cur}
+    for node in region:
+        env[node] = graph.node_copy(node, lambda a: env[a] if a in env else graph.get_attr(a.target))
+    graph.output(env[join])
+    try:
+        with torch.no_grad():
+            value = torch.fx.GraphModule(gm, graph)(_PROBE.clone())
+    except Exception:  # noqa: BLE001 - an op that does not take a 1-D float64 probe: no region
+        return None
+    if not isinstance(value, torch.Tensor) or value.shape != _PROBE.shape or value.dtype != torch.float64:
+        return None
+    for entry, fn in REGION_CANDIDATES:
+        if torch.allclose(value, fn(_PROBE), rtol=1e-10, atol=1e-12):
+            return dict(entry)
+    slope = -float(value[_MINUS_ONE])
+    if math.isfinite(slope) and torch.allclose(value, F.leaky_relu(_PROBE, slope), rtol=1e-10, atol=1e-12):
+        return {"op": "leaky_relu", "negative_slope": slope}
     return None
 
 
@@ -997,6 +1223,8 @@ def _describe(gm: torch.fx.GraphModule, node: torch.fx.Node) -> str:
         return f".{node.target}()"
     if node.op == "call_function":
         target = node.target
+        if isinstance(target, torch._ops.OpOverload):  # torch.export's ATen level (fusetune/exported.py)
+            return f"torch.ops.{target.name().replace('::', '.')}"
         module = getattr(target, "__module__", None) or ""
         name = getattr(target, "__name__", str(target))
         module = {"torch._C._nn": "torch.nn.functional", "_operator": "operator",
@@ -1086,6 +1314,17 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
         if not candidates:
             chain.end = "its value is not read by any op"
             break
+        if len(values) > 1 and not (first and len(values) > 16):
+            site = Site(gm, values[0], set(cur), set(producer), int(match.entry["out_channels"]), dims)
+            region = match_pointwise_region(site, values)
+            if region is not None:  # every reader of the value is in one elementwise region: one op
+                nodes, entry, join = region
+                out_aliases = _aliases(gm, join)
+                covered = [s.name for s in shape_reads] + [n.name for n in nodes] + [a.name for a in out_aliases[1:]]
+                chain.steps.append(Step([entry], covered, None))
+                pending = []
+                cur = out_aliases
+                continue
         if len(candidates) > 1:
             site = Site(gm, candidates[0], set(cur), set(producer), int(match.entry["out_channels"]), dims)
             idiom = match_idiom(site, candidates)
@@ -1127,7 +1366,10 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
                                       f"{', '.join(shared)} also reads (after it, so it reads the new values)")
         if nxt in pending:
             pending.remove(nxt)
-        covered = [s.name for s in shape_reads] + [nxt.name] + [e.name for e in mapped.extra]
+        views = [v for e in mapped.entries if isinstance(e.get("by"), ParamRef) for v in e["by"].views]
+        order = {n.name: i for i, n in enumerate(gm.graph.nodes)}
+        covered = sorted([s.name for s in shape_reads] + views + [nxt.name] + [e.name for e in mapped.extra],
+                         key=order.__getitem__)
         nxt_aliases = _aliases(gm, mapped.out)
         covered += [a.name for a in nxt_aliases[1:]]
         chain.steps.append(Step(mapped.entries, covered, mapped.module))
@@ -1215,6 +1457,18 @@ class Written:
     weights: dict[str, str]
     parameters: dict[str, str]  # config name -> the user's attribute
     epilogue: list[Entry]
+    notes: dict[str, str] = dataclasses.field(default_factory=dict)  # config name -> how the user's shape binds
+
+
+def _shape_note(gm: torch.fx.GraphModule, target: str, raw: Mapping[str, Any]) -> str:
+    """", a single value, bound as a view of shape [C, 1, 1]" where the user's tensor is not (C, 1, ..., 1)."""
+    value = _fetch(gm, target)
+    producer = raw["producer"]
+    declared = [int(producer["out_channels"])] + [1] * KINDS[producer["op"]].spatial_dims
+    if list(value.shape) == declared:
+        return ""
+    what = "a single value" if value.numel() == 1 else f"shape {list(value.shape)}"
+    return f", {what}, bound as a view of shape {declared}"
 
 
 def fit_chain(chain: Chain, name: str, path: Path) -> tuple[int, dict[str, Any], dict[str, str]] | str:
@@ -1314,7 +1568,10 @@ def find_chains(gm: torch.fx.GraphModule) -> tuple[list[Chain], list[NoChain]]:
         if isinstance(match, str):
             refused.append(NoChain(node.name, f"a convolution fusetune does not take: {match}"))
             continue
-        found = walk_chain(gm, node, match)
+        try:
+            found: Chain | NoChain = walk_chain(gm, node, match)
+        except Exception as exc:  # noqa: BLE001 - a graph no case foresaw: this convolution stays in PyTorch, named
+            found = NoChain(node.name, f"the importer could not follow its output ({type(exc).__name__}: {exc})")
         (chains if isinstance(found, Chain) else refused).append(found)
     return chains, refused
 
@@ -1342,7 +1599,10 @@ def import_traced(loaded: LoadedModel, gm: torch.fx.GraphModule, out_dir: Path) 
     for chain in chains:
         name = f"{loaded.stem}_chain{len(written)}"
         path = out_dir / f"{name}.yaml"
-        fitted = fit_chain(chain, name, path)
+        try:
+            fitted = fit_chain(chain, name, path)
+        except Exception as exc:  # noqa: BLE001 - a chain no case foresaw stays in PyTorch, named; the others go on
+            fitted = f"writing its config failed ({type(exc).__name__}: {exc})"
         if isinstance(fitted, str):
             refused.append(NoChain(chain.producer_node, f"no config validates: {fitted}"))
             continue
@@ -1352,10 +1612,12 @@ def import_traced(loaded: LoadedModel, gm: torch.fx.GraphModule, out_dir: Path) 
                   f"# Ends: {chain.end}.\n")
         if raw.get("parameters"):
             header += ("# Parameters: init randn here; the trained values come from the model's "
-                       + ", ".join(f"{weights[p]} ({p})" for p in raw["parameters"]) + ".\n")
+                       + ", ".join(f"{weights[p]} ({p}{_shape_note(gm, weights[p], raw)})" for p in raw["parameters"])
+                       + ".\n")
         write_config(path, _dump(raw, header))
         written.append(Written(chain, path, name, k, weights, {p: weights[p] for p in raw.get("parameters", {})},
-                               raw["epilogue"]))
+                               raw["epilogue"], {p: _shape_note(gm, weights[p], raw).lstrip(", ")
+                                                 for p in raw.get("parameters", {})}))
     pytorch = _pytorch_reasons(gm, written, refused)
     map_path = out_dir / f"{loaded.stem}.map.json"
     _write_map(map_path, loaded, written, pytorch)
@@ -1380,6 +1642,9 @@ def _pytorch_reasons(gm: torch.fx.GraphModule, written: list[Written], refused: 
             out[node.name] = "the model's output"
         elif node.op == "get_attr":
             out[node.name] = "a parameter or constant of the model"
+        elif node.op == "call_module" and node.target == "_guards_fn":
+            out[node.name] = ("torch.export's check that the inputs have the example's shapes (its trace is "
+                              "specialized to them)")
         elif node.name in convs:
             out[node.name] = convs[node.name]
         elif node.name in enders:
@@ -1401,7 +1666,8 @@ def _write_map(path: Path, loaded: LoadedModel, written: list[Written], pytorch:
                     "epilogue": w.epilogue, "ends": w.chain.end, "ends_before": w.chain.end_node,
                     "weights": w.weights,
                     "parameters": {p: {"from": t, "note": "trained values come from the model (init randn in "
-                                                          "the config)"} for p, t in w.parameters.items()}}
+                                                          "the config)" + (f"; {w.notes[p]}" if w.notes.get(p) else "")}
+                                   for p, t in w.parameters.items()}}
                    for w in written],
         "pytorch": dict(pytorch),
     }

@@ -1,6 +1,6 @@
 """``fusetune.optimize``: a PyTorch model whose convolution chains run as tuned fused kernels.
 
-The model is traced as ``fusetune import`` traces it (torch.fx, in eval mode), each chain the
+The model is traced as ``fusetune import`` traces it (torch.fx, else torch.export; in eval mode), each chain the
 importer finds is tuned with the search (or read from the cache) and replaced, in a copy of the
 model, by a ``FusedChain``. The copy is a ``torch.fx.GraphModule`` holding the user's own
 submodules, parameters and buffers (the same tensor objects: nothing is copied, and its
@@ -71,13 +71,20 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
     without tuned kernels (out of budget, or eager won its search) is not replaced at all: it keeps the
     model's own ops, so it costs nothing per call. Without a
     CUDA device (and no benchmarker), the copy keeps every chain on its eager path, and the log says
-    why once.
+    why once. A model that neither torch.fx nor torch.export traces (control flow on tensor values) is
+    returned as it is, the very object, with one warning saying why.
     """
     from fusetune.cache import Cache
     from fusetune.search import Machine
 
+    from fusetune.importer import TraceError
+
     inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
-    root, gm = _traced_copy(model, inputs)
+    try:
+        root, gm = _traced_copy(model, inputs)
+    except TraceError as exc:  # neither torch.fx nor torch.export traces it: nothing to replace, said once
+        log.warning("fusetune.optimize: %s; the model is returned unchanged", exc)
+        return model
     found = _configs(gm, type(model).__name__)
     if machine is None:
         try:
@@ -256,14 +263,17 @@ def _configs(gm: torch.fx.GraphModule, model_name: str) -> list[Found]:
     for chain in chains:
         name = f"{stem}_chain{len(found)}"
         where = f"<{model_name}>/{name}"
-        fitted = fit_chain(chain, name, Path(where))
-        if isinstance(fitted, str):
-            log.info("fusetune.optimize: no chain at %s: %s", chain.producer_node, fitted)
-            continue
-        _, raw, weights = fitted
-        if raw.get("dtype", "float32") == "float32":  # as the user's own convolutions multiply
-            raw = {**raw, "precision": precision}
-        found.append(Found(chain, parse_config(raw, where), weights))
+        try:
+            fitted = fit_chain(chain, name, Path(where))
+            if not isinstance(fitted, str):
+                _, raw, weights = fitted
+                if raw.get("dtype", "float32") == "float32":  # as the user's own convolutions multiply
+                    raw = {**raw, "precision": precision}
+                found.append(Found(chain, parse_config(raw, where), weights))
+                continue
+        except Exception as exc:  # noqa: BLE001 - one chain's trouble never takes the others (or the model) down
+            fitted = f"{type(exc).__name__}: {exc}"
+        log.info("fusetune.optimize: no chain at %s: %s", chain.producer_node, fitted)
     return found
 
 
@@ -589,7 +599,8 @@ class ChainState:
     shapes: frozenset[tuple[int, ...]]  # the input shapes tuned (the kernels run on these alone)
     modules: tuple[nn.Module, ...]  # the modules the reference calls: any in training mode means eager
     tensors: tuple[tuple[nn.Module, str], ...]  # (owner, attribute) of each tensor the chain reads
-    loose: tuple[tuple[nn.Module, str, nn.Module, str], ...]  # (ModelNew's owner, attr, model's owner, attr)
+    #: (ModelNew's owner, attr, model's owner, attr, the declared shape where the user's tensor binds as a view)
+    loose: tuple[tuple[nn.Module, str, nn.Module, str, tuple[int, ...] | None], ...]
     root_tensors: tuple[str, ...]  # the model's top-level tensors the reference reads
     root: torch.fx.GraphModule  # the optimized model
     input_node: torch.fx.Node  # the chain's input in the model's graph
@@ -691,8 +702,10 @@ class FusedChain(nn.Module):
         regions the chain's parameters they read (the same objects)."""
         state = self.state
         changed = False
-        for owner, attr, user, user_attr in state.loose:
-            changed |= _set_tensor(owner, attr, getattr(user, user_attr))
+        for owner, attr, user, user_attr, shape in state.loose:
+            if shape is not None and _views(getattr(owner, attr, None), getattr(user, user_attr)):
+                continue
+            changed |= _set_tensor(owner, attr, _user_tensor(user, user_attr, shape))
         if changed:
             for index, _, params in state.later:
                 region = state.kernel_model._later.get(index)
@@ -816,6 +829,13 @@ def _attach_later(kernel_model: nn.Module, item: Found, winners: Mapping[str, Ma
     return tuple(attached)
 
 
+def _views(view: Any, tensor: torch.Tensor) -> bool:
+    """Whether ``view`` is a view of ``tensor``'s storage as it is now (``.to()`` replaces the storage)."""
+    if not isinstance(view, torch.Tensor) or view.device != tensor.device or view.dtype != tensor.dtype:
+        return False
+    return view.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()
+
+
 def _owner(root: nn.Module, name: str) -> tuple[nn.Module, str]:
     """(the module holding the user's tensor ``name``, its attribute): modules outlive ``.to()``, tensors may not."""
     owner, _, attr = name.rpartition(".")
@@ -849,7 +869,7 @@ def _bind(kernel_model: nn.Module, root: nn.Module, weights: Mapping[str, str]) 
     for key, user in weights.items():
         owner, _, attr = key.rpartition(".")
         groups.setdefault(owner, []).append((attr, user))
-    loose: list[tuple[nn.Module, str, nn.Module, str]] = []
+    loose: list[tuple[nn.Module, str, nn.Module, str, tuple[int, ...] | None]] = []
     for owner, items in groups.items():
         users = {u.rpartition(".")[0] for _, u in items}
         if owner and "." not in owner and len(users) == 1 and all(a == u.rpartition(".")[2] for a, u in items):
@@ -860,9 +880,20 @@ def _bind(kernel_model: nn.Module, root: nn.Module, weights: Mapping[str, str]) 
         target = kernel_model.get_submodule(owner) if owner else kernel_model
         for attr, user in items:
             module, user_attr = _owner(root, user)
-            _set_tensor(target, attr, getattr(module, user_attr))
-            loose.append((target, attr, module, user_attr))
+            declared = tuple(ours[f"{owner}.{attr}" if owner else attr].shape)
+            shape = declared if tuple(getattr(module, user_attr).shape) != declared else None
+            _set_tensor(target, attr, _user_tensor(module, user_attr, shape))
+            loose.append((target, attr, module, user_attr, shape))
     return loose
+
+
+def _user_tensor(module: nn.Module, attr: str, shape: tuple[int, ...] | None) -> torch.Tensor:
+    """The user's tensor, or where the config declares another shape (a 0-dim scale, a (1, C, 1, 1) bias, as
+    the importer maps them) a view of it of that shape (importer.declared_view): the same storage."""
+    from fusetune.importer import declared_view
+
+    value = getattr(module, attr)
+    return value if shape is None else declared_view(value.detach(), shape)
 
 
 def _reference_graph(gm: torch.fx.GraphModule, item: Found) -> tuple[torch.fx.Graph, torch.fx.Node] | str:

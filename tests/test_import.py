@@ -2,6 +2,7 @@
 generated reference Model, with the user's weights, computes the user's value at the chain's last node."""
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from pathlib import Path
@@ -15,7 +16,7 @@ from fusetune.cli import main
 from fusetune.codegen import render
 from fusetune.config import load_config
 from fusetune.errors import FusetuneError
-from fusetune.importer import import_model, load_model, trace
+from fusetune.importer import declared_view, import_model, load_model, trace
 from fusetune.plan import make_plan
 
 from conftest import import_file
@@ -38,22 +39,33 @@ def test_expected_failures_fail_cleanly(stem: str, tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-def _intermediates(model: torch.nn.Module, inputs) -> dict[str, torch.Tensor]:
-    """Every fx node's value in the user's model, by node name (the importer traces the same way)."""
-    gm = torch.fx.symbolic_trace(model)
+def _traced(model: torch.nn.Module, inputs) -> torch.fx.GraphModule:
+    """The user's model traced as the importer traces it (torch.fx, else torch.export), on a copy."""
+    return trace(copy.deepcopy(model), inputs)
+
+
+def _intermediates(gm: torch.fx.GraphModule, user: torch.nn.Module, inputs) -> dict[str, torch.Tensor]:
+    """Every node's value in the traced model, by node name; the trace's output is the user's model's own (a
+    copy of it run alike: torch.export's graph, lifted, computes what the model computes)."""
     interpreter = torch.fx.Interpreter(gm, garbage_collect_values=False)
-    interpreter.run(*inputs)
+    torch.manual_seed(1)  # the same draws for a training-mode dropout in both runs
+    out = interpreter.run(*inputs)
+    torch.manual_seed(1)
+    torch.testing.assert_close(out, copy.deepcopy(user)(*inputs), rtol=1e-12, atol=1e-12)
     return {node.name: value for node, value in interpreter.env.items()}
 
 
 def _copy_weights(generated: torch.nn.Module, user: torch.nn.Module, weights: dict[str, str]) -> None:
     """The user's tensors, by the user's attribute paths (a parameter, a buffer, a plain tensor attribute, as
-    optimize() binds them), into the generated Model's (producer, parameters, norms)."""
+    optimize() binds them), into the generated Model's (producer, parameters, norms); a 0-dim or (1, C, 1, 1)
+    parameter through the view optimize() binds (declared_view)."""
     ours = {**dict(generated.named_parameters()), **dict(generated.named_buffers())}
     with torch.no_grad():
         for key, name in weights.items():
             theirs = functools.reduce(getattr, name.split("."), user)
-            assert ours[key].shape == theirs.shape, (key, name)
+            if ours[key].shape != theirs.shape:
+                assert "." not in key and key in dict(generated.named_parameters()), (key, name, theirs.shape)
+                theirs = declared_view(theirs, ours[key].shape)
             ours[key].copy_(theirs)
 
 
@@ -80,7 +92,8 @@ def test_import_matches_the_model(stem: str, tmp_path: Path) -> None:
     loaded = load_model(str(MODELS / f"{stem}.py"))
     user = loaded.model.double()
     inputs = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in loaded.inputs]
-    values = _intermediates(user, inputs)
+    gm = _traced(user, inputs)
+    values = _intermediates(gm, user, inputs)
     for i, chain in enumerate(doc["chains"]):
         path = tmp_path / f"{stem}_chain{i}.yaml"
         assert chain["config"] == str(path)
@@ -93,7 +106,7 @@ def test_import_matches_the_model(stem: str, tmp_path: Path) -> None:
         generated = import_file(model_py).Model()
         _copy_weights(generated, user, chain["weights"])
         generated = generated.double().train(user.training)
-        x = values[_conv_input(user, chain["producer"])]
+        x = values[_conv_input(gm, chain["producer"])]
         with torch.no_grad():
             out = generated(x)
         expected = values[chain["output"]]
@@ -101,9 +114,8 @@ def test_import_matches_the_model(stem: str, tmp_path: Path) -> None:
         torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-10)
 
 
-def _conv_input(user: torch.nn.Module, producer: str) -> str:
+def _conv_input(gm: torch.fx.GraphModule, producer: str) -> str:
     """The name of the node feeding the convolution ``producer``."""
-    gm = torch.fx.symbolic_trace(user)
     node = next(n for n in gm.graph.nodes if n.name == producer)
     return node.args[0].name
 
@@ -145,7 +157,7 @@ def test_stop_reasons_are_named(tmp_path: Path) -> None:
     assert "writes the convolution's output in place, which add also reads" in inplace.pytorch["conv1"]
     channels = import_model(str(MODELS / "kb_conv2d_bias_after_channel_sum.py"), tmp_path)
     assert "the input now has 1 channels" in channels.pytorch["add"]
-    assert "shape [1, 4, 1, 1], not a per-channel [4, 1, 1]" in channels.pytorch["mul"]
+    assert "mul" in channels.written[1].chain.nodes and channels.written[1].parameters == {"scale": "scale"}
 
 
 def test_shapes_come_from_fake_tensors() -> None:
@@ -191,9 +203,12 @@ def test_cli_bad_model_argument(argument: str, expected: str, tmp_path: Path) ->
 
 
 def test_cli_untraceable_model(tmp_path: Path) -> None:
+    """Control flow on a tensor's values: neither torch.fx nor torch.export traces it; bad input (exit 2), the
+    file and both reasons named, no traceback, nothing written."""
     result = CliRunner().invoke(main, ["import", str(MODELS / "untraceable.py"), "-o", str(tmp_path / "out")])
-    assert result.exit_code == 1
-    assert "torch.fx cannot trace" in result.output and "untraceable.py" in result.output
+    assert result.exit_code == 2, result.output
+    assert "untraceable.py" in result.output and "torch.fx cannot trace" in result.output
+    assert "nor can torch.export" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "out").exists()
 
 
@@ -213,3 +228,40 @@ def test_resnet18_every_conv_is_a_chain(tmp_path: Path) -> None:
     assert sorted(w.chain.producer_node for w in result.written) == sorted(convs)
     assert all(w.epilogue[0]["op"] == "batch_norm" for w in result.written)
     del torchvision
+
+
+def test_parameters_of_other_shapes(tmp_path: Path) -> None:
+    """(C, 1, 1), (1, C, 1, 1) and 0-dim parameters are the config's per-channel ones, under the user's names;
+    the map says how the user's shape binds; load_tuned takes the user's tensors by those names."""
+    from fusetune.cache import Cache
+    from fusetune.deploy import load_tuned
+
+    stem = "kb_conv2d_scale_bias_scalar_views"
+    result = import_model(str(MODELS / f"{stem}.py"), tmp_path)
+    (written,) = result.written
+    assert written.parameters == {"scale": "scale", "bias": "bias", "alpha": "alpha"}
+    assert not written.notes["scale"] and "shape [1, 5, 1, 1]" in written.notes["bias"]
+    assert "a single value" in written.notes["alpha"] and "a single value" in written.config.read_text()
+    user_file = import_file(MODELS / f"{stem}.py")
+    torch.manual_seed(3)
+    user = user_file.Model(*user_file.get_init_inputs())
+    x = torch.randn(*load_config(written.config).shapes[0])
+    with pytest.warns(UserWarning, match="eager PyTorch"):  # no GPU: the reference, with the user's weights
+        loaded = load_tuned(written.config, Cache(tmp_path / "cache"), weights=user, device="cpu")
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), user(x))
+
+
+@pytest.mark.parametrize("stem", ["kb_conv2d_shape_branch_export", "kb_conv2d_functional_convs_export"])
+def test_torch_export_where_torch_fx_cannot_trace(stem: str, tmp_path: Path) -> None:
+    """Control flow on a shape: torch.fx fails, torch.export's graph (lifted to torch.fx's level) gives the chains,
+    with its shape guards named in the map as what stays in PyTorch."""
+    loaded = load_model(str(MODELS / f"{stem}.py"))
+    with pytest.raises(Exception):
+        torch.fx.symbolic_trace(loaded.model)
+    result = import_model(str(MODELS / f"{stem}.py"), tmp_path)
+    assert result.written
+    if "_guards_fn" in result.pytorch:  # torch >= 2.9 keeps export's shape guards in its module
+        assert "torch.export's check" in result.pytorch["_guards_fn"]
+    assert not any(isinstance(n.target, torch._ops.OpOverload) for w in result.written for n in result.gm.graph.nodes
+                   if n.name in w.chain.nodes)  # every chain op lifted to the torch level

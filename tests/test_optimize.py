@@ -99,7 +99,8 @@ def test_only_the_winners_are_built_unless_the_search_built_every_variant(cache_
         (built / BUILD_STAMP).unlink()
 
 
-@pytest.mark.parametrize("stem", ["conv2d_groupnorm_scale_clamp", "conv1d_batchnorm_eval", "convt2d_residual_clone"])
+@pytest.mark.parametrize("stem", ["conv2d_groupnorm_scale_clamp", "conv1d_batchnorm_eval", "convt2d_residual_clone",
+                                  "kb_conv2d_shape_branch_export", "kb_conv2d_bias_view_in_forward"])
 def test_output_equals_the_models(stem: str, cache_dir: Path, caplog) -> None:
     model, inputs = _model(stem)
     model.eval()
@@ -115,7 +116,9 @@ def test_output_equals_the_models(stem: str, cache_dir: Path, caplog) -> None:
         assert opt.get_parameter(name) is tensor
 
 
-@pytest.mark.parametrize("stem", ["two_chains_matmul", "conv2d_nested_buffer_shift", "conv1d_batchnorm_eval"])
+@pytest.mark.parametrize("stem", ["two_chains_matmul", "conv2d_nested_buffer_shift", "conv1d_batchnorm_eval",
+                                  "kb_conv2d_scale_bias_scalar_views", "kb_conv2d_shape_branch_export",
+                                  "kb_conv2d_bias_view_in_forward"])
 def test_the_kernels_model_holds_the_users_tensors_where_its_reference_reads_them(stem: str, cache_dir: Path) -> None:
     """What the fused kernels read is bound right: the generated ModelNew's own reference forward, on the
     tensors bound to it, computes what the user's ops compute (the kernels themselves need a GPU)."""
@@ -124,8 +127,7 @@ def test_the_kernels_model_holds_the_users_tensors_where_its_reference_reads_the
     opt = _optimize(model, inputs, cache_dir)
     for chain in fused_chains(opt):
         x = torch.randn(*next(iter(chain.shapes)))
-        for owner, attr, user, user_attr in chain.state.loose:  # as each kernel call binds them
-            setattr(owner, attr, getattr(user, user_attr))
+        chain._bind_tensors()  # as each kernel call binds them
         reference = type(chain.kernel_model).__mro__[1]  # the generated Model
         with torch.no_grad():
             assert torch.allclose(reference.forward(chain.kernel_model, x), chain.reference(x), rtol=1e-5, atol=1e-6)
@@ -150,6 +152,40 @@ def test_moving_either_model_moves_both(stem: str, moved: str, cache_dir: Path) 
     for chain in fused_chains(opt):  # what the reference path and the kernels read
         for owner, attr in chain.state.tensors:
             assert getattr(owner, attr).dtype in (torch.float64, torch.int64)
+
+
+def test_parameters_of_other_shapes_bind_as_views(cache_dir: Path) -> None:
+    """A 0-dim scale and a (1, C, 1, 1) bias are the config's per-channel parameters: the kernels read views of
+    the user's very storage, so an in-place update reaches them, and a move is followed."""
+    model, inputs = _model("kb_conv2d_scale_bias_scalar_views")
+    model.eval()
+    chain = next(fused_chains(_optimize(model, inputs, cache_dir)))
+    chain._bind_tensors()
+    ours = chain.kernel_model
+    assert ours.scale is model.scale  # (C, 1, 1) already: the tensor itself
+    for name in ("bias", "alpha"):
+        assert tuple(getattr(ours, name).shape) == (5, 1, 1), name
+        assert getattr(ours, name).untyped_storage().data_ptr() == getattr(model, name).untyped_storage().data_ptr()
+    with torch.no_grad():
+        model.alpha.fill_(3.0)
+    assert torch.equal(ours.alpha, torch.full((5, 1, 1), 3.0))
+    model.to(torch.float64)
+    chain._bind_tensors()
+    assert ours.alpha.dtype == torch.float64 and ours.bias.dtype == torch.float64
+    x = inputs[0].double()
+    reference = type(ours).__mro__[1]  # the generated Model's forward, on what the kernels read
+    with torch.no_grad():
+        assert torch.allclose(reference.forward(ours, x), model(x), rtol=1e-12, atol=1e-12)
+
+
+def test_untraceable_model_is_returned_unchanged(cache_dir: Path, caplog) -> None:
+    """Control flow on tensor values: neither torch.fx nor torch.export traces it; the model itself comes back,
+    with one warning saying why."""
+    model, inputs = _model("untraceable")
+    caplog.set_level(logging.INFO, logger="fusetune.optimize")
+    assert _optimize(model, inputs, cache_dir) is model
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "torch.fx cannot trace" in warnings[0] and "nor can torch.export" in warnings[0]
 
 
 def test_training_mode_updates_the_users_running_statistics(cache_dir: Path, caplog) -> None:
@@ -319,10 +355,12 @@ class _NoEager:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("stem", ["conv2d_nested_buffer_shift", "two_chains_matmul"])
+@pytest.mark.parametrize("stem", ["conv2d_nested_buffer_shift", "two_chains_matmul", "kb_conv2d_scale_bias_scalar_views",
+                                  "kb_conv2d_bias_view_in_forward"])
 def test_the_fused_chains_run_their_kernels_on_a_gpu(stem: str, tmp_path: Path) -> None:
-    """Loose tensors (a functional convolution's, a buffer), modules bound whole, kernels built on first
-    use: the optimized model's output, with every chain on its kernels, is as close to float64 as eager's."""
+    """Loose tensors (a functional convolution's, a buffer, views of a 0-dim or (1, C, 1, 1) parameter or of a (C,)
+    one viewed in the forward), modules bound whole, kernels built on first use: the optimized model's output, with
+    every chain on its kernels, is as close to float64 as eager's."""
     from fusetune.runner import GpuBenchmarker
     from fusetune.worker import Worker
 

@@ -1,5 +1,5 @@
-"""Traps for a wrong config: a per-channel bias added after the channels are summed away (it broadcasts the value
-back out), and a per-channel parameter of shape (1, C, 1, 1). Both must stay in PyTorch."""
+"""A trap for a wrong config: a per-channel bias added after the channels are summed away (it broadcasts the value
+back out) must stay in PyTorch; a per-channel parameter of shape (1, C, 1, 1) is one value per channel (a view)."""
 import torch
 import torch.nn as nn
 

@@ -157,9 +157,9 @@ def test_plan_space_of_seeds():
     # spectral, gemm_wide and gemm_wide_recompute: not offered for this chain (their constraints refuse
     # them), so nothing varies under them: one candidate each.
     spectral = gemm_wide = gemm_wide_recompute = 1
-    eager = inductor = 1  # PyTorch's own forward, and torch.compile's of it: no kernel choices
+    eager = inductor_default = inductor = 1  # PyTorch's own forward, torch.compile's of it: no kernel choices
     assert sum(1 for _ in space.all()) == (cudnn + direct + gemm + gemm_extrema + gemm_store + gemm_cluster + gemm_wide
-                                           + gemm_wide_recompute + spectral + eager + inductor)
+                                           + gemm_wide_recompute + spectral + eager + inductor_default + inductor)
 
 
 def test_candidates_are_canonical_where_a_choice_does_not_matter():

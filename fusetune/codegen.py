@@ -22,12 +22,15 @@ from fusetune.regions import reference_attr
 from fusetune.space import Constraint, FamilySpace, ParamSpec, PlanSpace, load_family
 from fusetune.templates import environment
 from fusetune.tiles import (FOOTPRINT_MAX, WIDE_BLOCK, WIDE_BN, gemm_k, gemm_tile, wide_axes, wide_channel_chunk,
-                            wide_cin_padded, wide_depth, wide_folds, wide_folds_aligned, wide_slab_stride,
+                            wide_cin_padded, wide_depth, wide_folds, wide_folds_aligned, wide_planes, wide_slab_stride,
                             wide_workspace_words)
 from fusetune.worlds import DEFAULT, WORLDS, all_facts, launches, refusals
+from fusetune.worlds.facts import gemm_terms
 
-#: Flags for nvcc; part of every cache key. No fast-math: it changes rounding of rsqrt and division.
-CUDA_FLAGS = ("-O3", "-lineinfo", "-std=c++17")
+#: Flags for nvcc; part of every cache key. No fast-math: it changes rounding of rsqrt and division. No
+#: -lineinfo: the line tables cost ptxas time in every build and change no instruction (profile a kernel's
+#: source lines by building it with -lineinfo yourself).
+CUDA_FLAGS = ("-O3", "-std=c++17")
 STRATEGIES = {"warp": 0, "smem": 1}
 
 
@@ -197,6 +200,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
     norm = plan.norm
     conv = plan.spec.producer.geometry()
     facts = plan_facts(plan)
+    elem, terms = DTYPES[plan.spec.dtype].bytes, gemm_terms(plan)  # the K-tiled kernels' values and weight terms
     context: dict[str, Any] = {
         "plan": plan, "spec": plan.spec, "version": __version__, "py": repr,
         "facts": facts,  # what the worlds offer (codegen.plan_facts): the templates' world-specific branches
@@ -217,15 +221,18 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         # The K-tiled kernels (wide_stats, wide_main): the convolution's axes as they compute it, a stage's input
         # channels, whether wide_main folds a pool's windows class by class (aligned: each window one output
         # of each class, its window and stride the classes' stride on every axis), and per variant its
-        # staged input's capacity per channel and its pipeline depth (wide_main's beside that fold).
-        "wide": {"axes": wide_axes(conv), "ck": wide_channel_chunk(conv["cin"]),
-                 "cin_pad": wide_cin_padded(conv["cin"]), "block": WIDE_BLOCK, "bn_min": min(WIDE_BN),
-                 "workspace": wide_workspace_words(conv) if facts["wide"] or facts["wide_main"] else 0,
+        # staged input's capacity per channel and its pipeline depth (wide_main's beside that fold). ck and
+        # cin_pad count planes: words of the padded input a position (a channel, or a pair at 2 bytes).
+        "wide": {"axes": wide_axes(conv), "ck": wide_planes(wide_channel_chunk(conv["cin"], elem), elem),
+                 "cin_pad": wide_planes(wide_cin_padded(conv["cin"], elem), elem), "block": WIDE_BLOCK,
+                 "bn_min": min(WIDE_BN), "terms": terms,
+                 "workspace": wide_workspace_words(conv, elem, terms) if facts["wide"] or facts["wide_main"] else 0,
                  "folds": plan.pool is not None and wide_folds(conv),
                  "fold_aligned": plan.pool is not None and wide_folds_aligned(conv, plan.pool_window)},
         "wide_tile": lambda variant, fold=False: {"cs": wide_slab_stride(conv, variant["bm"], variant["staging"]),
                                                   "depth": wide_depth(conv, variant["bm"], variant["bn"],
-                                                                      variant["blocks"], variant["staging"], fold)},
+                                                                      variant["blocks"], variant["staging"], fold,
+                                                                      elem, terms)},
     }
     sources = _units(env, plan, variants, context)
     binding = env.get_template("binding.cpp.j2").render(**context)

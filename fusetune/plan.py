@@ -32,7 +32,7 @@ from typing import Sequence
 
 from fusetune.config import ProblemSpec
 from fusetune.errors import PlanError
-from fusetune.ops import Add, DimReduce, Elementwise, Norm, Op, Pool, Reduce
+from fusetune.ops import Add, DimReduce, Elementwise, LayerNorm, Norm, Op, Pool, Reduce
 from fusetune.ops.reduce import Softmax
 from fusetune.ops.reductions import REDUCTIONS, KernelReduction
 from fusetune.regions import CANCELS_BIAS, FROM_STATISTICS, Step, affine, rewrite
@@ -234,6 +234,9 @@ def _plan_region(spec: ProblemSpec, steps: Sequence[Step]) -> Plan:
     for step in steps:
         op = step.op
         refusal = _kernel_refusal(op)
+        if refusal is None and isinstance(op, LayerNorm) and op.in_rank != 2 + spec.producer.spatial_dims:
+            refusal = (f"a {op.kind} parsed for an input of rank {op.in_rank}, here of rank "
+                       f"{2 + spec.producer.spatial_dims}: its scope would not be its dims'; it runs in PyTorch")
         if refusal is not None:
             raise PlanError(f"{spec.path}: {step.where}: {refusal}")
         if op.role == "elementwise":
@@ -254,6 +257,13 @@ def _plan_region(spec: ProblemSpec, steps: Sequence[Step]) -> Plan:
     pool = ops["pool"][0] if ops["pool"] else None
     reduce = groups["reduce"][0] if groups["reduce"] else None
     family = _family(spec, pool, reduce)
+    if norm is not None and norm.op.element_affine:
+        from fusetune.worlds.facts import ELEMENT_AFFINE_STAGES
+
+        if family not in ELEMENT_AFFINE_STAGES:  # (a reduce or softmax over the channels: family is not None)
+            raise PlanError(f"{spec.path}: {reduce.where}: the kernels apply a {norm.op.kind}'s per-element affine "
+                            f"only in a region that ends in a map, a pool or a reduction over space (the families "
+                            f"of facts.ELEMENT_AFFINE_STAGES), not before {family}; it runs after this region")
     plan_params = {name for step in steps if step.op.role == "elementwise" for name in step.op.params()}
     if len(plan_params) > MAX_PARAMS:
         raise PlanError(f"{spec.path}: the chain reads {len(plan_params)} learnable parameters; the kernels take "
@@ -278,9 +288,11 @@ def _kernel_refusal(op: Op) -> str | None:
         return _ROLE_REFUSALS[op.role]
     if isinstance(op, Softmax) and op.dim != 1:
         return (f"a {op.kind} over dim {op.dim} (the kernels normalise over the channels, dim 1, only); "
-                "it runs in PyTorch")
+                "it runs after this region (in a later one, on a view of its input, or in PyTorch)")
     if isinstance(op, Norm) and op.scope not in KERNEL_SCOPES:
-        return f"the kernels' norms are per channel ({', '.join(KERNEL_SCOPES)}); a {op.kind} runs in PyTorch"
+        return (f"the kernels' norms take statistics per (sample, channel) plane, per sample or per channel "
+                f"({', '.join(KERNEL_SCOPES)}); a {op.kind} over {list(getattr(op, 'normalized_shape', ()))}, "
+                "fewer trailing dims than every spatial one, runs in PyTorch")
     if isinstance(op, Reduce) and op.mode not in REDUCTIONS:
         return f"the kernels reduce by {', '.join(REDUCTIONS)}; {op.mode} runs in PyTorch"
     if isinstance(op, DimReduce) and op.dims != (1,) and op.dims != (op.dim,):

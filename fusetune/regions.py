@@ -16,8 +16,9 @@ lands in the kernels rather than in PyTorch:
   * a view before an op that maps each value alone moves after it (the values are the same);
   * non-overlapping pools of one mode in a row compose into one pool of the product window
     (floor mode: floor(floor(s / a) / b) = floor(s / ab) windows, each the same inputs);
-  * instance norm cancels a per-channel constant added before it (the producer's bias, through a
-    chain of per-channel mul/div/add): the norm's step is marked, and the convolution runs without bias;
+  * instance norm (and a layer norm over every spatial dim, whose statistics are instance norm's) cancels
+    a per-channel constant added before it (the producer's bias, through a chain of per-channel
+    mul/div/add): the norm's step is marked, and the convolution runs without bias;
   * a spatial mean (or sum) right after a batch, group or instance norm is the norm's affine map applied
     to the plane's mean, which the statistics pass already has: the reduction's step is marked, and
     finalize computes the output (no main pass at all).
@@ -127,10 +128,10 @@ def _mark(step: Step, mark: str) -> Step:
 
 
 def _norm_cancels_bias(steps: list[Step], spec: ProblemSpec) -> list[Step]:
-    """Instance norm subtracts each (sample, channel) plane's mean, so a per-channel constant added
-    before it (the producer's bias, through mul/div/add by numbers or per-channel parameters, which
-    keep it a per-channel constant) cancels exactly: the first norm, where it is an instance norm after
-    an affine chain, is marked."""
+    """Instance norm (scope "instance": a layer norm over every spatial dim too) subtracts each (sample,
+    channel) plane's mean, so a per-channel constant added before it (the producer's bias, through
+    mul/div/add by numbers or per-channel parameters, which keep it a per-channel constant) cancels
+    exactly: the first norm, where it is an instance norm after an affine chain, is marked."""
     if not spec.producer.bias:
         return steps
     first = next((i for i, step in enumerate(steps) if isinstance(step.op, Norm)), None)
@@ -146,12 +147,13 @@ _STATISTICS_SCOPES = ("batch", "group", "instance")
 def _mean_of_norm(steps: list[Step], spec: ProblemSpec) -> list[Step]:
     """A spatial mean (or sum) right after a batch, group or instance norm: the norm is an affine map per
     (sample, channel) plane, so the mean of its output is that map of the plane's mean, which the
-    statistics pass already has; finalize applies it and no main pass runs. The reduction is marked."""
+    statistics pass already has; finalize applies it and no main pass runs. The reduction is marked.
+    Not after a layer norm's per-element affine (Norm.element_affine): that map differs across the plane."""
     out = list(steps)
     for i in range(1, len(out)):
         norm, op = out[i - 1].op, out[i].op
-        if (isinstance(norm, Norm) and norm.scope in _STATISTICS_SCOPES and isinstance(op, Reduce)
-                and op.over == "spatial" and op.mode in ("mean", "sum")):
+        if (isinstance(norm, Norm) and norm.scope in _STATISTICS_SCOPES and not norm.element_affine
+                and isinstance(op, Reduce) and op.over == "spatial" and op.mode in ("mean", "sum")):
             out[i] = _mark(out[i], FROM_STATISTICS)
     return out
 

@@ -350,14 +350,31 @@ def wide_axes(conv: dict) -> tuple[WideAxis, WideAxis, WideAxis]:
                  for k, s, p in zip(conv["kernel"], conv["stride"], conv["padding"]))
 
 
-def wide_channel_chunk(cin: int) -> int:
-    """Input channels a stage takes: 16 (two k steps of 8 per tap), or 8 for few input channels."""
-    return 16 if cin >= 16 else 8
+#: Element bytes -> the input channels a stage of the K-tiled kernels takes: (few, many), many where the
+#: convolution has at least that many. A 4-byte word of the padded input and of the packed weights holds
+#: one float32 channel (its K column, a TF32 MMA's k step of 8 taking 8 of them) or a pair of 2-byte ones
+#: (FP16/BF16 m16n8k16: a k step of 16 is 8 words too), so twice the channels at 2 bytes make stages of the
+#: same words: the same shared memory, depths and A loads (wide_planes).
+WIDE_CHUNKS: dict[int, tuple[int, int]] = {4: (8, 16), 2: (16, 32)}
 
 
-def wide_cin_padded(cin: int) -> int:
+def wide_channel_chunk(cin: int, elem: int = 4) -> int:
+    """Input channels a stage takes at ``elem`` bytes a value (WIDE_CHUNKS): at float32 16 (two k steps of 8
+    per tap), or 8 for few input channels; at 2 bytes 32 (two k steps of 16), or 16."""
+    few, many = WIDE_CHUNKS[elem]
+    return many if cin >= many else few
+
+
+def wide_cin_padded(cin: int, elem: int = 4) -> int:
     """Input channels in whole stages (the padded input's and the packed weights'; zeros past ``cin``)."""
-    return _round_up(cin, wide_channel_chunk(cin))
+    return _round_up(cin, wide_channel_chunk(cin, elem))
+
+
+def wide_planes(channels: int, elem: int = 4) -> int:
+    """Words a position of ``channels`` input channels takes in the padded input and the packed weights (the
+    templates' FT_WCK and FT_WCINP count these planes): one channel a word at float32, a pair at 2 bytes
+    (the lower channel in the low half, as an FP16/BF16 MMA fragment register holds two K columns)."""
+    return channels * elem // 4
 
 
 def wide_slab_stride(conv: dict, bm: int, staging: str = "row") -> int:
@@ -464,23 +481,26 @@ def wide_row_words(conv: dict, width: int) -> int:
     return _round_up(wide_axes(conv)[2].extent(width), 4)
 
 
-def wide_stage_words(conv: dict, bm: int, bn: int, staging: str = "row") -> int:
+def wide_stage_words(conv: dict, bm: int, bn: int, staging: str = "row", elem: int = 4, terms: int = 1) -> int:
     """Words of one pipeline stage: the weights (kw taps, and with "plane" staging every kh, x ck
-    channels x bn) and the staged input."""
-    ck = wide_channel_chunk(conv["cin"])
+    channels' planes x bn; ``terms`` TF32 terms each, 2 in split TF32) and the staged input (planes of
+    ``elem``-byte values: wide_planes)."""
+    planes = wide_planes(wide_channel_chunk(conv["cin"], elem), elem)
     _, axis_h, axis_w = wide_axes(conv)
     rows_of_taps = axis_h.max_taps if staging == "plane" else 1
-    return rows_of_taps * axis_w.max_taps * ck * bn + ck * wide_slab_stride(conv, bm, staging)
+    return rows_of_taps * axis_w.max_taps * planes * bn * terms + planes * wide_slab_stride(conv, bm, staging)
 
 
-def wide_pool_fits(conv: dict, bm: int, bn: int, wm: int, blocks: int = 1, staging: str = "row") -> bool:
+def wide_pool_fits(conv: dict, bm: int, bn: int, wm: int, blocks: int = 1, staging: str = "row", *, elem: int = 4,
+                   terms: int = 1) -> bool:
     """Whether wide_main can pool a box of this variant: its stages fit beside the windows' fold
     where it folds (wide_folds), and its values of bn / passes channels at a time (bm + 4 words a
     channel) fit the stages' buffers (free once every warp is past its MMAs), the passes splitting
     each warp's nt n-tiles evenly (wide_main.cu.j2's ft_wide_pool_passes)."""
     warps_n = WIDE_BLOCK // 32 // (bm // 16 // wm)
     nt = bn // 8 // warps_n
-    buffers = wide_depth(conv, bm, bn, blocks, staging, wide_folds(conv)) * wide_stage_words(conv, bm, bn, staging)
+    buffers = (wide_depth(conv, bm, bn, blocks, staging, wide_folds(conv), elem, terms)
+               * wide_stage_words(conv, bm, bn, staging, elem, terms))
     return any((bn // passes) * (bm + 4) <= buffers for passes in (1, 2, 4, 8, 16) if passes <= nt)
 
 
@@ -491,41 +511,46 @@ def wide_table_words(conv: dict, bm: int, staging: str = "row") -> int:
     return _round_up(wide_slab_stride(conv, bm, staging) // 4, 2) + bm + 2
 
 
-def wide_smem_bytes(conv: dict, bm: int, bn: int, depth: int, staging: str = "row", fold: bool = False) -> int:
+def wide_smem_bytes(conv: dict, bm: int, bn: int, depth: int, staging: str = "row", fold: bool = False,
+                    elem: int = 4, terms: int = 1) -> int:
     """Shared memory of a variant with ``depth`` stages in flight, beside its per-box row tables, the
     channels' pivots and the warps' per-channel sums (template: FtWide::smem_words), and with
     ``fold`` the windows' running values, bm x bn words (wide_main pooling class by class)."""
     warps_m = bm // 32  # at most: m-tiles of 16, at least two a warp
-    return 4 * (depth * wide_stage_words(conv, bm, bn, staging) + wide_table_words(conv, bm, staging) + bn
+    return 4 * (depth * wide_stage_words(conv, bm, bn, staging, elem, terms) + wide_table_words(conv, bm, staging) + bn
                 + 2 * warps_m * bn + (bm * bn if fold else 0))
 
 
-def wide_depth(conv: dict, bm: int, bn: int, blocks: int = 1, staging: str = "row", fold: bool = False) -> int:
+def wide_depth(conv: dict, bm: int, bn: int, blocks: int = 1, staging: str = "row", fold: bool = False,
+               elem: int = 4, terms: int = 1) -> int:
     """Stages in flight: three where they fit in a block's share of the shared memory (``blocks`` a
-    multiprocessor; with ``fold``, beside the windows' fold), else two, else 0 (not compiled)."""
+    multiprocessor; with ``fold``, beside the windows' fold), else two, else 0 (not compiled); for values
+    of ``elem`` bytes and weights of ``terms`` TF32 terms (wide_stage_words)."""
     limit = SMEM_LIMIT if blocks == 1 else WIDE_PAIR_LIMIT
-    return max((d for d in (3, 2) if wide_smem_bytes(conv, bm, bn, d, staging, fold) <= limit), default=0)
+    return max((d for d in (3, 2) if wide_smem_bytes(conv, bm, bn, d, staging, fold, elem, terms) <= limit), default=0)
 
 
-def wide_depths(conv: dict) -> dict[tuple[int, int, int, str], int]:
+def wide_depths(conv: dict, elem: int = 4, terms: int = 1) -> dict[tuple[int, int, int, str], int]:
     """(bm, bn, blocks, staging) -> wide_depth, for the variants' compile_if and constraints."""
-    return {(bm, bn, blocks, staging): wide_depth(conv, bm, bn, blocks, staging)
+    return {(bm, bn, blocks, staging): wide_depth(conv, bm, bn, blocks, staging, False, elem, terms)
             for bm in WIDE_BM for bn in WIDE_BN for blocks in (1, 2) for staging in WIDE_STAGINGS}
 
 
-def wide_fits(conv: dict) -> bool:
+def wide_fits(conv: dict, elem: int = 4, terms: int = 1) -> bool:
     """Whether the wide kernels take a convolution (plain or transposed, any stride): whether some
     variant is within the shared memory; and dilation 1, one group, symmetric padding
     (producers.geometry_refusal)."""
     from fusetune.producers import geometry_refusal
 
-    return geometry_refusal(conv) is None and any(wide_depths(conv).values())
+    return geometry_refusal(conv) is None and any(wide_depths(conv, elem, terms).values())
 
 
-def wide_workspace_words(conv: dict) -> int:
+def wide_workspace_words(conv: dict, elem: int = 4, terms: int = 1) -> int:
     """Words of the packed weights of the largest variant: for every class, its (kd, kh) rows of taps
     (as many as the class with the most has, and the most kw; zeros past its own), the input channels
-    in whole chunks and the output channels in whole tiles of bn."""
+    in whole chunks (their planes: wide_planes) and the output channels in whole tiles of bn; ``terms``
+    times that in split TF32 (each row of taps' hi terms, then its lo terms)."""
     axes = wide_axes(conv)
     taps = math.prod(axis.classes * axis.max_taps for axis in axes)
-    return max(taps * wide_cin_padded(conv["cin"]) * _round_up(conv["cout"], bn) for bn in WIDE_BN)
+    planes = wide_planes(wide_cin_padded(conv["cin"], elem), elem)
+    return terms * max(taps * planes * _round_up(conv["cout"], bn) for bn in WIDE_BN)

@@ -45,9 +45,9 @@ def test_peaks_are_hopper_dense_rates_of_each_worlds_units():
                      "spectral": "FP32"}
     half = load_config(ROOT / "benchmarks" / "half" / "conv2d_groupnorm_scale_maxpool_clamp_fp16.yaml")
     ieee = load_config(ROOT / "benchmarks" / "half" / "conv2d_groupnorm_scale_maxpool_clamp_ieee.yaml")
-    # FP16 MMAs in the whole-weights kernels; the K-tiled ones widen a half type to TF32; split TF32 under ieee
-    assert [compute_units(impl, half) for impl in ("gemm_extrema", "gemm_wide", "direct")] == ["FP16", "TF32", "FP32"]
-    assert compute_units("gemm_store", ieee) == "TF32x3"
+    # FP16 MMAs in the whole-weights kernels and the K-tiled ones; split TF32 under ieee in both
+    assert [compute_units(impl, half) for impl in ("gemm_extrema", "gemm_wide", "direct")] == ["FP16", "FP16", "FP32"]
+    assert compute_units("gemm_store", ieee) == compute_units("gemm_wide_recompute", ieee) == "TF32x3"
 
 
 def test_spectral_flops_count_the_products_of_spectra():

@@ -36,7 +36,7 @@ CHAINS = ROOT / "tests" / "chains"
 #: compose, a channel reduction of a pooled 3-D tensor, a full reduction split in two, a map after a layer
 #: norm in PyTorch, an adaptive pool fused as a plain one (at the config's shapes only).
 PIPELINES = ["conv2d_relu6_maxpool_groupnorm", "conv2d_gelu_avgpool_maxpool_avgpool",
-             "convt3d_maxpool_maxpool_sum_channels", "conv2d_sigmoid_sum_all", "conv3d_layernorm_dhw_gelu",
+             "convt3d_maxpool_maxpool_sum_channels", "conv2d_sigmoid_sum_all", "conv2d_layernorm_w_gelu",
              "conv2d_relu_adaptivemaxpool_grid_divides", "convt2d_outpad_batchnorm_tanh_maxpool_groupnorm"]
 
 

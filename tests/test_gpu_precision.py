@@ -2,9 +2,9 @@
 bfloat16 (the cuDNN world's kernels at the dtype verify against float64 within 8x eager PyTorch's own
 error at that dtype, in both layouts and every vector width; so do fusetune's convolution worlds, the
 tensor-core ones included, each way their kernels stage the input; a search with a small budget tunes), and
-float32 with precision ieee (a search tunes, the K-tiled TF32 worlds are not offered, and the winner is
-allclose(1e-4, 1e-4) to eager float32 on fresh inputs; the whole-weights tensor-core worlds, in split TF32,
-verify each way they are compiled); and `fusetune bench` at the dtype.
+float32 with precision ieee (a search tunes, and the winner is allclose(1e-4, 1e-4) to eager float32 on fresh
+inputs; the tensor-core worlds, in split TF32, verify each way they are compiled); the K-tiled tensor-core
+worlds on FP16/BF16 MMAs and in split TF32 on chains of tests/wide_numerics/; and `fusetune bench` at the dtype.
 
 Skipped without a CUDA GPU: pytest -m gpu tests/test_gpu_precision.py (FUSETUNE_TEST_CACHE=DIR shares
 builds with tests/test_gpu.py).
@@ -31,7 +31,7 @@ from fusetune.worlds import WORLDS  # noqa: E402
 HALF_DIR = Path(__file__).resolve().parent.parent / "benchmarks" / "half"
 HALF = sorted(HALF_DIR.glob("*_fp16.yaml")) + sorted(HALF_DIR.glob("*_bf16.yaml"))
 IEEE = sorted(HALF_DIR.glob("*_ieee.yaml"))
-#: The worlds refused under precision ieee (the K-tiled tensor-core ones: TF32 products, no split form).
+#: The worlds refused under precision ieee (a tensor-core world with no split-TF32 form): none now.
 IEEE_REFUSED = {name for name, world in WORLDS.items() if "ieee" not in world.precisions}
 
 
@@ -138,7 +138,7 @@ HALF_WORLDS += [(config, "spectral") for config in HALF if config.stem.startswit
 #: The tensor-core worlds whose kernels take the half types, and the half seeds' pairs of them: the
 #: whole-weights kernels on FP16/BF16 MMAs (m16n8k16, float accumulation) as gemm, gemm_store and gemm_cluster
 #: for the conv2d and conv3d seeds, and gemm_extrema after the conv2d seed's max pool; the K-tiled kernels
-#: (x and the weights widened into their float workspace, TF32 MMAs) as gemm_wide for the batch norm seed.
+#: (x and the weights kept in the dtype in their workspace, FP16/BF16 MMAs) as gemm_wide for the batch norm seed.
 TENSOR_CORE_HALF = {name for name, world in WORLDS.items() if world.tf32 and "float16" in world.dtypes}
 GEMM_HALF_WORLDS = [(config, world) for config in HALF for world in make_plan(load_config(config)).impl_stages
                     if world in TENSOR_CORE_HALF]
@@ -274,8 +274,8 @@ HALF_CORPUS = ("conv1d_wide64_instancenorm_softplus_amax_keepdim", "conv2d_wide6
 
 @pytest.mark.parametrize("index", range(len(HALF_CORPUS)), ids=lambda i: HALF_CORPUS[i])
 def test_half_tensor_core_worlds_verify_on_the_corpus(index, cache, worker):
-    """Each tensor-core world the chain takes at the half type (gemm and its kin on FP16/BF16 MMAs; gemm_wide and
-    gemm_wide_recompute on TF32 MMAs of x and the weights widened exactly into their float workspace): the
+    """Each tensor-core world the chain takes at the half type (gemm and its kin, gemm_wide and gemm_wide_recompute,
+    all on FP16/BF16 MMAs of x and the weights as they are): the
     feasible candidate nearest its default verifies against float64 within 8x eager's error at the dtype, at
     every configured shape of the chain (none of which a tile divides)."""
     import yaml
@@ -304,7 +304,8 @@ def test_half_tensor_core_worlds_verify_on_the_corpus(index, cache, worker):
 
 
 #: The ieee seeds' tensor-core worlds: the whole-weights kernels (gemm, gemm_extrema, gemm_store, gemm_cluster)
-#: multiplying in split TF32, three TF32 MMAs a product (templates/mma.cuh.j2's ft_mma_split).
+#: and the K-tiled ones (gemm_wide at the batch norm seed) multiplying in split TF32, three TF32 MMAs a product
+#: (templates/mma.cuh.j2's ft_mma_split).
 IEEE_TENSOR_CORE_WORLDS = [(config, world) for config in IEEE for world in make_plan(load_config(config)).impl_stages
                            if WORLDS[world].tf32]
 
@@ -335,3 +336,52 @@ def test_ieee_tensor_core_worlds_verify_in_split_tf32(config, world, cache, work
             assert "eager_diff_max" in outcome  # verification checked allclose(1e-4, 1e-4) to eager float32
             assert outcome["error_rel"] < 0.1 * outcome["tf32_error_rel"], (shape, candidate, outcome)
     assert verified, f"{world} takes none of {spec.path}'s shapes"
+
+
+#: Chains for the K-tiled worlds' numerics (tests/wide_numerics/): odd counts of input channels (at a half dtype
+#: the last channel pair of the padded input and the packed weights is half padding), more output channels than
+#: the whole-weights kernels take, a strided transposed convolution whose output classes fold into the pool's
+#: windows; gemm_wide (wide_stats storing the convolution, then a main kernel) and gemm_wide_recompute (wide_stats,
+#: then wide_main with the whole chain, pooled) each.
+WIDE_CHAINS = sorted((Path(__file__).resolve().parent / "wide_numerics").glob("*.yaml"))
+#: What each numerics adds to a chain's config: the half dtypes; float32 with precision ieee and the ieee seeds'
+#: tolerance (verification enforces allclose(1e-4, 1e-4) to eager float32).
+WIDE_NUMERICS = {"float16": {"dtype": "float16"}, "bfloat16": {"dtype": "bfloat16"},
+                 "ieee": {"precision": "ieee", "tolerance": {"atol": 1e-4, "rtol": 1e-4}}}
+K_TILED = ("gemm_wide", "gemm_wide_recompute")
+
+
+@pytest.mark.parametrize("numerics", list(WIDE_NUMERICS))
+@pytest.mark.parametrize("chain", WIDE_CHAINS, ids=lambda p: p.stem)
+def test_k_tiled_worlds_verify_at_half_and_in_split_tf32(chain, numerics, cache, worker):
+    """Each K-tiled world the chain takes, forced (producer.impl), at both configured shapes (none of which a tile
+    divides): its default and each value of each of its stages' compile-time parameters verify against float64
+    within 8x eager's error at the numerics. At a half dtype (FP16/BF16 MMAs) eager's error is half precision's;
+    under ieee (split TF32) the output is also allclose(1e-4, 1e-4) to eager float32 (TF32 off), and its error a
+    small part of TF32's (products rounded to TF32, not split, would be at it)."""
+    import yaml
+
+    from fusetune.config import parse_config
+
+    spec = parse_config({**yaml.safe_load(chain.read_text()), **WIDE_NUMERICS[numerics]}, str(chain))
+    plan = make_plan(spec)
+    worlds = [world for world in K_TILED if world in plan.impl_stages]
+    assert worlds == list(K_TILED), plan.impl_stages  # both: the chains are chosen so
+    machine = Machine.detect()
+    space = plan_space(plan)
+    for shape in spec.shapes:
+        bench = GpuBenchmarker(plan, shape, cache, machine, worker, echo=print)
+        bench.prepare()
+        facts = shape_facts(spec, plan, shape, machine.capability)
+        for world in worlds:
+            candidates = _world_candidates(space, facts, world)
+            assert len(candidates) >= 3, (shape, world, candidates)
+            for candidate in candidates:
+                assert candidate["producer.impl"] == world
+                outcome = bench.verify(candidate)
+                assert outcome["status"] == "ok", (shape, candidate, outcome)
+                if numerics == "ieee":
+                    assert "eager_diff_max" in outcome  # verification checked allclose(1e-4, 1e-4) to eager float32
+                    assert outcome["error_rel"] < 0.1 * outcome["tf32_error_rel"], (shape, candidate, outcome)
+                else:
+                    assert outcome["eager_error_rel"] > 1e-5  # eager's error is half precision's, not float32's

@@ -5,6 +5,7 @@ precision ieee and a tolerance."""
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import json
 import os
 import re
@@ -26,17 +27,21 @@ from conftest import ROOT, SEEDS, import_file
 
 HALF = sorted((ROOT / "benchmarks" / "half").glob("*.yaml"))
 BY_KIND = {kind: [p for p in HALF if p.stem.endswith(f"_{kind}")] for kind in ("fp16", "bf16", "ieee")}
-#: The worlds refused under precision ieee (their products TF32 MMAs with no split-TF32 form: the K-tiled ones).
+#: The worlds refused under precision ieee (their products TF32 MMAs with no split-TF32 form): none now.
 IEEE_REFUSED = {name for name, world in WORLDS.items() if "ieee" not in world.precisions}
-#: The tensor-core worlds that take precision ieee, their products in split TF32 (the whole-weights kernels).
+#: The tensor-core worlds that take precision ieee, their products in split TF32 (the whole-weights kernels and
+#: the K-tiled ones).
 SPLIT_WORLDS = {name for name, world in WORLDS.items() if world.tf32 and "ieee" in world.precisions}
+#: The K-tiled tensor-core worlds (wide_stats, wide_main).
+WIDE_WORLDS = {"gemm_wide", "gemm_wide_recompute"}
+WIDE_UNIT = r"wide_(stats|main)_\d+\.cu"
 
 
 def test_which_worlds_take_precision_ieee():
-    """Every world but the TF32 tensor-core ones multiplies in float32 already; of those, the whole-weights
-    kernels' worlds take ieee in split TF32, the K-tiled ones are refused, saying why."""
-    assert SPLIT_WORLDS == {"gemm", "gemm_extrema", "gemm_store", "gemm_cluster"}
-    assert IEEE_REFUSED == {"gemm_wide", "gemm_wide_recompute"}
+    """Every world but the TF32 tensor-core ones multiplies in float32 already; those take ieee in split TF32,
+    the whole-weights kernels' worlds and the K-tiled ones alike; a world that did not would say why."""
+    assert SPLIT_WORLDS == {"gemm", "gemm_extrema", "gemm_store", "gemm_cluster"} | WIDE_WORLDS
+    assert IEEE_REFUSED == set()
     assert all(WORLDS[name].tf32 and WORLDS[name].ieee_refusal.strip() for name in IEEE_REFUSED)
     assert all(set(world.precisions) <= {"tf32", "ieee"} and "tf32" in world.precisions for world in WORLDS.values())
 
@@ -77,8 +82,8 @@ def test_numerics_defaults():
 @pytest.mark.parametrize("path", HALF, ids=lambda p: p.stem)
 def test_worlds_offered_at_the_numerics(path):
     """Half precision: the worlds the seed is offered whose kernels take the dtype (cuDNN's, direct,
-    spectral, eager, inductor), the others refused naming the dtype. precision ieee: the seed's worlds but the
-    K-tiled tensor-core ones, each refused naming the precision."""
+    spectral, eager, inductor), the others refused naming the dtype. precision ieee: the seed's worlds, the
+    tensor-core ones in split TF32 (K-tiled ones included)."""
     spec = load_config(path)
     plan = make_plan(spec)
     if spec.dtype != "float32":
@@ -89,10 +94,8 @@ def test_worlds_offered_at_the_numerics(path):
         assert all(f"dtype {spec.dtype}" in refusals(plan)[name] for name in set(WORLDS) - takes)
     else:
         assert not IEEE_REFUSED & set(plan.impl_stages)
-        for name in IEEE_REFUSED:
-            assert WORLDS[name].refusal(plan).startswith("precision ieee: its K-tiled products"), name
         seed_plan = make_plan(load_config(_seed_of(path)))
-        assert set(plan.impl_stages) == set(seed_plan.impl_stages) - IEEE_REFUSED
+        assert set(plan.impl_stages) == set(seed_plan.impl_stages)
 
 
 @pytest.mark.parametrize("path", HALF, ids=lambda p: p.stem)
@@ -103,9 +106,7 @@ def test_plan_shows_the_numerics(path):
     assert f"  numerics: dtype {spec.dtype}" in text.output
     if spec.precision == "ieee":
         assert "precision ieee" in text.output and "allclose(atol=0.0001, rtol=0.0001)" in text.output
-        # every K-tiled world the float32 seed is offered is refused here, for its precision
-        for name in IEEE_REFUSED & set(make_plan(load_config(_seed_of(path))).impl_stages):
-            assert f"no {name} world: precision ieee" in text.output, name
+        assert "world: precision ieee" not in text.output  # no world the float32 seed is offered is refused
     document = json.loads(CliRunner().invoke(main, ["plan", "--json", str(path)]).output)[0]
     assert {k: document[k] for k in ("dtype", "precision", "tolerance")} == spec.numerics()
 
@@ -188,7 +189,7 @@ def test_ieee_tensor_core_worlds_render_split_tf32(path):
 
     spec = load_config(path)
     plan, seed_plan = make_plan(spec), make_plan(load_config(_seed_of(path)))
-    split = SPLIT_WORLDS & set(seed_plan.impl_stages)
+    split = (SPLIT_WORLDS - WIDE_WORLDS) & set(seed_plan.impl_stages)  # the K-tiled ones: test_ieee_wide_worlds_...
     assert split <= set(plan.impl_stages)
     module, seed_module = render(plan), render(seed_plan)
     units = {u: t for u, t in module.cuda_sources.items() if re.fullmatch(r"gemm_(stats|main|cluster)_\d+\.cu", u)}
@@ -250,22 +251,150 @@ def test_split_tf32_units_compile_for_sm90_without_spills(tmp_path):
         assert {fn: n for fn, n in spills.items() if int(n)} == {}, unit
 
 
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_k_tiled_half_and_split_units_compile_for_sm90_without_spills(tmp_path):
+    """The K-tiled statistics kernel at the batch norm seed's 64 -> 128 channels, its last variant (the largest
+    tile: the most accumulators a thread) in float16 (FP16 MMAs, the workspace in pairs) and
+    under precision ieee (split TF32), compiles for sm_90 without register spills. A sample: a unit is seconds of
+    nvcc; every variant of tests/wide_numerics/ was compiled so when the kernels changed."""
+    paths = {kind: next(p for p in BY_KIND[kind] if p.stem.startswith("convt3d_scale_batchnorm"))
+             for kind in ("fp16", "ieee")}
+    units = []
+    for kind, path in paths.items():
+        module = render(make_plan(load_config(path)))
+        built = sorted(int(m.group(1)) for u in module.cuda_sources if (m := re.fullmatch(r"wide_stats_(\d+)\.cu", u)))
+        assert built, path
+        units.append((kind, f"wide_stats_{built[-1]}.cu", module.cuda_sources[f"wide_stats_{built[-1]}.cu"]))
+
+    def compile_one(unit: tuple[str, str, str]) -> subprocess.CompletedProcess:
+        source = tmp_path / f"{unit[0]}_{unit[1]}"
+        source.write_text(unit[2])
+        return subprocess.run([shutil.which("nvcc"), "-arch=sm_90", "-O3", "-std=c++17", "-Xcompiler", "-fPIC",
+                               "-Xptxas", "-v", "-c", str(source), "-o", str(source.with_suffix(".o"))],
+                              capture_output=True, text=True, timeout=900)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 2)) as pool:
+        results = list(pool.map(compile_one, units))
+    for (kind, unit, text), result in zip(units, results):
+        log = result.stdout + result.stderr
+        assert result.returncode == 0, (kind, unit, log[-6000:])
+        assert ("ft_mma_half(acc" if kind == "fp16" else "ft_mma_split(acc") in text, (kind, unit)
+        entries = re.findall(r"Compiling entry function '(\w+)' for 'sm_90'", log)
+        spills = dict(re.findall(r"Function properties for (\w+)\n\s*\d+ bytes stack frame, (\d+) bytes spill stores", log))
+        assert entries and set(entries) <= set(spills), (kind, unit, log[-3000:])
+        assert {fn: n for fn, n in spills.items() if int(n)} == {}, (kind, unit)
+
+
 @pytest.mark.parametrize("path", BY_KIND["fp16"] + BY_KIND["bf16"], ids=lambda p: p.stem)
-def test_half_wide_worlds_widen_x_and_the_weights_into_their_float_workspace(path):
-    """The K-tiled tensor-core worlds take the half seeds whose float32 seed they take: their pad and pack
-    kernels read x and the weights in the dtype (widened to float, exactly TF32), the pivots too, and what they
-    write of the model's (the stored convolution, the output) is in the dtype; the workspace stays float."""
+def test_half_wide_worlds_render_fp16_or_bf16_mmas(path):
+    """The K-tiled tensor-core worlds take the half seeds whose float32 seed they take, and keep x and the
+    weights in the dtype: the pad and pack kernels copy them bit for bit, a channel pair to a word, into the
+    workspace (half its float32 words: tiles.wide_planes), and every product is the dtype's m16n8k16 MMA (no
+    TF32); a stage takes twice float32's channels in the same words, so the variants and depths are float32's.
+    What they write of the model's (the stored convolution, the output) is in the dtype."""
+    from fusetune.codegen import plan_facts
+    from fusetune.tiles import wide_workspace_words
+
     spec = load_config(path)
     plan = make_plan(spec)
+    dtype = DTYPES[spec.dtype]
     seed_plan = make_plan(load_config(_seed_of(path)))
-    wide = {name for name, stages in seed_plan.impl_stages.items() if {"wide_stats", "wide_main"} & set(stages)}
-    assert wide <= set(plan.impl_stages)
-    units = {u: t for u, t in render(plan).cuda_sources.items() if re.fullmatch(r"wide_(stats|main)_\d+\.cu", u)}
+    wide = WIDE_WORLDS & set(seed_plan.impl_stages)
+    assert wide <= set(plan.impl_stages) and all(spec.dtype in WORLDS[name].native_mma for name in wide)
+    module = render(plan)
+    units = {u: t for u, t in module.cuda_sources.items() if re.fullmatch(WIDE_UNIT, u)}
     assert bool(units) is bool(wide)
     for unit, text in units.items():
-        assert "ft_wide_pad_kernel(const ft_t* __restrict__ x, float* __restrict__ padded" in text, unit
-        assert "ft_wide_pack_kernel(const ft_t* __restrict__ w, uint32_t* __restrict__ packed)" in text, unit
+        kernels = text.split("enum { FT_WCK")[1]
+        assert f"mma.sync.aligned.m16n8k16.row.col.f32.{dtype.mma}.{dtype.mma}.f32" in text, unit
+        assert "ft_mma_half(acc[i][j], a0, a1, a2, a3, b[j][0], b[j][1])" in kernels, unit
+        assert "ft_tf32(" not in kernels and "ft_mma_tf32(acc" not in kernels, unit
+        assert "ft_wide_pad_kernel(const ft_t* __restrict__ x, float* __restrict__ padded" in kernels, unit
+        assert "ft_wide_pack_kernel(const ft_t* __restrict__ w, uint32_t* __restrict__ packed)" in kernels, unit
+        assert "out[i] = make_uint4(v[0], v[1], v[2], v[3]);" in kernels, unit  # pairs of channels, bit for bit
         assert not re.search(r"\bfloat\* out = a\.out", text), unit
+    if wide:
+        conv = spec.producer.geometry()
+        assert conv["cin"] % 32 == 0 and 2 * wide_workspace_words(conv, 2) == wide_workspace_words(conv)  # pairs
+        assert f"FT_WIDE_PACKED = {wide_workspace_words(conv, 2)} " in module.files["binding.cpp"]
+        facts, seed_facts = plan_facts(plan), plan_facts(seed_plan)
+        assert facts["wide_depth"] == seed_facts["wide_depth"]
+
+
+@pytest.mark.parametrize("path", BY_KIND["ieee"], ids=lambda p: p.stem)
+def test_ieee_wide_worlds_render_split_tf32(path):
+    """Under precision ieee the K-tiled worlds take the seeds whose float32 seed they take, in split TF32: the
+    padded input keeps float32's values (not rounded to TF32) and each A value is split as it is loaded; the
+    weights are packed as hi and lo terms (twice the packed words, and stages planned for them), three MMAs a
+    product. The float32 seed's K-tiled kernels (precision tf32) have none of it."""
+    from fusetune.codegen import plan_facts
+    from fusetune.tiles import wide_depths, wide_workspace_words
+
+    spec = load_config(path)
+    plan, seed_plan = make_plan(spec), make_plan(load_config(_seed_of(path)))
+    wide = WIDE_WORLDS & set(seed_plan.impl_stages)
+    assert wide <= set(plan.impl_stages)
+    module, seed_module = render(plan), render(seed_plan)
+    units = {u: t for u, t in module.cuda_sources.items() if re.fullmatch(WIDE_UNIT, u)}
+    assert bool(units) is bool(wide)
+    for unit, text in units.items():
+        kernels = text.split("enum { FT_WCK")[1]
+        assert "B_TERM = FT_WKS * NP * 128, B_WORDS = 2 * B_TERM" in kernels, unit
+        assert ("ft_tf32_split(live ? __ldg(w + ft_widx(c, ci, td, th, tw)) : 0.f, packed[at], packed[at + TERM])"
+                in kernels), unit
+        assert "ft_tf32_split(__uint_as_float(xs[aoff[i][0] + lo]), ah[i][0], al[i][0])" in kernels, unit
+        assert "ft_mma_split(acc[i][2 * p], ah[i], al[i], b0)" in kernels and "ft_mma_tf32(acc" not in kernels, unit
+        assert "__uint_as_float(ft_tf32(__ldg(xp" not in kernels, unit  # the padded input is not rounded
+        assert "m16n8k16" not in text, unit
+    for unit, text in seed_module.cuda_sources.items():
+        if re.fullmatch(WIDE_UNIT, unit):
+            assert "ft_tf32_split" not in text and "B_TERM" not in text, unit
+    if wide:
+        conv = spec.producer.geometry()
+        assert wide_workspace_words(conv, 4, 2) == 2 * wide_workspace_words(conv)
+        assert f"FT_WIDE_PACKED = {wide_workspace_words(conv, 4, 2)} " in module.files["binding.cpp"]
+        depths, seed_depths = plan_facts(plan)["wide_depth"], plan_facts(seed_plan)["wide_depth"]
+        assert depths == wide_depths(conv, 4, 2) and all(depths[v] <= seed_depths[v] for v in depths)
+        assert sum(map(bool, depths.values())) < sum(map(bool, seed_depths.values()))  # the weights' terms cost
+
+
+@pytest.mark.parametrize("numerics", [{"dtype": "float16"}, {"dtype": "bfloat16"}, {"precision": "ieee"}], ids=str)
+@pytest.mark.parametrize("chain", sorted((ROOT / "tests" / "wide_numerics").glob("*.yaml")), ids=lambda p: p.stem)
+def test_wide_numerics_chains_take_both_k_tiled_worlds(chain, numerics):
+    """tests/wide_numerics/'s chains (verified on a GPU by test_gpu_precision.py, each K-tiled world forced) are
+    offered both K-tiled worlds at each numerics, and the whole-weights ones none (more than 64 channels)."""
+    import yaml
+
+    from fusetune.config import parse_config
+
+    plan = make_plan(parse_config({**yaml.safe_load(chain.read_text()), **numerics}, str(chain)))
+    assert WIDE_WORLDS <= set(plan.impl_stages) and not {"gemm", "gemm_cluster"} & set(plan.impl_stages)
+    assert plan.spec.producer.in_channels % 2 == 1  # the last channel pair half padding at a half dtype
+
+
+def test_split_tf32_leaves_out_the_k_tiled_variants_that_spill():
+    """Under precision ieee the K-tiled stages do not compile 256 x 128 at 4 m-tiles a warp (its 128 accumulators
+    and split A registers spilled at a strided transposed convolution, tests/wide_numerics/), which they do at
+    tf32; at 2 m-tiles a warp they do under both."""
+    import yaml
+
+    from fusetune.codegen import plan_facts
+    from fusetune.config import parse_config
+    from fusetune.space import load_family
+
+    chain = ROOT / "tests" / "wide_numerics" / "convt3d_cin19_wide80_stride2_batchnorm_tanh_maxpool.yaml"
+    raw = yaml.safe_load(chain.read_text())
+    plans = {numerics: make_plan(parse_config({**raw, **extra}, str(chain)))
+             for numerics, extra in (("tf32", {}), ("ieee", {"precision": "ieee"}))}
+    compiled: dict[tuple[str, str], set] = {}
+    for stage, (numerics, plan) in itertools.product(("wide_stats", "wide_main"), plans.items()):
+        family = load_family(stage)
+        names = {"C": plan.spec.producer.out_channels, **plan_facts(plan)}
+        compiled[stage, numerics] = {(v["bm"], v["bn"], v["wm"]) for v in family.variants()
+                                     if family.compiles(v, names)}
+    assert (256, 128, 4) in compiled["wide_stats", "tf32"] and (256, 128, 2) in compiled["wide_stats", "ieee"]
+    for stage in ("wide_stats", "wide_main"):  # wide_main's pooled 256 x 128 tiles do not fit beside the fold
+        assert (256, 128, 4) not in compiled[stage, "ieee"] and compiled[stage, "ieee"] <= compiled[stage, "tf32"]
 
 
 def test_float32_module_has_no_half_code():

@@ -475,3 +475,77 @@ def test_half_mma_fragments_compute_the_convolution(conv):
                     want = sum(x[ci][od * sd + a][oh * sh + b][ow * sw + c2] * w[n][ci][a][b][c2]
                                for ci in range(cin) for a in range(kd) for b in range(kh) for c2 in range(kw))
                     assert acc[lane][c] == pytest.approx(want, abs=1e-9), (mt, j, lane, c)
+
+
+@pytest.mark.parametrize("cin", [19, 37])
+def test_wide_half_mma_fragments_compute_the_convolution(cin):
+    """The K-tiled kernels' index algebra at 2 bytes (wide.cuh.j2), step by step on the CPU, for one m-tile of 16
+    consecutive outputs along w and a pair of n-tiles, over every stage of input channels (cc) and tap kw: the
+    padded input a channel pair to a word (ft_wide_pad_kernel: plane p holds channels 2p, 2p + 1, the lower in
+    the low half; zero past cin), the packed weights (ft_wide_pack_kernel: word ((ks * NP + jp) * 32 + lane) * 4 +
+    e at plane k = ks * 8 + t + 4 (e % 2), tap k // FT_WCK, channels 2 (cc * FT_WCK + k % FT_WCK) + 0, 1), each
+    lane's A words (ft_wide_multiply: plane t of the k step's 8 at aoff = t * CS + its output's column, + kw,
+    and 4 planes on), multiplied as PTX defines mma.m16n8k16: every output is the convolution's. An odd cin
+    leaves the last pair half padding; at 37 a stage takes 32 channels in two k steps a tap."""
+    import random
+
+    from fusetune.tiles import WIDE_CHUNKS, wide_channel_chunk, wide_cin_padded, wide_planes
+
+    rng = random.Random(1)
+    taps, cout, width = 3, 16, 16
+    ck = wide_channel_chunk(cin, 2)
+    assert ck == (WIDE_CHUNKS[2][1] if cin >= WIDE_CHUNKS[2][1] else WIDE_CHUNKS[2][0])
+    wck, cinp = wide_planes(ck, 2), wide_planes(wide_cin_padded(cin, 2), 2)  # FT_WCK, FT_WCINP: planes
+    assert wck % 8 == 0 and cinp % wck == 0 and 2 * cinp >= cin
+    halves, wks, cs = wck // 8, taps * wck // 8, width + taps + 5  # HALVES, FT_WKS; CS: any stride past a row
+    x = [[rng.uniform(-1, 1) for _ in range(width + taps - 1)] for _ in range(cin)]
+    w = [[[rng.uniform(-1, 1) for _ in range(taps)] for _ in range(cin)] for _ in range(cout)]
+
+    def pad_word(plane, col):  # ft_wide_pad_kernel: (low, high)
+        return tuple(x[2 * plane + h][col] if 2 * plane + h < cin else 0.0 for h in range(2))
+
+    def pack_word(cc, i):  # ft_wide_pack_kernel at 2 bytes, one row of taps, bn = 16 (NP = 1)
+        e, lane, rest = i % 4, i // 4 % 32, i // 128
+        jp, ks = rest % 1, rest // 1
+        c, k = (2 * jp + e // 2) * 8 + lane // 4, ks * 8 + lane % 4 + 4 * (e % 2)
+        kw, ci = k // wck, 2 * (cc * wck + k % wck)
+        return tuple(w[c][ci + h][kw] if c < cout and kw < taps and ci + h < cin else 0.0 for h in range(2))
+
+    acc = {lane: [[0.0] * 4 for _ in range(2)] for lane in range(32)}
+    for cc in range(cinp // wck):  # a stage: FT_WCK planes of the padded input, staged CS words apart
+        xs = [None] * (wck * cs)
+        for p, col in itertools.product(range(wck), range(width + taps - 1)):
+            xs[p * cs + col] = pad_word(cc * wck + p, col)
+        packed = [pack_word(cc, i) for i in range(wks * 128)]
+        for kw in range(taps):
+            for half in range(halves):
+                ks = kw * halves + half
+                lo = half * 8 * cs + kw
+                hi = lo + 4 * cs
+                a_mat = [[None] * 16 for _ in range(16)]
+                b_mat = [[None] * 8 for _ in range(16)]
+                bmats = [b_mat, [[None] * 8 for _ in range(16)]]
+                for lane in range(32):
+                    g, t = lane // 4, lane % 4
+                    aoff = [t * cs + g, t * cs + g + 8]  # rows g and g + 8: outputs at those columns
+                    regs = [xs[aoff[0] + lo], xs[aoff[1] + lo], xs[aoff[0] + hi], xs[aoff[1] + hi]]
+                    for r, pair in enumerate(regs):  # PTX: a0 (g, 2t..), a1 (g + 8, 2t..), a2 (g, 2t + 8..), a3
+                        for h, value in enumerate(pair):
+                            a_mat[g + 8 * (r % 2)][2 * t + h + 8 * (r // 2)] = value
+                    v = packed[(ks * 1 + 0) * 128 + lane * 4:(ks * 1 + 0) * 128 + lane * 4 + 4]  # the uint4
+                    for j in range(2):
+                        for r in range(2):  # b0 (rows 2t, 2t + 1), b1 (rows 2t + 8, 2t + 9) of n-tile j
+                            for h, value in enumerate(v[2 * j + r]):
+                                bmats[j][2 * t + h + 8 * r][g] = value
+                for lane in range(32):
+                    g, t = lane // 4, lane % 4
+                    for j in range(2):
+                        for c in range(4):
+                            m, n = g + 8 * (c >= 2), 2 * t + c % 2
+                            acc[lane][j][c] += sum(a_mat[m][k] * bmats[j][k][n] for k in range(16))
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        for j, c in itertools.product(range(2), range(4)):
+            m, n = g + 8 * (c >= 2), j * 8 + 2 * t + c % 2
+            want = sum(x[ci][m + kw] * w[n][ci][kw] for ci in range(cin) for kw in range(taps))
+            assert acc[lane][j][c] == pytest.approx(want, abs=1e-9), (lane, j, c)

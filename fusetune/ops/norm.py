@@ -25,6 +25,19 @@ class Norm(Op):
         """Channels per statistics group (1 except for group norm)."""
         return 1
 
+    @property
+    def channel_affine(self) -> bool:
+        """Whether finalize folds a per-channel weight and bias (``norm_weight[c]``, ``norm_bias[c]``) into
+        the plane's map A*v + B."""
+        return self.affine
+
+    @property
+    def element_affine(self) -> str:
+        """How the main kernel indexes a per-element weight and bias after the plane's map: "" (none, the
+        per-channel norms), "channels" (one per element of (C, *spatial): ``c * S + s``), "spatial" (one
+        per spatial position, shared by the channels: ``s``). A layer norm's (LayerNorm)."""
+        return ""
+
 
 @dataclasses.dataclass(frozen=True)
 class BatchNorm(Norm):
@@ -128,12 +141,41 @@ def _spatial_size(shape: Shape) -> int:
 @dataclasses.dataclass(frozen=True)
 class LayerNorm(Norm):
     """nn.LayerNorm over the trailing dims ``normalized_shape`` names (their sizes, as PyTorch takes
-    them): statistics per sample over those dims, an affine map per element of them. The kernels'
-    norms are per channel; a layer norm runs in PyTorch (fusetune/regions.py)."""
+    them): statistics per sample over those dims, an affine map per element of them. Over (C, *spatial)
+    its statistics are group norm's with one group (scope "group", every channel in it); over every spatial
+    dim they are instance norm's (scope "instance"): the statistics pass and finalize serve it as they
+    serve those, finalize's map without an affine, and the main kernels that index by position
+    (worlds/facts.py ELEMENT_AFFINE_STAGES) apply the per-element weight and bias after the map
+    (``element_affine``). Over fewer trailing dims (scope "layer") no kernel computes it: it runs in
+    PyTorch."""
 
     kind: ClassVar[str] = "layer_norm"
-    scope: ClassVar[str] = "layer"
     normalized_shape: tuple[int, ...] = ()
+    #: The rank of its input (N, C, *spatial): which dims normalized_shape names, so which scope it is.
+    in_rank: int = 0
+
+    @property
+    def scope(self) -> str:  # type: ignore[override]
+        over = len(self.normalized_shape)
+        if self.in_rank >= 3 and over == self.in_rank - 1:
+            return "group"
+        if self.in_rank >= 3 and over == self.in_rank - 2:
+            return "instance"
+        return "layer"
+
+    def groups_of(self, channels: int) -> int:
+        """Over (C, *spatial) one group holds every channel."""
+        return channels if self.scope == "group" else 1
+
+    @property
+    def channel_affine(self) -> bool:
+        return False  # its affine is per element, applied after finalize's map
+
+    @property
+    def element_affine(self) -> str:
+        if not self.affine or self.scope == "layer":
+            return ""
+        return "channels" if self.scope == "group" else "spatial"
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
@@ -145,7 +187,7 @@ class LayerNorm(Norm):
             raise ctx.error("normalized_shape", f"expected the sizes of the input's trailing dims (at most "
                                                 f"{len(ctx.in_shape) - 1}), got {value!r}")
         return cls(normalized_shape=tuple(sizes), eps=float(take_number(raw, "eps", ctx, default=1e-5, positive=True)),
-                   affine=take_bool(raw, "elementwise_affine", ctx, default=True))
+                   affine=take_bool(raw, "elementwise_affine", ctx, default=True), in_rank=len(ctx.in_shape))
 
     def check_shape(self, shape: Shape, error) -> None:
         trailing = tuple(shape[len(shape) - len(self.normalized_shape):])

@@ -22,12 +22,12 @@ PADDED_POOL = "a padded pool (the kernels that compute the convolution pool whol
 #: worlds built on them: float32 on TF32 MMAs, float16 and bfloat16 on FP16/BF16 MMAs (m16n8k16), the
 #: products accumulated, the statistics and the chain computed in float either way.
 GEMM_DTYPES = ("float32", "float16", "bfloat16")
-#: The half dtypes the whole-weights kernels multiply as they are (World.native_mma).
+#: The half dtypes the tensor-core kernels (whole-weights and K-tiled) multiply as they are (World.native_mma).
 GEMM_NATIVE_MMA = ("float16", "bfloat16")
 #: The dtypes of the K-tiled tensor-core kernels (wide_stats, wide_main) and so of gemm_wide and
-#: gemm_wide_recompute: float32 on TF32 MMAs; float16 and bfloat16 widened to float in their workspace (the
-#: padded input, the packed weights) and multiplied on the same TF32 MMAs, exactly (their significands fit
-#: TF32's), accumulating in float. FP16/BF16 MMAs on a half workspace would halve its bytes and the MMAs' time.
+#: gemm_wide_recompute: float32 on TF32 MMAs (split TF32 under precision ieee); float16 and bfloat16 kept in
+#: the dtype in their workspace (the padded input and the packed weights, a channel pair a word) and
+#: multiplied on FP16/BF16 MMAs (m16n8k16), accumulating in float; statistics and chain in float either way.
 WIDE_DTYPES = ("float32", "float16", "bfloat16")
 #: The norms whose statistics lie within one sample, so that one thread-block cluster can hold them.
 SAMPLE_SCOPES = ("instance", "group")
@@ -44,6 +44,15 @@ INSIDE_FAMILIES = ("window_map", "plane_reduce", "channel_reduce")
 STAGE_REDUCE_MODES: dict[str, tuple[str, ...]] = {
     "channel_reduce": tuple(REDUCTIONS), "direct_main": tuple(REDUCTIONS), "gemm_main": tuple(REDUCTIONS),
     "gemm_cluster": tuple(REDUCTIONS), "plane_reduce": KERNEL_MODES, "wide_main": KERNEL_MODES}
+#: The stages that apply a norm's map A*v + B to the chain's values (not the statistics passes, not finalize).
+NORM_MAP_STAGES = ("window_map", "plane_reduce", "channel_reduce", "channel_softmax", "extrema_map", "direct_main",
+                   "gemm_main", "wide_main", "gemm_cluster")
+#: Those that also apply a layer norm's per-element weight and bias after it (Norm.element_affine), indexing
+#: them by the value's position in its plane; the others read the map per (sample, channel) plane alone. A
+#: world with one of the others does not take such a norm (element_affine_refusal, World.refusal). The main
+#: families among them are those a region with such a norm may end in (plan.py; direct_main and gemm_main
+#: apply it in those two modes).
+ELEMENT_AFFINE_STAGES = ("window_map", "plane_reduce", "direct_main", "gemm_main")
 #: Largest convolution weight (floats) the direct kernels take: they keep it in constant memory (64 KB).
 DIRECT_MAX_WEIGHTS = 12288
 #: Channel counts a direct channel reduction takes: a thread holds every channel (ct == C), so C must
@@ -73,6 +82,18 @@ def reduce_mode_refusal(plan: Plan, stages: tuple[str, ...]) -> str | None:
         modes = STAGE_REDUCE_MODES.get(stage, tuple(REDUCTIONS))
         if plan.reduce.mode not in modes:
             return f"a {plan.reduce.mode} reduction ({stage} reduces by {', '.join(modes)})"
+    return None
+
+
+def element_affine_refusal(plan: Plan, stages: tuple[str, ...]) -> str | None:
+    """Why these stages do not apply the region's norm, None where they do: a layer norm's per-element
+    weight and bias (Norm.element_affine) need a main stage of ELEMENT_AFFINE_STAGES."""
+    if plan.norm is None or not plan.norm.element_affine:
+        return None
+    for stage in stages:
+        if stage in NORM_MAP_STAGES and stage not in ELEMENT_AFFINE_STAGES:
+            return (f"a {plan.norm.kind}'s per-element affine (elementwise_affine): {stage} applies the norm's map "
+                    f"per (sample, channel) plane only (by position: {', '.join(ELEMENT_AFFINE_STAGES)})")
     return None
 
 
@@ -152,9 +173,11 @@ def windows_in_boxes(plan: Plan) -> bool:
 def pool_at_extremes(plan: Plan) -> bool:
     """Whether a max pool's value is the chain at its window's largest or smallest raw value: the
     chain up to the pool is monotone per channel (a norm's affine map, bias, mul, add, clamp, relu),
-    in whichever direction each channel's runs. A kernel may then pool the raw values and apply the
-    chain to two values a window instead of every output."""
+    in whichever direction each channel's runs (not a layer norm's per-element affine: one map a
+    position). A kernel may then pool the raw values and apply the chain to two values a window
+    instead of every output."""
     return (plan.pool is not None and plan.pool.mode == "max"
+            and (plan.norm is None or not plan.norm.element_affine)  # its map differs across the window
             and all(op.monotone() for op in (*plan.pre, *plan.mid)))
 
 
@@ -184,7 +207,7 @@ def wide_refusal(plan: Plan) -> str | None:
     if direct_refusal(plan) is None and conv["cout"] < min(WIDE_BN):
         return (f"{conv['cout']} output channels fill less than a tile of {min(WIDE_BN)}, and the direct "
                 "kernels take the convolution")
-    if not wide_fits(conv):
+    if not wide_fits(conv, gemm_elem(plan), gemm_terms(plan)):
         return "no variant within the shared memory"
     return None
 

@@ -6,19 +6,20 @@ import functools
 
 from fusetune.tiles import wide_depths, wide_pool_fits, wide_rows_fit
 from fusetune.worlds.base import World
-from fusetune.worlds.facts import WIDE_DTYPES, stages_of, wide_main_refusal, wide_stats_refusal
+from fusetune.worlds.facts import (GEMM_NATIVE_MMA, WIDE_DTYPES, gemm_elem, gemm_terms, stages_of, wide_main_refusal,
+                                   wide_stats_refusal)
 
 
 class GemmWide(World):
     name = "gemm_wide"
-    doc = ("the convolution as a K-tiled implicit GEMM on the tensor cores: the norm's statistics pass "
+    doc = ("the convolution as a K-tiled implicit GEMM on the tensor cores (TF32, split TF32 under precision ieee, "
+           "FP16/BF16 at those dtypes): the norm's statistics pass "
            "(wide_stats, writing the output once where a main kernel follows), or without one the whole "
            "chain in one kernel (wide_main)")
     computes_conv_inside = True
     tf32 = True
-    precisions = ("tf32",)
-    ieee_refusal = "its K-tiled products are TF32 MMAs (split TF32 is in the whole-weights kernels only)"
     dtypes = WIDE_DTYPES
+    native_mma = GEMM_NATIVE_MMA
     min_sm = 80
 
     def why_not(self, plan):
@@ -52,8 +53,10 @@ class GemmWide(World):
                     "wide_rows_fit": lambda *shape: False, "wide_main_rows_fit": lambda *shape: False}
         conv = plan.spec.producer.geometry()
         window = plan.pool_window if plan.pool is not None else None
-        pools = functools.partial(wide_pool_fits, conv) if plan.pool is not None else lambda *variant: True
+        elem, terms = gemm_elem(plan), gemm_terms(plan)  # the tiles' bytes: values and weight terms
+        pools = (functools.partial(wide_pool_fits, conv, elem=elem, terms=terms) if plan.pool is not None
+                 else lambda *variant: True)
         # Memoized: every candidate of a space asks them again with one of a few dozen arguments.
-        return {**offered, "wide_depth": wide_depths(conv), "wide_pool_fits": functools.cache(pools),
+        return {**offered, "wide_depth": wide_depths(conv, elem, terms), "wide_pool_fits": functools.cache(pools),
                 "wide_rows_fit": functools.cache(functools.partial(wide_rows_fit, conv)),
                 "wide_main_rows_fit": functools.cache(functools.partial(wide_rows_fit, conv, window=window))}

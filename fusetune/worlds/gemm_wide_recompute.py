@@ -3,18 +3,18 @@ again and applies the chain, its output never written."""
 from __future__ import annotations
 
 from fusetune.worlds.base import World
-from fusetune.worlds.facts import WIDE_DTYPES, stages_of, wide_main_refusal, wide_stats_refusal
+from fusetune.worlds.facts import GEMM_NATIVE_MMA, WIDE_DTYPES, stages_of, wide_main_refusal, wide_stats_refusal
 
 
 class GemmWideRecompute(World):
     name = "gemm_wide_recompute"
-    doc = ("the K-tiled convolution twice: wide_stats for the norm's statistics, then wide_main computes it "
+    doc = ("the K-tiled convolution twice (as gemm_wide multiplies it): wide_stats for the norm's statistics, "
+           "then wide_main computes it "
            "again and applies the chain, its output never written")
     computes_conv_inside = True
     tf32 = True
-    precisions = ("tf32",)
-    ieee_refusal = "its K-tiled products are TF32 MMAs (split TF32 is in the whole-weights kernels only)"
     dtypes = WIDE_DTYPES
+    native_mma = GEMM_NATIVE_MMA
     min_sm = 80
 
     def why_not(self, plan):

@@ -238,7 +238,8 @@ def _plan_document(spec, plan_, space) -> dict:
         return [{"op": step.op.kind, "entries": list(step.entries)} for step in region]
     later = [{"region": s.index, "runs": "kernels" if s.kernels else "pytorch", "ops": steps(s.steps),
               **({"tuned_as": s.spec.name, "shapes": [list(x) for x in s.spec.shapes],
-                  "worlds": list(make_plan(s.spec).impl_stages)} if s.kernels else {"why": s.why})}
+                  "worlds": list(make_plan(s.spec).impl_stages), "view": s.view_document()}
+                 if s.kernels else {"why": s.why})}
              for s in later_segments(plan_)]
     return {"config": spec.path, "name": spec.name, **spec.numerics(), "fused": steps(plan_.head),
             "pytorch": [op for s in later if s["runs"] == "pytorch" for op in s["ops"]], "later": later,

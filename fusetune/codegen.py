@@ -138,6 +138,7 @@ def _later(plan: Plan) -> list[dict[str, Any]]:
 
     return [{"index": s.index, "kernels": s.kernels, "folder": f"r{s.index}", "attrs": [list(a) for a in s.attrs],
              "params": list(s.params), "where": s.where, "why": s.why,
+             "view": s.view.fact() if s.view is not None else None,
              "lines": [step.op.forward_code("x", step.attr) for step in s.steps]}
             for s in later_segments(plan)]
 

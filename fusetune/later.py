@@ -5,6 +5,10 @@ A later region is tuned as a problem of its own (its own cache key): here each o
 config's shapes (one of kernels: where PyTorch's own ops won, they run inline) gets a module of its winners' variants (``winners.render_winners``), built into the cache
 and attached to the first region's ModelNew (``ModelNew.attach_later``), which then runs it instead of the
 region's ops in PyTorch. One without a winner stays in PyTorch; that is said, never an error.
+
+A region on a view of its input (fusetune/views.py) is attached the same way: the first region's ModelNew
+views the tensor in and the region's output back (``_through_view`` in templates/model.py.j2), so the
+region's model sees the view's shape, the shapes it was tuned at.
 """
 from __future__ import annotations
 

@@ -7,11 +7,15 @@ here into segments, in order:
   * a later region: the longest run of ops the kernels take, planned as a problem of its own whose
     producer is the tensor it reads (``Producer.tensor``: no convolution; the worlds that compute one
     inside refuse it) and whose shapes are that tensor's at the config's shapes. It is searched and
-    cached like any config (its own key), and the generated ModelNew runs its tuned module there;
-  * PyTorch: a view (free), an op no kernel family computes (a layer norm, a grid adaptive pool, a
-    reduction over some spatial dims), an op that reads the convolution's output (which only region 0
-    has), or a tensor without the (N, C, spatial...) structure (after a flatten). It runs with the
-    reference's own modules, and the segment says why.
+    cached like any config (its own key), and the generated ModelNew runs its tuned module there.
+    A later region may carry a view of its input (fusetune/views.py): a reduction or softmax over dims
+    other than the channel dim or every spatial one, or on a tensor without the (N, C, spatial...)
+    structure (a 2-D tensor after a flatten), is one over dim 1 (or over space) of a free view of the
+    contiguous tensor; the region's problem is planned on the view's shape, and the generated ModelNew
+    views the tensor in before the region and the region's output back to the chain's shape after it;
+  * PyTorch: a view (free), an op no kernel family computes (a layer norm over some spatial dims, a grid
+    adaptive pool, a reduction over dims that are not consecutive), or an op that reads the convolution's
+    output (which only region 0 has). It runs with the reference's own modules, and the segment says why.
 
 Where a later region has no tuned module (not searched yet, or a search that found nothing), ModelNew
 runs its ops in PyTorch, exactly as before this module existed: a pipeline never needs more than the
@@ -24,10 +28,11 @@ import functools
 
 from fusetune.config import ProblemSpec
 from fusetune.errors import PlanError
-from fusetune.ops import Shape
+from fusetune.ops import DimReduce, Shape
 from fusetune.plan import Plan, _kernel_refusal, make_plan
 from fusetune.producers import Producer
 from fusetune.regions import Step, reference_attr
+from fusetune.views import RegionView, region_view, view_op
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +46,10 @@ class Segment:
     #: (the region's reference attribute, the chain's) for each op with a module (a norm): the region's
     #: ModelNew runs the chain's very modules.
     attrs: tuple[tuple[str, str], ...] = ()
+    #: The view of its input the region's problem is planned on (None: the tensor as it is).
+    view: RegionView | None = None
+    #: The chain's tensor it reads, at each of the config's shapes (before its view).
+    inputs: tuple[Shape, ...] = ()
 
     @property
     def kernels(self) -> bool:
@@ -49,6 +58,15 @@ class Segment:
     @property
     def where(self) -> str:
         return ", ".join(step.where for step in self.steps)
+
+    def view_document(self) -> dict | None:
+        """The region's view as ``fusetune plan --json`` shows it: the fact, and at each of the config's
+        shapes the chain's tensor, the shape the region's problem sees, and the chain's shape after it."""
+        if self.view is None:
+            return None
+        return {**self.view.fact(), "tensor": [list(s) for s in self.inputs],
+                "as": [list(self.view.shape(s)) for s in self.inputs],
+                "back": [list(self.view.back(s)) for s in self.inputs]}
 
     @property
     def params(self) -> tuple[str, ...]:
@@ -87,7 +105,7 @@ def _segments(plan: Plan) -> tuple[Segment, ...]:
             rest = rest[1:]
             continue
         flush()
-        region = dataclasses.replace(region, index=len(out) + 1)
+        region = dataclasses.replace(region, index=len(out) + 1, inputs=tuple(tuple(s) for s in shapes))
         out.append(region)
         for taken in region.steps:
             shapes = [taken.op.out_shape(s) for s in shapes]
@@ -97,29 +115,37 @@ def _segments(plan: Plan) -> tuple[Segment, ...]:
 
 
 def _refusal(step: Step, shape: Shape) -> str | None:
-    """Why no later region starts at this step, None where one may."""
+    """Why no later region starts at this step, None where one may (with a view, where it needs one)."""
     op = step.op
     if op.role == "view":
         return f"{step.where}: a view, free in PyTorch"
     if op.uses_producer():
         return f"{step.where} reads the convolution's output (by: producer), which only the first region has"
-    if not 3 <= len(shape) <= 5:
-        return (f"{step.where}: its input {list(shape)} is not (N, C, spatial...) with 1 to 3 spatial dims, the "
-                "tensors the kernels take")
-    refusal = _kernel_refusal(op)
+    view = region_view([op], shape)
+    if isinstance(view, str):
+        return f"{step.where}: {view}"
+    target = view_op(op, view) if view is not None else op
+    # a reduction's form is the region's own rewrites' to find (regions.py): its plan says why where it fails
+    refusal = None if isinstance(target, DimReduce) else _kernel_refusal(target)
     return f"{step.where}: {refusal}" if refusal else None
 
 
 def _region(spec: ProblemSpec, rest: list[Step], shapes: list[Shape], index: int) -> Segment | str:
-    """The later region that starts at ``rest[0]``: the longest run the kernels take; where they take
-    none of it, why not (the planner's reason for the first op alone)."""
+    """The later region that starts at ``rest[0]``: the longest run the kernels take, on the view of its
+    input that run needs (fusetune/views.py); where they take none of it, why not (the planner's reason
+    for the first op alone)."""
     why = f"{rest[0].where}: the kernels take none of it alone"
     for end in range(len(rest), 0, -1):
         steps = tuple(rest[:end])
         if any(s.op.uses_producer() for s in steps):
             continue
+        view = region_view([s.op for s in steps], shapes[0])
+        if isinstance(view, str):
+            if end == 1:
+                why = f"{rest[0].where}: {view}"
+            continue
         try:
-            region = region_spec(spec, steps, shapes, index)
+            region = region_spec(spec, steps, shapes, index, view)
             plan = make_plan(region)
         except PlanError as exc:  # pragma: no cover - make_plan plans every valid chain
             why = str(exc)
@@ -130,17 +156,21 @@ def _region(spec: ProblemSpec, rest: list[Step], shapes: list[Shape], index: int
             continue  # the kernels stop inside it: a shorter run is the region
         attrs = tuple((reference_attr(region, i), step.attr) for i, step in enumerate(steps)
                       if reference_attr(region, i) is not None and step.attr is not None)
-        return Segment(index=index, steps=steps, spec=region, attrs=attrs)
+        return Segment(index=index, steps=steps, spec=region, attrs=attrs, view=view)
     return why
 
 
-def region_spec(spec: ProblemSpec, steps: tuple[Step, ...], shapes: list[Shape], index: int) -> ProblemSpec:
+def region_spec(spec: ProblemSpec, steps: tuple[Step, ...], shapes: list[Shape], index: int,
+                view: RegionView | None = None) -> ProblemSpec:
     """A later region as a problem of its own: the chain's numerics and search settings, its producer
-    the tensor it reads (at ``shapes``, the tensor's shape at each of the config's), its ops as the
-    rewritten chain has them, the chain's parameters they read (same names)."""
+    the tensor it reads (at ``shapes``, the tensor's shape at each of the config's; through ``view`` where
+    it has one, its ops then the view's), its ops as the rewritten chain has them, the chain's parameters
+    they read (same names)."""
+    if view is not None:
+        shapes = [view.shape(s) for s in shapes]
     first = shapes[0]
-    producer = Producer.tensor(first[1], len(first) - 2)
-    ops = tuple(step.op for step in steps)
+    producer = Producer.tensor(first[1], len(first) - 2, any_channels=view is not None)
+    ops = tuple(view_op(step.op, view) if view is not None else step.op for step in steps)
     names = {name for op in ops if op.role == "elementwise" for name in op.params()}
     parameters = tuple(p for p in spec.parameters if p.name in names)
     return dataclasses.replace(spec, name=f"{spec.name}_r{index}", producer=producer, parameters=parameters,

@@ -157,6 +157,8 @@ class Plan:
                 worlds = ", ".join(w for w in make_plan(segment.spec).impl_stages)
                 lines.append(f"region {segment.index} (kernels on region {segment.index - 1}'s output, tuned as "
                              f"{segment.spec.name}; worlds {worlds}): {segment.where}")
+                if segment.view is not None:
+                    lines.append(f"  view: {segment.view.describe(segment.inputs[0])}")
             else:
                 views = all(step.op.role == "view" for step in segment.steps)
                 lines.append(f"region {segment.index} (PyTorch{', a view: free' if views else ''}): {segment.where}")
@@ -297,7 +299,7 @@ def _kernel_refusal(op: Op) -> str | None:
         return f"the kernels reduce by {', '.join(REDUCTIONS)}; {op.mode} runs in PyTorch"
     if isinstance(op, DimReduce) and op.dims != (1,) and op.dims != (op.dim,):
         return (f"the kernels reduce over the channel dim or over every spatial dim, not dims {list(op.dims)}; "
-                "it runs in PyTorch")
+                "it runs after this region (in a later one, on a view of its input, or in PyTorch)")
     return None
 
 
@@ -322,4 +324,5 @@ def _family(spec: ProblemSpec, pool: Pool | None, reduce: Step | None) -> str | 
                             "runs in PyTorch")
         return "channel_reduce"
     raise PlanError(f"{spec.path}: the kernels reduce over the channel dim or over every spatial dim, not over "
-                    f"dim {reduce.op.dim}; the reduction runs in PyTorch")
+                    f"dim {reduce.op.dim}; it runs after this region (in a later one, on a view of its input, or in "
+                    "PyTorch)")

@@ -72,18 +72,22 @@ class Producer:
     dilation: tuple[int, ...] = ()  # () for ones
     groups: int = 1
     same: bool = False  # padding 'same' (plain convolutions, stride 1): the output as large as the input
+    #: A later region's tensor whose channel count is a run-time size: the dim 1 of a view (fusetune/views.py),
+    #: which the input's size sets; such a region reads nothing per channel (in_channels: the first shape's).
+    any_channels: bool = False
 
     def __post_init__(self) -> None:
         if not self.dilation:
             object.__setattr__(self, "dilation", (1,) * self.spatial_dims)
 
     @classmethod
-    def tensor(cls, channels: int, spatial_dims: int) -> "Producer":
+    def tensor(cls, channels: int, spatial_dims: int, any_channels: bool = False) -> "Producer":
         """A later region's producer: the (N, channels, spatial...) tensor an earlier region wrote, as is
-        (a 1x1 window, no bias), so that everything that reads a producer's shape rules reads it alike."""
+        (a 1x1 window, no bias), so that everything that reads a producer's shape rules reads it alike;
+        ``any_channels`` where its channel count is a run-time size (a view's)."""
         ones, zeros = (1,) * spatial_dims, (0,) * spatial_dims
         return cls(kind=f"tensor{spatial_dims}d", in_channels=channels, out_channels=channels, kernel_size=ones,
-                   stride=ones, padding=zeros, output_padding=zeros, bias=False)
+                   stride=ones, padding=zeros, output_padding=zeros, bias=False, any_channels=any_channels)
 
     @property
     def _kind(self) -> Kind:
@@ -200,7 +204,7 @@ class Producer:
                 spatial.append((size - 1) * s - before - after + d * (k - 1) + self.output_padding[i] + 1)
             else:
                 spatial.append((size + before + after - d * (k - 1) - 1) // s + 1)
-        return (shape[0], self.out_channels, *spatial)
+        return (shape[0], shape[1] if self.any_channels else self.out_channels, *spatial)
 
     def geometry(self) -> dict[str, Any]:
         """The convolution as the kernels that compute it take it: every window 3-D (a 2-D one
@@ -264,4 +268,6 @@ class Producer:
             del out["groups"]
         if not self.asymmetric:  # a symmetric 'same' is its integers: the same result, the same key
             del out["same"]
+        if not self.any_channels:
+            del out["any_channels"]
         return out

@@ -210,12 +210,15 @@ _SPLITTABLE = ("sum", "mean", "max", "min", "amax", "amin", "logsumexp")
 
 def _split_full_reductions(steps: list[Step], rank: int) -> list[Step]:
     """torch.sum(x, (1, 2, 3)) is the sum over the channels of each plane's sum: the kernels' spatial
-    reduction in the first region, their channel reduction in a later one (fusetune/pipeline.py)."""
+    reduction in the first region, their channel reduction in a later one (fusetune/pipeline.py). Only on
+    the convolution's rank, where the first region may take the spatial part: on a tensor of another rank
+    (after a reduction that dropped a dim) the whole reduction is one later region, on a view of its input
+    (fusetune/views.py), where split it took two."""
     out: list[Step] = []
     current = rank
     for step in steps:
         op = step.op
-        if (isinstance(op, DimReduce) and op.mode in _SPLITTABLE and current > 2
+        if (isinstance(op, DimReduce) and op.mode in _SPLITTABLE and current > 2 and current == rank
                 and op.dims == tuple(range(1, current))):
             mode = _SAME_MODE.get(op.mode, op.mode)
             spatial = tuple(range(2, current))

@@ -66,7 +66,12 @@ def _error(model: torch.nn.Module, reference: torch.nn.Module, shape) -> float:
     return ((out.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
 
 
-@pytest.mark.parametrize("name", PIPELINES)
+#: Chains whose later regions run on views (VIEW_CHAINS below), end to end as well: a channels view whose dim 1
+#: the input's size sets, and a plane view of a flattened 2-D tensor.
+VIEW_PIPELINES = ["conv3d_hardsigmoid_max_channels_logsumexp", "conv2d_amax_spatial_amin_channels"]
+
+
+@pytest.mark.parametrize("name", PIPELINES + VIEW_PIPELINES)
 def test_every_region_tuned_and_the_whole_model_matches_float64(name, cache, worker, tmp_path):
     path = CHAINS / f"{name}.yaml"
     spec = load_config(path)
@@ -107,3 +112,57 @@ def test_an_adaptive_pool_fused_as_a_plain_one_falls_back_at_another_shape(cache
     reference.double()
     other = (2, 8, 21, 25)  # 19 x 23 after the convolution: adaptive windows of unequal sizes
     assert _error(model, reference, other) < 1e-5  # PyTorch's own forward there (EXACT_AT)
+
+
+#: Chains whose later regions run on views of their input (fusetune/views.py): a logsumexp over every dim of
+#: a 4-D tensor (a channels view whose dim 1 the input's size sets), a sum over H that keeps its dim with a map
+#: after it, a softmax over a flattened 2-D tensor, a min over one (a plane view).
+VIEW_CHAINS = ["conv3d_hardsigmoid_max_channels_logsumexp", "convt2d_min_channels_sum_height_gelu_add",
+               "conv1d_elu_dropout_train_p0_max_time_softmax", "conv2d_amax_spatial_amin_channels"]
+
+
+@pytest.mark.parametrize("name", VIEW_CHAINS)
+def test_a_later_region_on_a_view_is_tuned_and_runs_through_its_view(name, cache, worker, tmp_path):
+    """Each view region is searched (every candidate verified against float64 on the view's shapes); then the
+    first region's model runs its tail with each region's kernels attached (its winner's variant, or the cuDNN
+    world's default where PyTorch's own ops won), NaN-filled outputs, at the config's shapes and at one whose
+    views have other sizes (untuned: the default variant), against the tail's PyTorch ops in float64."""
+    from fusetune.build import build_and_load, load_generated
+    from fusetune.codegen import render
+
+    spec = load_config(CHAINS / f"{name}.yaml")
+    plan = make_plan(spec)
+    machine = Machine.detect()
+    viewed = [s for s in later_segments(plan) if s.view is not None]
+    assert viewed, name
+    first = load_generated(render(plan).write(tmp_path / f"{name}_first")).ModelNew().cuda()
+    regions = {}
+    for segment in viewed:
+        for shape in segment.spec.shapes:
+            result = tune_shape(segment.spec, shape, cache, machine, _factory(cache, machine, worker), trials=3)
+            assert result.status in ("tuned", "cached"), (segment.spec.name, shape, result.message)  # the module's cache
+        generated = build_and_load(render(make_plan(segment.spec)), cache, machine.capability)
+        winners = region_winners(segment, cache, machine.gpu)
+        region = generated.ModelNew()  # the cuDNN world's default: kernels, whatever won
+        for shape, entry in winners.items():
+            if not reference_won(entry.winner["candidate"]):
+                region._by_shape[shape] = region._resolve(entry.winner["variant"])
+        region.fill_value = float("nan")
+        region.calls = 0
+        region.register_forward_hook(lambda module, args, out: setattr(module, "calls", module.calls + 1))
+        regions[segment.index] = region
+    cin, spatial = spec.shapes[0][1], spec.shapes[0][2:]
+    other = (2, cin, *(s + 3 for s in spatial))
+    for shape in [*spec.shapes, other]:
+        x = torch.randn(plan.fused_output_shape(shape), device="cuda")
+        first._later.clear()
+        want = first.tail(x.double())
+        for index, region in regions.items():
+            first.attach_later(index, region)
+            region.calls = 0
+        with torch.no_grad():
+            got = first.tail(x)
+        assert all(region.calls == 1 for region in regions.values()), (name, shape)
+        assert got.shape == want.shape == tuple(spec.output_shape(shape)) and not torch.isnan(got).any()
+        error = ((got.double() - want).norm() / want.norm().clamp_min(1e-30)).item()
+        assert error < 1e-5, (name, shape, error)

@@ -174,8 +174,12 @@ HALF = ("conv2d_groupnorm_scale_maxpool_clamp_fp16", "conv3d_mul_instancenorm_cl
         "convt3d_scale_batchnorm_gap_fp16", "convt3d_scale_maxpool_gap_clamp_bf16")
 #: Later regions (fusetune/pipeline.py): the cuDNN world's kernels on an earlier region's output, no convolution
 #: (a group norm after a max pool, a 3-D reduction over channels of a pooled tensor), by chain and region.
+#: And on views of their input (fusetune/views.py): a softmax over a flattened 2-D tensor (channel_softmax on
+#: (N, F, 1)), a logsumexp over every dim but the batch's (channel_reduce, its channel count a run-time size).
 LATER = {"conv2d_relu6_maxpool_groupnorm_r1": ("conv2d_relu6_maxpool_groupnorm", 1),
-         "convt3d_maxpool_maxpool_sum_channels_r1": ("convt3d_maxpool_maxpool_sum_channels", 1)}
+         "convt3d_maxpool_maxpool_sum_channels_r1": ("convt3d_maxpool_maxpool_sum_channels", 1),
+         "conv1d_elu_dropout_train_p0_max_time_softmax_r2": ("conv1d_elu_dropout_train_p0_max_time_softmax", 2),
+         "conv3d_hardsigmoid_max_channels_logsumexp_r1": ("conv3d_hardsigmoid_max_channels_logsumexp", 1)}
 NAMES = sorted(SEEDS) + sorted(EXTRA) + list(CORPUS) + list(HALF) + list(LATER)
 
 
@@ -230,12 +234,15 @@ def _units(name: str, plan, module, owner: dict[tuple[str, str], str]) -> dict[s
 
 
 @pytest.fixture(scope="module")
-def compiled(rendered, tmp_path_factory):
-    """Start every nvcc at once (one per translation unit, as many at a time as there are cores,
-    up to 8); each test waits for its own."""
+def compiled(rendered, tmp_path_factory, request):
+    """Start every nvcc of the selected configs at once (one per translation unit, as many at a time as
+    there are cores, up to 8); each test waits for its own. A config whose compile test is deselected
+    (``-k``) compiles nothing."""
     if NVCC is None:
         pytest.skip("nvcc not found")
     folder = tmp_path_factory.mktemp("nvcc")
+    selected = {item.callspec.params["name"] for item in request.session.items
+                if item.originalname == "test_kernels_compile_for_sm90_without_spills"}
 
     def compile_one(name: str, unit: str, text: str) -> subprocess.CompletedProcess:
         source = folder / f"{name}-{unit}"
@@ -247,7 +254,7 @@ def compiled(rendered, tmp_path_factory):
     owner = _full_variants(rendered)
     futures = {name: [pool.submit(compile_one, name, unit, text)
                       for unit, text in _units(name, plan, module, owner).items()]
-               for name, (plan, module) in rendered.items()}
+               for name, (plan, module) in rendered.items() if name in selected}
     yield folder, futures
     pool.shutdown(wait=True, cancel_futures=True)
 

@@ -170,12 +170,25 @@ def run_bench(spec: ProblemSpec, shape: Shape, cache: Cache, *, reps: int = 50, 
     if entry is None or entry.winner is None:
         raise FusetuneError(f"{spec.path}: no tuned winner for {list(shape)} on {machine.gpu}; "
                             f"run `fusetune search {spec.path} --shape {','.join(map(str, shape))}` first")
-    generated = build_and_load(rendered, cache, machine.capability)
+    generated = build_and_load(_winner_or_full(plan, rendered, entry.winner["variant"], cache, machine.capability),
+                               cache, machine.capability)
     # precision ieee: every column with TF32 off in cuDNN (and in what torch.compile generates for the
     # convolution), as the models' own forwards run it; restored after.
     precision = generated._ConvPrecision() if spec.precision == "ieee" else contextlib.nullcontext()
     with precision:
         return _run_bench(spec, shape, plan, generated, entry, machine, reps, compile_modes, echo, cache)
+
+
+def _winner_or_full(plan: Plan, rendered: Any, variant: dict[str, Any], cache: Cache, arch: str) -> Any:
+    """The module to bench the winner in: the module of every variant where a build of it is finished, else
+    the winner's alone (fusetune.lazy.winner_module). A search builds per batch (fusetune.lazy), so the module
+    of every variant is seldom built, and building it for one variant cost a minute of nvcc."""
+    from fusetune.build import finished
+    from fusetune.lazy import winner_module
+
+    if finished(cache.build_dir(f"{rendered.name}-sm{arch.replace('.', '')}"), arch):
+        return rendered
+    return winner_module(plan, variant)
 
 
 def _run_bench(spec: ProblemSpec, shape: Shape, plan: Plan, generated: Any, entry: Any, machine: Machine, reps: int,

@@ -209,6 +209,14 @@ def _run_child(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[boo
     return proc.returncode == 0, False, out[-8000:]
 
 
+def stop_running() -> None:
+    """Kill every build running in this process, with its compilers: a command that is done leaves no build
+    behind for its exit to wait on (builds run in pool threads, which the interpreter joins at exit). A build
+    stopped so is not remembered as failed: the next search that needs it builds it."""
+    for proc in list(_LIVE):
+        _kill_group(proc)
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)

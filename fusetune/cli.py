@@ -252,6 +252,9 @@ def _plan_document(spec, plan_, space) -> dict:
 @click.option("--shape", "shapes", multiple=True, help="Tune only this configured shape (N,C,...); repeatable.")
 @click.option("--trials", type=click.IntRange(min=1), help="Trials per shape (default: the config's).")
 @click.option("--timeout", type=click.FloatRange(min=1), help="Seconds per shape (default: the config's).")
+@click.option("--budget-s", "budget_s", type=click.FloatRange(min=1), default=None,
+              help="Seconds per shape, its builds included: the search stops there and names the best so far "
+                   "(candidates not built by then are left for a later search).")
 @click.option("--force", is_flag=True, help="Ignore cached winners and re-run known outcomes.")
 @click.option("--job-timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
               help="Seconds one candidate may take to verify and time before its worker is killed (a world that "
@@ -263,14 +266,14 @@ def _plan_document(spec, plan_, space) -> dict:
 @click.pass_context
 @_fail_cleanly
 def search(ctx: click.Context, configs: tuple[str, ...], shapes: tuple[str, ...], trials: int | None,
-           timeout: float | None, force: bool, job_timeout: float, as_json: bool, storage: str | None,
-           gpus: str | None) -> None:
+           timeout: float | None, budget_s: float | None, force: bool, job_timeout: float, as_json: bool,
+           storage: str | None, gpus: str | None) -> None:
     """Tune every shape of each CONFIG (a file, a folder of configs or a quoted glob) and cache the winners."""
     reporter = _reporter(ctx)
     # At once, before anything imports torch (the search's modules, checking a config): seconds otherwise.
     reporter.line("fusetune search: reading the configs, looking for a CUDA GPU")
     from fusetune import documents
-    from fusetune.runner import GpuBenchmarker
+    from fusetune.runner import SearchFactory
     from fusetune.later import prebuild
     from fusetune.pipeline import expand
     from fusetune.search import Machine, check_memory, tune_shape
@@ -292,7 +295,8 @@ def search(ctx: click.Context, configs: tuple[str, ...], shapes: tuple[str, ...]
                   f"{sum(len(s) for _, s in selected)} shape(s)")
     if gpus is not None:
         options = ([f"--trials={trials}"] if trials else []) + ([f"--timeout={timeout}"] if timeout else []) + (
-            ["--force"] if force else []) + [f"--job-timeout={job_timeout}"]
+            [f"--budget-s={budget_s}"] if budget_s else []) + (["--force"] if force else []) + [
+            f"--job-timeout={job_timeout}"]
         with reporter:
             code = _search_on_gpus(ctx, selected, gpus, machine, str(cache.root), options, as_json, reporter,
                                    storage)
@@ -300,16 +304,13 @@ def search(ctx: click.Context, configs: tuple[str, ...], shapes: tuple[str, ...]
     rows, results = [], []
     problems = [item for pair in selected for item in expand(*pair)]  # each config's first region, then its later ones
     prebuild([spec for spec, _ in problems], cache, machine.capability)  # the later regions' builds, meanwhile
-    with reporter, Worker() as worker:
+    with reporter, Worker() as worker, SearchFactory(cache, machine, worker, job_timeout=job_timeout, force=force,
+                                                     echo=reporter.line, reporter=reporter) as make:
         for spec, spec_shapes in problems:
             for shape in spec_shapes:
                 reporter.line(f"{spec.name} {list(shape)}")
-
-                def make(plan_, shape_, spec_=spec):
-                    return GpuBenchmarker(plan_, shape_, cache, machine, worker, job_timeout=job_timeout,
-                                          force=force, echo=reporter.line, reporter=reporter)
                 result = tune_shape(spec, shape, cache, machine, make, trials=trials, timeout=timeout,
-                                    force=force, reporter=reporter, storage=store)
+                                    force=force, reporter=reporter, storage=store, budget_s=budget_s)
                 rows.append((spec.name, result))
                 results.append(documents.search_result(spec.path, spec.name, result))
                 if result.timings:
@@ -522,21 +523,21 @@ def deploy(ctx: click.Context, config_dir: str, budget: float, strict: bool, as_
             machine = Machine.detect()
         except FusetuneError:
             machine = None
-        worker_box: list = []
+        worker_box: list = []  # the evaluation worker, then the searches' factory (runner.SearchFactory)
 
         def make_bench_for(cache_, machine_, seconds_left):
-            from fusetune.runner import GpuBenchmarker
+            from fusetune.runner import SearchFactory
             from fusetune.worker import Worker
             if not worker_box:
                 worker_box.append(Worker())
-            return lambda plan_, shape_: GpuBenchmarker(plan_, shape_, cache_, machine_, worker_box[0],
-                                                        build_timeout=max(1.0, seconds_left),
-                                                        open_timeout=max(1.0, seconds_left), echo=reporter.line,
-                                                        reporter=reporter)
+                worker_box.append(SearchFactory(cache_, machine_, worker_box[0], echo=reporter.line, reporter=reporter))
+            factory = worker_box[1]
+            factory.build_timeout = factory.open_timeout = max(1.0, seconds_left)
+            return factory
         with reporter:
             report = ensure_tuned(Path(config_dir), cache, budget, make_bench_for, machine, reporter=reporter,
                                   storage=_storage_for_deploy(storage, strict))
-        for w in worker_box:
+        for w in reversed(worker_box):
             w.close()
     except Exception as exc:  # never break a deploy unless asked to
         if strict:
@@ -638,19 +639,19 @@ def worker(ctx: click.Context, storage: str, gpus: str, trials: int | None, time
             [f"--trials={trials}"] if trials else []) + ([f"--timeout={timeout}"] if timeout else []) + (
             ["--wait"] if wait else [])
         sys.exit(fleet.run_per_gpu(devices, args, echo=click.echo, env=fleet.storage_env(storage)))
-    from fusetune.runner import GpuBenchmarker
+    from fusetune.runner import SearchFactory
     from fusetune.worker import Worker
 
     machine, cache, store = Machine.detect(), _cache(ctx), _storage(storage)
     # Plain lines on stdout with the worker's others, never a live display: a worker per GPU shares the terminal.
     alive = make_reporter(ctx.obj["verbosity"], progress=False, echo=click.echo)  # builds' and slow jobs' heartbeat
-    with Worker() as evaluator:
+    with Worker() as evaluator, SearchFactory(cache, machine, evaluator, job_timeout=job_timeout, echo=click.echo,
+                                              reporter=alive) as factory:
         def make(plan_, shape_):
             import torch
 
             check_memory(plan_.spec, shape_, torch.cuda.mem_get_info()[0])  # too large: this job fails, not all
-            return GpuBenchmarker(plan_, shape_, cache, machine, evaluator, job_timeout=job_timeout, echo=click.echo,
-                                  reporter=alive)
+            return factory(plan_, shape_)
         summary = fleet.work(store, machine, cache, make, trials=trials, timeout=timeout, wait=wait, echo=click.echo)
     click.echo(f"worker done: {len(summary.done)} jobs done, {len(summary.failed)} failed, "
                f"{len(summary.lost)} finished by another worker")

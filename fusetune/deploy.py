@@ -86,7 +86,7 @@ def ensure_tuned(config_dir: Path, cache: Cache, budget_s: float, make_bench_for
         try:
             result: ShapeResult = tune_shape(spec, shape, cache, machine, make_bench_for(cache, machine, left),
                                              timeout=min(left, spec.search.timeout), reporter=reporter,
-                                             storage=storage)
+                                             storage=storage, budget_s=left)
         except FusetuneError as exc:
             report.fallback.append(f"{label}: {exc}")
             continue

@@ -137,12 +137,13 @@ class Session:
     """One generated module at one input shape: the reference, fresh inputs, the eager error."""
 
     def __init__(self, module_dir: str, build_dir: str, shape: tuple[int, ...], seed: int,
-                 arch: str | None = None) -> None:
+                 arch: str | None = None, problem: str | None = None) -> None:
         import torch
 
         from fusetune.build import load_generated, load_kernels
 
         self.torch = torch
+        self.problem = problem  # the job's name for the problem (runner: its canonical form's hash), if any
         self.generated = load_generated(Path(module_dir))
         # The module's dtype and the user's tolerance (modules rendered before they existed: float32, none).
         self.dtype = getattr(self.generated, "DTYPE", torch.float32)
@@ -154,6 +155,18 @@ class Session:
         self.initial_state = copy.deepcopy(self.reference.state_dict())
         self.shape = shape
         self.draw_inputs()
+
+    def rebound(self, module_dir: str, build_dir: str, arch: str | None) -> "Session":
+        """This session with another module of the same problem (a batch of fusetune.lazy: the same reference
+        model, other kernels): its inputs, float64 reference and eager errors kept, as one module of every
+        variant kept them for all its candidates. A search in batches moves between modules trial by trial,
+        and each new session ran the reference in float64 again."""
+        from fusetune.build import load_generated, load_kernels
+
+        other = copy.copy(self)
+        other.generated = load_generated(Path(module_dir))
+        load_kernels(other.generated, build_dir, arch)
+        return other
 
     def _fresh_reference(self):
         model = self.generated.Model().cuda()
@@ -246,11 +259,21 @@ class Session:
 
 
 def _session(job: dict[str, Any]) -> Session:
+    """The session of the job's module and shape: the current one; else, where the job names the same problem
+    at the same shape as the current one's (``problem``: another module of one search's batches), the current
+    one rebound to the job's module; else a new one."""
     key = (job["module_dir"], tuple(job["shape"]))
     if key not in _sessions:
+        current = next(iter(_sessions.values()), None)
         _sessions.clear()  # one problem at a time: free the previous one's GPU memory
-        _sessions[key] = Session(job["module_dir"], job["build_dir"], tuple(job["shape"]), job.get("seed", 0),
-                                 job.get("arch"))
+        problem = job.get("problem")
+        if current is not None and problem is not None and current.problem == problem \
+                and current.shape == tuple(job["shape"]):
+            _sessions[key] = current.rebound(job["module_dir"], job["build_dir"], job.get("arch"))
+        else:
+            del current
+            _sessions[key] = Session(job["module_dir"], job["build_dir"], tuple(job["shape"]), job.get("seed", 0),
+                                     job.get("arch"), problem)
     return _sessions[key]
 
 
@@ -269,10 +292,25 @@ def _failure(exc: BaseException) -> dict[str, Any]:
     return {"status": "crash" if sticky else "launch_error", "log": text[-4000:], "restart": sticky}
 
 
+def _warm(start: float) -> dict[str, Any]:
+    """torch imported and this process's CUDA context made (seconds, each first time): what every job needs."""
+    try:
+        import torch
+
+        torch.empty(1, device="cuda")
+        torch.cuda.synchronize()
+    except Exception as exc:  # no usable GPU here: the first real job says why, in a fresh process
+        return {"status": "launch_error", "log": f"{type(exc).__name__}: {exc}", "restart": True,
+                "seconds": time.perf_counter() - start}
+    return {"status": "ok", "seconds": time.perf_counter() - start}
+
+
 def handle(job: dict[str, Any]) -> dict[str, Any]:
     """Worker entry point. Jobs: open, evaluate (verify, then time), verify, confirm (on fresh inputs), eager."""
     start = time.perf_counter()
     kind = job["kind"]
+    if kind == "warm":  # worker.Worker.warm: get ready while the first module builds
+        return _warm(start)
     try:
         session = _session(job)
     except Exception as exc:

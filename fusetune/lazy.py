@@ -1,4 +1,5 @@
-"""Tuning under a time budget: build only the candidates about to be timed, cheapest first.
+"""Searching in batches: build only the candidates about to be timed, cheapest first (``fusetune search``
+through runner.SearchFactory, and ``fusetune.optimize`` under its budget: one code path).
 
 Why: the search's benchmarker (runner.GpuBenchmarker) builds one module of every variant of a plan
 before its first trial: tens of translation units, a minute or more of nvcc per chain. Under
@@ -124,7 +125,8 @@ def starts(spec: ProblemSpec, plan: Plan, shape: Shape, capability: str) -> list
     space = plan_space(plan)
     facts = shape_facts(spec, plan, shape, capability)
     excluded = spec.search.exclude_worlds
-    feasible = [c for c in space.all() if not space.violations(c, facts) and not _left_out(c, excluded)]
+    memo: dict = {}
+    feasible = [c for c in space.all() if not space.violations(c, facts, memo) and not _left_out(c, excluded)]
     found: dict[str, Candidate] = {}
     for start in space.producer_starts():
         nearest = _nearest(start, feasible)
@@ -215,8 +217,11 @@ class Batches:
     their builds in the shared pool. ``clock``: the deadline's clock (time.monotonic)."""
 
     def __init__(self, plan: Plan, pool: BuildPool, deadline: float, first: Candidate | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, ahead: bool = False) -> None:
         self.plan, self.pool, self.deadline, self.clock = plan, pool, deadline, clock
+        # Whether ``expect`` builds ahead: a search with time for its sampler (``fusetune search``), not a chain's
+        # share of optimize's budget (where a world's whole module would hold a build slot other chains need).
+        self.ahead = ahead
         self.space = plan_space(plan)
         self.modules: list[tuple[Only, RenderedModule]] = []  # their builds: pool.submit (once per name)
         self.where: dict[str, int] = {}  # candidate key -> index in modules
@@ -249,7 +254,13 @@ class Batches:
 
     def schedule(self, queued: list[Candidate]) -> list[Candidate]:
         """The candidates in the order to try them (batch by batch, cheapest first), their modules
-        submitted to the pool now: a later batch builds while an earlier one is timed."""
+        submitted to the pool now: a later batch builds while an earlier one is timed. Batches made
+        without a first candidate (``fusetune search``'s) take the queue's first of the default world as
+        batch 0: the search's first start, as ``cheapest`` picks it."""
+        if not self.modules:
+            first = next((c for c in queued if _rank(c) == 1), None)
+            if first is not None:
+                self._add([first])
         pending = [c for c in sorted(queued, key=_rank) if self._assign(c) is None]
         by_world: dict[str, list[Candidate]] = {}
         for candidate in pending:  # one world's candidates share their stages: fewest units per module
@@ -258,6 +269,36 @@ class Batches:
             for at in range(0, len(group), BATCH):
                 self._add(group[at:at + BATCH])
         return sorted(queued, key=lambda c: (_rank(c) == 3, self.where[candidate_key(c)], _rank(c)))
+
+    def expect(self, candidates: Iterable[Candidate]) -> int:
+        """Submit, per world, one module of every one of ``candidates`` that no module runs yet: what the
+        search's sampler may suggest next (the competitive worlds' rest, search._sampler_worlds). One module
+        a world rather than ``BATCH`` a module: the sampler's suggestions come one at a time, and one build
+        of all of a world's variants (its units in parallel under ninja, its binding once) costs less than
+        a build per suggestion. The candidates are assigned to it when asked for (``module_for``): an earlier
+        module that runs one still runs it. Returns how many modules were submitted."""
+        if not self.ahead or self.clock() >= self.deadline:
+            return 0  # not building ahead, or no time left to run them: nothing is built for them
+        compiled = _compiled(self.plan, self.space)
+        distinct: dict[str, Candidate] = {}  # one candidate per world and compiled variants: what a module depends on
+        for candidate in candidates:
+            active = {f.family for f in self.space.active(candidate)}
+            signature = repr((candidate.get("producer.impl", DEFAULT),
+                              [(f.family in active, sorted(_needs(f, candidate).items())) for f in compiled]))
+            distinct.setdefault(signature, candidate)
+        by_world: dict[str, list[Candidate]] = {}
+        for candidate in distinct.values():
+            if candidate_key(candidate) not in self.where and not any(
+                    _fits(only, self.plan, self.space, candidate) for only, _ in self.modules):
+                by_world.setdefault(candidate.get("producer.impl", DEFAULT), []).append(candidate)
+        for group in by_world.values():
+            only = module_only(self.plan, group)
+            module = render(self.plan, only)
+            if all(module.name != known.name for _, known in self.modules):
+                self.pool.submit(module)
+                self.modules.append((only, module))
+                self.members.append(set())
+        return len(by_world)
 
     def module_for(self, candidate: Candidate, *, final: bool = False) -> BuildResult:
         """The built module that runs ``candidate`` (a module of its own if no batch has it, or if its
@@ -272,13 +313,13 @@ class Batches:
             raise Deferred(f"the {world.name} world's first run may take {world.warmup_s:.0f} s; "
                            f"{max(left, 0):.0f} s are left")
         index = self._assign(candidate)
+        if index is None and not final and self.modules and left <= 0:
+            raise Deferred("no module runs it and the deadline has passed")  # nothing built past the deadline
         if index is None:
             index = self._add([candidate])
         result = self._wait(index, final)
-        if not result.ok and len(self.members[index]) > 1:
-            alone = self._add([candidate])
-            if self.modules[alone][1].name != result.name:
-                result = self._wait(alone, final)
+        if not result.ok and render(self.plan, module_only(self.plan, [candidate])).name != result.name:
+            result = self._wait(self._add([candidate]), final)  # its batch (or a world's, expect) held more
         return result
 
     def _wait(self, index: int, final: bool) -> BuildResult:

@@ -5,11 +5,13 @@ gets a module of its own variants only, so a variant that does not compile costs
 """
 from __future__ import annotations
 
+import hashlib
+import itertools
+import json
+import math
+import os
 import time
 from typing import Any
-
-import itertools
-import os
 
 from fusetune.build import BuildResult, build, build_many
 from fusetune.cache import Cache
@@ -40,6 +42,9 @@ class GpuBenchmarker:
         self.open_timeout = open_timeout
         self.reporter = reporter  # shows a running build's heartbeat
         self.space = plan_space(plan)
+        # The worker keeps one reference and its inputs for every module of this problem (evaluate.Session.rebound).
+        canonical = json.dumps(plan.spec.canonical(), sort_keys=True, default=str)
+        self.problem = hashlib.sha256(canonical.encode()).hexdigest()
         self.main: BuildResult | None = None
         self.isolated: dict[str, BuildResult] = {}
         self.timings = {"build_s": 0.0}
@@ -88,7 +93,8 @@ class GpuBenchmarker:
 
     def _job(self, kind: str, candidate: Candidate | None, module: BuildResult) -> dict[str, Any]:
         job: dict[str, Any] = {"kind": kind, "module_dir": str(module.module_dir), "build_dir": str(module.build_dir),
-                               "shape": list(self.shape), "reps": self.reps, "arch": self.machine.capability}
+                               "shape": list(self.shape), "reps": self.reps, "arch": self.machine.capability,
+                               "problem": self.problem}
         if candidate is not None:
             job["variant"] = self.space.stage_values(candidate)
         return job
@@ -174,7 +180,7 @@ def _clean(result: dict[str, Any]) -> dict[str, Any]:
 
 
 class LazyGpuBenchmarker(GpuBenchmarker):
-    """The GPU benchmarker under a deadline (``fusetune.optimize``): no module of every variant; each
+    """The GPU benchmarker of ``fusetune search`` and ``fusetune.optimize``: no module of every variant; each
     candidate runs in the module of its batch (fusetune.lazy.Batches: built in a pool shared by the
     run's chains, cheapest batch first). The search calls ``schedule`` with the candidates it is about
     to try; a candidate whose module is not built by the deadline is deferred (search.Deferred)."""
@@ -193,6 +199,14 @@ class LazyGpuBenchmarker(GpuBenchmarker):
     def schedule(self, queued: list[Candidate]) -> list[Candidate]:
         return self.batches.schedule(queued)
 
+    def expect(self, candidates: list[Candidate]) -> int:
+        return self.batches.expect(candidates)
+
+    def until(self, deadline: float) -> None:
+        """The search's deadline (time.monotonic): a module not built by then defers its candidate. An
+        earlier deadline already set (optimize's share of its budget) stays."""
+        self.batches.deadline = min(self.batches.deadline, deadline)
+
     def _module_for(self, candidate: Candidate) -> BuildResult:
         module = self.batches.module_for(candidate, final=self.final)
         if self.main is None and module.ok:
@@ -203,3 +217,61 @@ class LazyGpuBenchmarker(GpuBenchmarker):
         self.final = True
         self.main = self.main or self.batches.first_built()
         return super().eager_ms()
+
+
+class SearchFactory:
+    """``fusetune search``'s benchmarker factory (search.BenchmarkerFactory): each first region's search runs
+    its candidates batch by batch (LazyGpuBenchmarker, fusetune.lazy.Batches), as ``fusetune.optimize`` does,
+    with one build pool for the whole command: trials start once the default world's defaults are built,
+    the other starts' modules build meanwhile, and a world the starts left behind never has its variants
+    built. A later region (no convolution: fusetune.later.prebuild builds its small module of every variant
+    in the background) is searched in that module."""
+
+    def __init__(self, cache: Cache, machine: Machine, worker: Worker, *, force: bool = False,
+                 job_timeout: float = 60.0, build_timeout: float = 900.0, open_timeout: float = OPEN_TIMEOUT,
+                 echo=print, reporter: Reporter | None = None, jobs: int | None = None) -> None:
+        from fusetune.lazy import BuildPool
+
+        self.cache, self.machine, self.worker, self.force = cache, machine, worker, force
+        self.job_timeout, self.build_timeout, self.echo, self.reporter = job_timeout, build_timeout, echo, reporter
+        self.open_timeout = open_timeout  # a deploy's lowers both timeouts to the time it has left
+        self.pool = BuildPool(self.builder, jobs)
+        self.batches: Any = None  # the last search's (fusetune.lazy.Batches)
+        warm = getattr(worker, "warm", None)  # the evaluation process gets ready while the first module builds
+        if warm is not None:
+            warm()
+
+    def builder(self, module: Any) -> BuildResult:
+        """Build one batch's module (in a pool thread); with -v, a line of what it cost."""
+        result = build(module, self.cache, timeout=self.build_timeout, arch=self.machine.capability, force=self.force,
+                       reporter=self.reporter)
+        if self.reporter is not None:
+            what = "reused" if result.cached else f"built in {result.seconds:.1f} s" if result.ok else "failed to build"
+            self.reporter.debug(f"  module {module.name} ({len(module.cuda_sources)} CUDA units): {what}")
+        return result
+
+    def __call__(self, plan: Plan, shape: Shape) -> GpuBenchmarker:
+        from fusetune.lazy import Batches
+
+        options = {"job_timeout": self.job_timeout, "build_timeout": self.build_timeout, "force": self.force,
+                   "open_timeout": self.open_timeout, "echo": self.echo, "reporter": self.reporter}
+        if self.batches is not None:  # the last search is over: its builds not started yet never start
+            self.batches.cancel_pending()
+            self.batches = None
+        if not getattr(plan.spec.producer, "convolves", True):
+            return GpuBenchmarker(plan, shape, self.cache, self.machine, self.worker, **options)
+        self.batches = Batches(plan, self.pool, math.inf, ahead=True)
+        return LazyGpuBenchmarker(plan, shape, self.cache, self.machine, self.worker, self.batches, **options)
+
+    def close(self) -> None:
+        """Cancel the builds not started and stop those running (modules no search reached this time)."""
+        from fusetune.build import stop_running
+
+        self.pool.close()
+        stop_running()
+
+    def __enter__(self) -> "SearchFactory":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -260,8 +260,16 @@ class _Objective:
 def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, make_bench: BenchmarkerFactory,
                *, trials: int | None = None, timeout: float | None = None, force: bool = False,
                echo: Callable[[str], None] = print, plan: Plan | None = None,
-               reporter: Reporter | None = None, storage: Storage | None = None) -> ShapeResult:
+               reporter: Reporter | None = None, storage: Storage | None = None,
+               budget_s: float | None = None) -> ShapeResult:
     """Tune one shape, or return the cached winner. Resumes an interrupted study.
+
+    ``budget_s``: seconds for the whole shape from this call on, builds included (``timeout`` counts from
+    the first candidate ready). At the budget the search stops and names the best so far; a candidate
+    whose module is not built by then is deferred (Deferred: a later search tries it). A benchmarker that
+    builds per batch (fusetune.lazy) learns the deadline through its optional ``until``; its ``schedule``
+    gets the starts before ``prepare``, so that every start's module builds while batch 0 is waited for,
+    and its ``expect`` gets the competitive worlds' candidates before the sampler's turn.
 
     ``storage`` (``--storage``): the study lives in that database, a winner stored there is used
     instead of a search, and the winner named here is stored there (the first writer's is kept).
@@ -288,12 +296,26 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
                            shown=space.relevant(entry.winner["candidate"]))
     trials = trials or spec.search.trials
     timeout = timeout or spec.search.timeout
+    budget_end = time.monotonic() + budget_s if budget_s is not None else math.inf
+    facts = shape_facts(spec, plan, shape, machine.capability)
+    excluded = spec.search.exclude_worlds
+    memo: dict = {}  # space.violations' per family verdicts at these facts
+    feasible = [c for c in space.all() if not space.violations(c, facts, memo) and not _left_out(c, excluded)]
+    study = _study(cache, key, trials, spec.search.seed, storage)
     bench = make_bench(plan, shape)
+    until = getattr(bench, "until", None)  # a benchmarker that builds per batch (lazy.py): the deadline
+    schedule = getattr(bench, "schedule", None)  # ... and the order of its batches
+    if until is not None and budget_s is not None:
+        until(budget_end)
+    if schedule is not None and feasible:  # every start's module builds from now on, batch 0 first
+        done = set() if force else _tried(study, space)
+        schedule([c for c in _starts(space, feasible) if candidate_key(c) not in done] or feasible[:1])
+        expect = getattr(bench, "expect", None)
+        if expect is not None and len(feasible) <= trials:  # a small space is tried whole: a module a world
+            expect([c for c in feasible if candidate_key(c) not in done])
     prepare_start = time.perf_counter()
     bench.prepare()
     timings = {"prepare_s": time.perf_counter() - prepare_start}
-    study = _study(cache, key, trials, spec.search.seed, storage)
-    facts = shape_facts(spec, plan, shape, machine.capability)
     evaluated = set() if force else _evaluated(study, space)
     known = set() if force else _recover_lost(study, space, cache, key, fields, bench, echo, timings)
     if known is not None:  # outcomes lost and no good one recovered: what the entry lost is searched again
@@ -302,32 +324,30 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
     if force:  # a forced search names its own winner, even a slower one than a stale entry's
         cache.update(key, fields, lambda e: setattr(e, "winner", None))
     label = f"{spec.name} {list(shape)}"
-    excluded = spec.search.exclude_worlds
     objective = _Objective(space, facts, bench, cache, key, fields, force, reporter, max(remaining, 0), label,
                            excluded)
     objective.seen |= evaluated  # a resumed search does not spend budget on what ran before
     tried = set() if force else _tried(study, space)
     if known is not None:
         tried &= known
-    feasible = [c for c in space.all() if not space.violations(c, facts) and not _left_out(c, excluded)]
     if len(feasible) <= remaining:
         queue = [c for c in feasible if candidate_key(c) not in tried]  # small space: try all of it
     else:
-        # A known-good start for every template and producer choice: the declared defaults of each
-        # world the plan offers (cuDNN in each layout and form, the convolution inside the kernels),
-        # where feasible here. The producer's choices dominate the time and cost no build.
-        starts = space.producer_starts()
-        nearest = {candidate_key(c): c for c in (_nearest(start, feasible) for start in starts) if c is not None}
-        queue = [c for key_, c in nearest.items() if key_ not in tried]
+        queue = [c for c in _starts(space, feasible) if candidate_key(c) not in tried]
     search_start = time.perf_counter()
-    deadline = search_start + timeout
+    deadline = min(time.monotonic() + timeout, budget_end)
+    if until is not None:
+        until(deadline)
 
     def run(queued: list[Candidate], budget: int) -> None:
         """Trials up to ``budget`` (the queued first) while budget and time are left."""
-        schedule = getattr(bench, "schedule", None)  # a benchmarker that builds per batch orders them (lazy.py)
         for candidate in (schedule(queued) if schedule is not None and queued else queued):
             study.enqueue_trial(candidate)
-        left = deadline - time.perf_counter()
+        left = deadline - time.monotonic()
+        if left <= 0 and objective.evaluated == 0 and queued and objective.total > 0:
+            # Past the budget before the first trial (batch 0 built late): its first candidate, the best so far.
+            study.optimize(objective, n_trials=1, catch=(), gc_after_trial=False)
+            return
         if budget > 0 and left > 0 and objective.evaluated < objective.total:
             study.optimize(objective, n_trials=budget, timeout=left, catch=(), gc_after_trial=False,
                            callbacks=[objective.stop_when_done])
@@ -337,9 +357,14 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
         run(queue, len(queue))  # all of a small space; else the starts
         if len(feasible) > remaining:
             entry = cache.load(key)
-            neighbours = _world_neighbours(entry.outcomes if entry else {}, feasible, _tried(study, space),
-                                           random.Random(spec.search.seed),
+            outcomes, done = (entry.outcomes if entry else {}), _tried(study, space)
+            neighbours = _world_neighbours(outcomes, feasible, done, random.Random(spec.search.seed),
                                            (objective.total - objective.evaluated) // 3)
+            expect = getattr(bench, "expect", None)  # a benchmarker that builds per batch (lazy.py): what may come
+            if schedule is not None and expect is not None and objective.evaluated < objective.total:
+                if neighbours:
+                    schedule(neighbours)  # their small modules first; then the competitive worlds' rest,
+                expect(_sampler_worlds(outcomes, feasible, done))  # building while the neighbours are timed
             run(neighbours, len(neighbours))
             run([], remaining * 20)  # the sampler's; infeasible suggestions are free
         reporter.search_finished(label)
@@ -399,12 +424,7 @@ def _world_neighbours(outcomes: dict[str, dict[str, Any]], feasible: list[Candid
                       rng: random.Random, cap: int) -> list[Candidate]:
     """Untried feasible neighbours (one choice changed) of each competitive world's best candidate so
     far, the fastest world's first, at most ``cap`` in all: see COMPETITIVE."""
-    best: dict[str, tuple[float, Candidate]] = {}
-    for outcome in outcomes.values():
-        if outcome["status"] == "ok":
-            impl = outcome["candidate"].get("producer.impl", DEFAULT_WORLD)
-            if impl not in best or outcome["time_ms"] < best[impl][0]:
-                best[impl] = (outcome["time_ms"], outcome["candidate"])
+    best = _best_by_world(outcomes)
     if not best or cap <= 0:
         return []
     fastest = min(time_ms for time_ms, _ in best.values())
@@ -417,6 +437,41 @@ def _world_neighbours(outcomes: dict[str, dict[str, Any]], feasible: list[Candid
         rng.shuffle(near)
         chosen += near[:NEIGHBOURS_PER_WORLD]
     return chosen[:cap]
+
+
+def _starts(space: PlanSpace, feasible: list[Candidate]) -> list[Candidate]:
+    """A known-good start for every template and producer choice: the declared defaults of each world
+    the plan offers (cuDNN in each layout and form, the convolution inside the kernels), where feasible
+    here, the default world's first. The producer's choices dominate the time and cost no build."""
+    nearest = {candidate_key(c): c for c in (_nearest(s, feasible) for s in space.producer_starts()) if c is not None}
+    return list(nearest.values())
+
+
+def _best_by_world(outcomes: dict[str, dict[str, Any]]) -> dict[str, tuple[float, Candidate]]:
+    """Each world's fastest ok outcome so far: (ms, candidate)."""
+    best: dict[str, tuple[float, Candidate]] = {}
+    for outcome in outcomes.values():
+        if outcome["status"] == "ok":
+            impl = outcome["candidate"].get("producer.impl", DEFAULT_WORLD)
+            if impl not in best or outcome["time_ms"] < best[impl][0]:
+                best[impl] = (outcome["time_ms"], outcome["candidate"])
+    return best
+
+
+def _sampler_worlds(outcomes: dict[str, dict[str, Any]], feasible: list[Candidate],
+                    tried: set[str]) -> list[Candidate]:
+    """The untried feasible candidates of every competitive world (within COMPETITIVE of the fastest so
+    far), the fastest world's first: where the sampler's suggestions will mostly fall, built ahead of them
+    (lazy.Batches.expect). A world already beaten by more than that never has its rest built ahead."""
+    best = _best_by_world(outcomes)
+    if not best:
+        return []
+    fastest = min(time_ms for time_ms, _ in best.values())
+    order = [impl for impl, (time_ms, _) in sorted(best.items(), key=lambda item: item[1][0])
+             if time_ms <= COMPETITIVE * fastest]
+    rank = {impl: n for n, impl in enumerate(order)}
+    chosen = [c for c in feasible if c.get("producer.impl", DEFAULT_WORLD) in rank and candidate_key(c) not in tried]
+    return sorted(chosen, key=lambda c: rank[c.get("producer.impl", DEFAULT_WORLD)])
 
 
 def _nearest(start: Candidate, feasible: list[Candidate]) -> Candidate | None:

@@ -178,19 +178,22 @@ class PlanSpace:
         """Every distinct canonical candidate, in a fixed order: for each choice of the producer,
         the product of the choices that matter under it (the rest stay at their defaults). With
         ``producer`` ({"producer.impl": "gemm_wide"}), only under the producer's choices that agree."""
+        # Producer choices with the same canonical base enumerate the same candidates, and different bases
+        # (they differ in a producer choice, which no candidate under them varies) disjoint ones: so the
+        # bases alone are deduplicated, not the tens of thousands of candidates (keying each took seconds).
         seen: set[str] = set()
+        choices = self.choices()
         for choice in self._producer_combos():
             base = self.canonical({**self.default(), **choice})
             if producer and any(base.get(name) != value for name, value in producer.items()):
                 continue  # as canonical: a choice that does not matter here is its default
+            if candidate_key(base) in seen:
+                continue
+            seen.add(candidate_key(base))
             varying = [name for name in self.names() if name not in choice
                        and self.canonical({**base, name: "\0"})[name] == "\0"]  # the choices that matter here
-            for values in itertools.product(*(self.choices()[name] for name in varying)):
-                candidate = {**base, **dict(zip(varying, values))}
-                key = candidate_key(candidate)
-                if key not in seen:
-                    seen.add(key)
-                    yield candidate
+            for values in itertools.product(*(choices[name] for name in varying)):
+                yield {**base, **dict(zip(varying, values))}
 
     def _producer_combos(self) -> list[dict[str, Any]]:
         """Every combination of the producer's choices, ``{"producer.<param>": value}`` (one empty
@@ -238,17 +241,27 @@ class PlanSpace:
         producer = self._producer_choices(candidate)
         return [f for f in self.families if self._matters(f.when, producer)]
 
-    def violations(self, candidate: Mapping[str, Any], facts: Mapping[str, int]) -> list[str]:
+    def violations(self, candidate: Mapping[str, Any], facts: Mapping[str, int],
+                   memo: dict[Any, list[str]] | None = None) -> list[str]:
         """Constraints the candidate breaks at a shape; empty when it is feasible.
 
-        Only the families that run for the candidate are checked."""
+        Only the families that run for the candidate are checked. ``memo``: a dict the caller keeps for one
+        ``facts`` while it checks many candidates (a search checks every one of its space, tens of thousands
+        for the K-tiled worlds): a family's verdict depends only on its own values and the producer's
+        choices, which most candidates share."""
         broken = []
-        shared = {**facts, **self._producer_choices(candidate)}
+        producer = self._producer_choices(candidate)
+        shared = {**facts, **producer}
         for f in self.active(candidate):
             names = {p.name: candidate[f"{f.family}.{p.name}"] for p in f.params}
-            for c in f.constraints:
-                if not _holds(c.expr, {**shared, **names}):
-                    broken.append(f"{f.family}: {c.why} ({c.expr})")
+            key = (f.family, producer["impl"], producer["layout"], tuple(names.values()))
+            if memo is not None and key in memo:
+                broken += memo[key]
+                continue
+            found = [f"{f.family}: {c.why} ({c.expr})" for c in f.constraints if not _holds(c.expr, {**shared, **names})]
+            if memo is not None:
+                memo[key] = found
+            broken += found
         return broken
 
     def stage_values(self, candidate: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

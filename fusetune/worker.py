@@ -24,6 +24,8 @@ from typing import Any
 
 #: prctl(2)'s option that asks for a signal when the parent dies (linux/prctl.h).
 PR_SET_PDEATHSIG = 1
+#: Seconds the next job waits for a warm-up's answer (Worker.warm: torch's import, a CUDA context).
+WARM_TIMEOUT = 120.0
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -84,6 +86,7 @@ class Worker:
         self._ctx = multiprocessing.get_context("spawn")
         self._proc: Any = None
         self._conn: multiprocessing.connection.Connection | None = None
+        self._warming = False  # a warm-up sent whose answer is not read yet
         handle, self.log_path = tempfile.mkstemp(prefix="fusetune-worker-", suffix=".log")
         os.close(handle)
 
@@ -106,6 +109,35 @@ class Worker:
         self._proc.start()
         child.close()
         self._conn = parent
+        self._warming = False
+
+    def warm(self) -> None:
+        """Start the evaluation process now and have it get ready (the handler's ``warm`` job: torch imported, a
+        CUDA context made) while the caller does something else: a search builds its first module meanwhile,
+        and its first job finds the process ready instead of waiting seconds for it. Returns at once; the next
+        ``run`` reads the warm-up's answer first. From the thread that runs the jobs (the process is started
+        here: see die_with_parent)."""
+        if self._proc is None or not self._proc.is_alive():
+            self._kill()
+            self._start()
+        try:
+            assert self._conn is not None
+            self._conn.send({"kind": "warm"})
+            self._warming = True
+        except (BrokenPipeError, OSError):
+            self._kill()
+
+    def _warmed(self) -> None:
+        """Read a warm-up's answer; a process that failed it, died or did not answer in WARM_TIMEOUT is replaced
+        (the next job starts a fresh one)."""
+        self._warming = False
+        try:
+            assert self._conn is not None
+            answer = self._conn.recv() if self._conn.poll(WARM_TIMEOUT) else None
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+            answer = None
+        if answer is None or answer.get("status") != "ok" or answer.get("restart"):
+            self._kill()
 
     def _kill(self) -> None:
         if self._proc is not None:
@@ -118,6 +150,8 @@ class Worker:
 
     def run(self, job: dict[str, Any], timeout: float) -> dict[str, Any]:
         """Run one job; ``timeout`` seconds after sending it the worker is killed and replaced."""
+        if self._warming:
+            self._warmed()
         if self._proc is None or not self._proc.is_alive():
             if self._proc is not None:
                 self.restarts += 1
@@ -146,8 +180,8 @@ class Worker:
         return result
 
     def close(self) -> None:
-        """Stop the worker and remove its log."""
-        if self._conn is not None and self._proc is not None and self._proc.is_alive():
+        """Stop the worker and remove its log (at once where it is still warming up: nothing to finish)."""
+        if self._conn is not None and self._proc is not None and self._proc.is_alive() and not self._warming:
             try:
                 self._conn.send(None)
                 self._proc.join(timeout=5)

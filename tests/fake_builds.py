@@ -31,6 +31,7 @@ class FakeBuilder:
     def __init__(self, unit_s: float) -> None:
         self.unit_s = unit_s
         self.built: list[tuple[str, int]] = []  # (module name, units), in the order builds finished
+        self.finished_at: list[float] = []  # time.monotonic() at each build's end, in that order
         self.running = 0
         self.peak = 0
         self._lock = threading.Lock()
@@ -44,6 +45,7 @@ class FakeBuilder:
         with self._lock:
             self.running -= 1
             self.built.append((module.name, len(module.cuda_sources)))
+            self.finished_at.append(time.monotonic())
         where = Path("/nonexistent") / module.name
         return BuildResult(module.name, True, seconds, "", where, where)
 
@@ -119,10 +121,12 @@ class FakeWorker:
 
     def __init__(self) -> None:
         self.jobs: list[tuple[str, str, Any]] = []
+        self.at: list[float] = []  # time.monotonic() at each job's start
 
     def run(self, job: dict[str, Any], timeout: float) -> dict[str, Any]:
         variant = job.get("variant")
         self.jobs.append((job["kind"], Path(job["module_dir"]).name, variant))
+        self.at.append(time.monotonic())
         if job["kind"] == "eager":
             return {"status": "ok", "time_ms": 4.0}
         if job["kind"] == "open":
@@ -132,3 +136,13 @@ class FakeWorker:
 
     def close(self) -> None:
         pass
+
+
+def fake_build(builder: FakeBuilder) -> Callable[..., BuildResult]:
+    """fusetune.build.build's stand-in (monkeypatched into fusetune.runner): the module's files written where
+    build writes them (the worker reads its folder's name), then ``builder``'s simulated build."""
+
+    def build(module: RenderedModule, cache: Any, **_: Any) -> BuildResult:
+        module.write(cache.module_dir(module.name))
+        return builder(module)
+    return build

@@ -22,6 +22,10 @@ def handle(job: dict[str, Any]) -> dict[str, Any]:
     kind = job["kind"]
     if kind == "ok":
         return {"status": "ok", "pid": os.getpid(), "value": job.get("value")}
+    if kind == "warm":  # fusetune.worker.Worker.warm's job; a value in the environment makes it fail
+        if os.environ.get("FUSETUNE_FAKE_WARM_FAILS"):
+            return {"status": "launch_error", "log": "fake: no GPU", "restart": True}
+        return {"status": "ok", "pid": os.getpid()}
     if kind == "crash":
         os._exit(3)  # like a segfault: no answer, no cleanup
     if kind == "hang":

@@ -43,6 +43,8 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (80 << 30, 80 << 30))
     monkeypatch.setattr("fusetune.runner.GpuBenchmarker",
                         lambda plan, shape, *args, **kwargs: FakeBench(**settings).factory(plan, shape))
+    monkeypatch.setattr("fusetune.runner.LazyGpuBenchmarker",  # runner.SearchFactory's, in batches
+                        lambda plan, shape, *args, **kwargs: FakeBench(**settings).factory(plan, shape))
     return settings
 
 

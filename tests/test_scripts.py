@@ -35,3 +35,18 @@ def test_shares_keep_groups_on_one_card_and_balance():
     assert sorted(len(share) for share in shares) == [3, 3]
     many = split.shares(NODES, 8)
     assert len(many) == 4 and all(many)  # four groups: four cards get work, none an empty share
+
+
+def test_cold_search_passes_the_search_options_on_and_names_corpus_chains():
+    cold = import_script("cold-search")
+    args, options = cold.parse_args(["-k", "conv3d", "--limit-s", "30", "--", "--budget-s", "60", "--trials", "8"])
+    assert options == ["--budget-s", "60", "--trials", "8"] and args.limit_s == 30.0
+    chosen = cold.select(args)
+    assert chosen and all("conv3d" in p.stem and p.is_file() for p in chosen)
+    assert len(cold.select(cold.parse_args([])[0])) == len(cold.DEFAULT_CHAINS)
+    record = {"name": "c", "shape": [1, 2], "wall_s": 61.0, "exit": 0, "split": ["time: prepare 3.0 s"],
+              "search": {"results": [{"status": "tuned", "candidate": {"producer.impl": "gemm"}, "speedup": 2.0,
+                                      "counts": {"ok": 5}}]}}
+    line = cold.format_line(record, 60.0)
+    assert "61.0 s" in line and "gemm" in line and "2.00x" in line and "OVER" in line
+    assert "OVER" not in cold.format_line({**record, "wall_s": 59.0}, 60.0)

@@ -622,3 +622,29 @@ def test_damaged_study_journal_is_not_fatal(cache, damage):
     assert any("study journal" in str(w.message) for w in record)
     again = tune_shape(spec, SMALL[1], cache, MACHINE, FakeBench().factory, trials=5, echo=quiet)
     assert again.status == "cached"
+
+
+def test_the_sampler_s_candidates_built_ahead_are_the_competitive_worlds_untried_ones():
+    """search._sampler_worlds (what a search in batches builds ahead of its sampler, lazy.Batches.expect): every
+    untried feasible candidate of each world within COMPETITIVE of the fastest so far, the fastest world's first;
+    a world beaten by more than that, and the tried candidates, never."""
+    from fusetune.search import COMPETITIVE, _sampler_worlds
+
+    spec = load_config(SEEDS["groupnorm"])
+    plan = make_plan(spec)
+    space = plan_space(plan)
+    facts = shape_facts(spec, plan, spec.shapes[0], MACHINE.capability)
+    feasible = [c for c in space.all() if not space.violations(c, facts)]
+    by_world: dict[str, list] = {}
+    for candidate in feasible:
+        by_world.setdefault(candidate["producer.impl"], []).append(candidate)
+    fast, near, far = (w for w in ("gemm", "direct", "gemm_store") if w in by_world)
+    times = {fast: 1.0, near: 1.0 * COMPETITIVE * 0.9, far: 1.0 * COMPETITIVE * 1.1}
+    outcomes = {candidate_key(by_world[w][0]): {"status": "ok", "time_ms": t, "candidate": by_world[w][0]}
+                for w, t in times.items()}
+    tried = set(outcomes) | {candidate_key(by_world[fast][1])}
+    chosen = _sampler_worlds(outcomes, feasible, tried)
+    worlds = [c["producer.impl"] for c in chosen]
+    assert set(worlds) == {fast, near} and worlds == sorted(worlds, key=[fast, near].index)
+    assert {candidate_key(c) for c in chosen} == {candidate_key(c) for w in (fast, near) for c in by_world[w]} - tried
+    assert _sampler_worlds({}, feasible, set()) == []

@@ -104,3 +104,22 @@ def test_close_stops_the_process(monkeypatch):
         proc = w._proc
     assert not proc.is_alive()
     assert w._proc is None
+
+
+def test_a_warm_up_runs_while_the_caller_works_and_its_process_serves_the_next_job(worker, monkeypatch):
+    """Worker.warm returns at once; the next job reads its answer first and runs in the same process. A warm-up
+    that fails (no usable GPU) costs nothing but that process: the next job runs in a fresh one."""
+    start = time.monotonic()
+    worker.warm()
+    assert time.monotonic() - start < 1.0 and worker._warming
+    first = _ok(worker, 1)
+    assert not worker._warming and worker.restarts == 0 and _ok(worker, 2)["pid"] == first["pid"]
+    worker.close()
+    monkeypatch.setenv("FUSETUNE_FAKE_WARM_FAILS", "1")
+    worker.warm()
+    failed = worker._proc.pid
+    assert _ok(worker, 3)["pid"] != failed
+    worker.warm()  # still warming at close: stopped at once
+    start = time.monotonic()
+    worker.close()
+    assert time.monotonic() - start < 4.0 and worker._proc is None

@@ -133,7 +133,8 @@ def _without_path(text: str | None, path: str) -> str | None:
 def _later(plan: Plan) -> list[dict[str, Any]]:
     """The segments after the first region (fusetune/pipeline.py) as the generated model runs them: each
     one's PyTorch lines, and for a later region of kernels its folder (where an export writes its tuned
-    module), its index, the reference's attributes it reads under its own names and the parameters."""
+    module), its index, the reference's attributes it reads under its own names, the parameters, and the
+    view of its input it runs on (fusetune/views.py's fact, None for the tensor as it is)."""
     from fusetune.pipeline import later_segments
 
     return [{"index": s.index, "kernels": s.kernels, "folder": f"r{s.index}", "attrs": [list(a) for a in s.attrs],
@@ -202,6 +203,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
     conv = plan.spec.producer.geometry()
     facts = plan_facts(plan)
     elem, terms = DTYPES[plan.spec.dtype].bytes, gemm_terms(plan)  # the K-tiled kernels' values and weight terms
+    mid_reads = any(op.uses_producer() for op in plan.mid)
     context: dict[str, Any] = {
         "plan": plan, "spec": plan.spec, "version": __version__, "py": repr,
         "facts": facts,  # what the worlds offer (codegen.plan_facts): the templates' world-specific branches
@@ -211,6 +213,10 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         "pool": _pool_window(plan), "strategy_id": STRATEGIES.__getitem__,
         "norm": norm,
         "pre_reads_producer": any(op.uses_producer() for op in plan.pre),
+        # The mid chain reads the convolution's output (by: producer): ft_mid then takes the raw value (no
+        # bias) of the element too; mid_call spells the call either way, so other chains' code is unchanged.
+        "mid_reads_producer": mid_reads,
+        "mid_call": lambda v, raw, c: f"ft_mid({v}, {raw}, {c}, a)" if mid_reads else f"ft_mid({v}, {c}, a)",
         "channels_per_group": norm.groups_of(plan.spec.producer.out_channels) if norm else 1,
         "cuda_flags": list(CUDA_FLAGS),
         "conv": conv,

@@ -184,6 +184,17 @@ class Plan:
 #: Learnable per-channel parameters one module can read (FT_MAX_PARAMS in templates/args.h.j2).
 MAX_PARAMS = 8
 _SLOTS = ("pre", "norm", "mid", "pool", "post", "reduce", "final")
+#: The map slots whose values still stand one to one for the convolution's outputs, so that an op there may
+#: read the convolution's output at the same position (``by: producer``): before the norm, and after it (a
+#: norm maps each value in place; every main stage has the convolution's value there: facts.PRODUCER_STAGES).
+PRODUCER_SLOTS = ("pre", "mid")
+#: Why an op after a slot's op cannot read the convolution's output: the values no longer stand for positions.
+_PRODUCER_GONE = {
+    "pool": "pool: a pooled value stands for a window of positions, and the convolution's output at a position "
+            "is gone",
+    "reduce": "reduction or softmax: the kernels apply the chain after it to what they reduced or normalised, "
+              "without the convolution's output at a position",
+}
 #: A softmax over the channels takes the reduce slot: it ends the region's reductions and maps as a reduction does.
 _ROLE_SLOT = {"norm": 1, "pool": 3, "reduce": 5, "softmax": 5}
 
@@ -205,8 +216,7 @@ def make_plan(spec: ProblemSpec) -> Plan:
         try:
             readers = [s for s in tail if s.op.uses_producer()]
             if cut and readers:
-                raise PlanError(f"{spec.path}: {readers[0].where} reads the convolution's output (by: producer), "
-                                "which the kernels keep only up to the first norm, pool or reduction")
+                raise PlanError(_reader_refusal(spec, steps, readers[-1]))
             plan = _plan_region(spec, head)
         except PlanError as exc:
             ends = str(exc)
@@ -214,6 +224,22 @@ def make_plan(spec: ProblemSpec) -> Plan:
         return dataclasses.replace(plan, head=head, tail=tail, ends=_why_tail(spec, head, tail, ends),
                                    rules=rewritten.fired, at_shapes=rewritten.at_shapes)
     raise AssertionError("the empty region is always planned")  # pragma: no cover
+
+
+def _reader_refusal(spec: ProblemSpec, steps: Sequence[Step], reader: Step) -> str:
+    """Why a region of kernels before ``reader``, an op that reads the convolution's output (by: producer),
+    would leave it without that output: only region 0's kernels have it, and they do not take the chain up to
+    the reader (the last one: a region that took it would have been planned first). Region 0 then computes the
+    convolution alone, whose output the reader reads in PyTorch."""
+    try:
+        _plan_region(spec, steps[:list(steps).index(reader) + 1])
+        why = "the kernels take it only before their pool or reduction"  # pragma: no cover (the reader is the last)
+    except PlanError as exc:
+        why = str(exc).removeprefix(f"{spec.path}: ")
+    if not why.startswith(f"{reader.where} reads the convolution's output"):
+        why = (f"{reader.where} reads the convolution's output (by: producer), which only region 0's kernels have, "
+               f"and they do not take the chain up to it ({why})")
+    return f"{spec.path}: {why}; region 0 computes the convolution alone, whose output it reads in PyTorch"
 
 
 def _why_tail(spec: ProblemSpec, head: tuple[Step, ...], tail: tuple[Step, ...], ends: str | None) -> str | None:
@@ -243,9 +269,9 @@ def _plan_region(spec: ProblemSpec, steps: Sequence[Step]) -> Plan:
             raise PlanError(f"{spec.path}: {step.where}: {refusal}")
         if op.role == "elementwise":
             position = position if _SLOTS[position] in ("pre", "mid", "post", "final") else position + 1
-            if op.uses_producer() and _SLOTS[position] != "pre":
+            if op.uses_producer() and _SLOTS[position] not in PRODUCER_SLOTS:
                 raise PlanError(f"{spec.path}: {step.where} reads the convolution's output (by: producer) after a "
-                                "norm, pool or reduction; the kernels have it only before them")
+                                f"{_PRODUCER_GONE[_SLOTS[position - 1]]}")
             groups[_SLOTS[position]].append(step)
             continue
         target = _ROLE_SLOT[op.role]

@@ -131,8 +131,9 @@ def _norm_cancels_bias(steps: list[Step], spec: ProblemSpec) -> list[Step]:
     """Instance norm (scope "instance": a layer norm over every spatial dim too) subtracts each (sample,
     channel) plane's mean, so a per-channel constant added before it (the producer's bias, through
     mul/div/add by numbers or per-channel parameters, which keep it a per-channel constant) cancels
-    exactly: the first norm, where it is an instance norm after an affine chain, is marked."""
-    if not spec.producer.bias:
+    exactly: the first norm, where it is an instance norm after an affine chain, is marked. Not where an op
+    reads the convolution's output (by: producer): that output has the bias."""
+    if not spec.producer.bias or any(step.op.uses_producer() for step in steps):
         return steps
     first = next((i for i, step in enumerate(steps) if isinstance(step.op, Norm)), None)
     if first is None or steps[first].op.scope != "instance" or not affine([s.op for s in steps[:first]]):

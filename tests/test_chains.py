@@ -255,7 +255,7 @@ def _probe_args(params: str) -> str | None:
         if "FtArgs" in ptype:
             args.append("a")
         elif ptype == "float":
-            args.append("y" if name in ("y", "ft_y", "producer", "r") else "v")
+            args.append("y" if name in ("y", "ft_y", "producer", "r", "raw") else "v")
         elif ptype in ("int64_t", "int", "const int64_t", "const int"):
             args.append("n" if name == "n" else "c")
         else:

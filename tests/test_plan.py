@@ -177,8 +177,9 @@ def test_seed_slots():
     ("groupnorm", [{"op": "layer_norm", "normalized_shape": [35, 43]}, {"op": "amax", "dim": 1}], ["reduce"],
      "per-element affine only in a region that ends in a map, a pool or a reduction over space"),
     ("groupnorm", [{"op": "logsumexp", "dim": [2, 3]}], ["reduce"], "not dims [2, 3]"),  # over channels: fused
-    ("groupnorm", [{"op": "group_norm", "num_groups": 4}, {"op": "add", "by": "producer"}], ["group_norm", "add"],
-     "epilogue[1] (add) reads the convolution's output"),
+    ("groupnorm", [{"op": "group_norm", "num_groups": 4}, {"op": "max_pool", "kernel_size": 3, "stride": 1, "padding": 1},
+                   {"op": "add", "by": "producer"}], ["group_norm", "max_pool", "add"],
+     "epilogue[2] (add) reads the convolution's output (by: producer) after a pool"),  # after a norm: fused
 ])
 def test_chains_the_kernels_do_not_take_whole_run_their_tail_in_pytorch(key, epilogue, tail, fragment):
     """A valid chain is always planned: the longest prefix the kernels take is fused, the rest runs in

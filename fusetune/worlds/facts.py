@@ -53,6 +53,14 @@ NORM_MAP_STAGES = ("window_map", "plane_reduce", "channel_reduce", "channel_soft
 #: families among them are those a region with such a norm may end in (plan.py; direct_main and gemm_main
 #: apply it in those two modes).
 ELEMENT_AFFINE_STAGES = ("window_map", "plane_reduce", "direct_main", "gemm_main")
+#: Those that have the convolution's output at a value's position where they apply the chain after the norm
+#: (the mid chain), so that an op there may read it (``by: producer``): the cuDNN world's main kernels load
+#: it, direct_main and gemm_main compute it there, gemm_cluster keeps it in shared memory, and wide_main
+#: (gemm_wide_recompute) computes it again. Not extrema_map: it maps a window's largest and smallest values
+#: alone. A world
+#: with a stage that applies a norm's map and is not here does not take such a chain (producer_refusal).
+PRODUCER_STAGES = ("window_map", "plane_reduce", "channel_reduce", "channel_softmax", "direct_main", "gemm_main",
+                   "wide_main", "gemm_cluster")
 #: Largest convolution weight (floats) the direct kernels take: they keep it in constant memory (64 KB).
 DIRECT_MAX_WEIGHTS = 12288
 #: Channel counts a direct channel reduction takes: a thread holds every channel (ct == C), so C must
@@ -94,6 +102,18 @@ def element_affine_refusal(plan: Plan, stages: tuple[str, ...]) -> str | None:
         if stage in NORM_MAP_STAGES and stage not in ELEMENT_AFFINE_STAGES:
             return (f"a {plan.norm.kind}'s per-element affine (elementwise_affine): {stage} applies the norm's map "
                     f"per (sample, channel) plane only (by position: {', '.join(ELEMENT_AFFINE_STAGES)})")
+    return None
+
+
+def producer_refusal(plan: Plan, stages: tuple[str, ...]) -> str | None:
+    """Why these stages do not apply the region's chain after its norm, None where they do: an op there that
+    reads the convolution's output (by: producer) needs a main stage of PRODUCER_STAGES."""
+    if not any(op.uses_producer() for op in plan.mid):
+        return None
+    for stage in stages:
+        if stage in NORM_MAP_STAGES and stage not in PRODUCER_STAGES:
+            return (f"an op after the norm that reads the convolution's output (by: producer): {stage} does not "
+                    f"have it at a value's position (those that do: {', '.join(PRODUCER_STAGES)})")
     return None
 
 

@@ -396,6 +396,7 @@ class Mapped:
     out: torch.fx.Node  # the node whose value the chain goes on from
     extra: list[torch.fx.Node] = dataclasses.field(default_factory=list)  # e.g. the getitem after torch.max
     module: str | None = None  # the user's module holding state (a norm's weights, running statistics)
+    weights: dict[str, str] | None = None  # a functional norm's: its tensor's name (weight, bias) -> the user's
 
 
 @dataclasses.dataclass
@@ -450,6 +451,9 @@ class Site:
                        and value_shape[1] != self.channels else f"the chain's value {list(value_shape)}")
             return (f"the operand {arg.target} has shape {shape}: not one value per channel nor a single value "
                     f"against {against} (a per-channel parameter is {list(per_channel)}, (1, C, 1, ...) or 0-dim)")
+        constant = _constant_tensor(self, arg)
+        if constant is not None:  # torch.tensor(0.5, device=x.device): a number
+            return constant
         viewed = _viewed_tensor(self.gm, arg)
         if viewed is not None:  # self.bias.view(1, -1, 1, 1), self.scale[None, :, None, None]
             target, nodes = viewed
@@ -461,6 +465,93 @@ class Site:
 
 
 Builder = Callable[[Site], "Mapped | str"]
+
+#: Functions that make a one-value tensor of a number in the forward (``torch.tensor(c, device=x.device)``):
+#: where the number is a constant and every other argument reads only the chain value's metadata, the
+#: operand is that number (its value as the tensor holds it: ``dtype`` rounds it).
+_CONSTANT_TENSOR_FUNCTIONS = (torch.tensor, torch.as_tensor, torch.scalar_tensor)
+#: Their keyword arguments that do not change the value (dtype is applied to it).
+_CONSTANT_TENSOR_KWARGS = ("device", "dtype", "requires_grad", "pin_memory", "layout")
+
+
+def _constant_tensor(site: Site, node: Any) -> float | None:
+    """The number a forward-made one-value tensor holds (torch.tensor(c, device=x.device, dtype=...), or a
+    trace constant moved with ``.to(x.device)``), where it reads nothing but the chain value's metadata; else
+    None. Its nodes join the chain (``_constant_tensor_nodes``), so no read of the chain's value leaves it."""
+    nodes = _constant_tensor_nodes(site, node)
+    if nodes is None:
+        return None
+    value = _evaluate_constant(site, node)
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
+def _constant_tensor_nodes(site: Site, node: Any) -> list[torch.fx.Node] | None:
+    """The nodes of a forward-made one-value tensor (the constructor and any ``.to``), or None where ``node``
+    is not one: a number, the chain value's metadata (x.device, x.dtype) and trace constants are its only inputs."""
+    if not isinstance(node, torch.fx.Node):
+        return None
+    out: list[torch.fx.Node] = []
+    while node.op == "call_method" and node.target == "to" and node.args:
+        out.append(node)
+        node = node.args[0]
+        if not isinstance(node, torch.fx.Node):
+            return None
+    if node.op == "get_attr" and out:
+        if not _constant(site.gm, node):
+            return None
+    elif node.op == "call_function" and node.target in _CONSTANT_TENSOR_FUNCTIONS:
+        data = node.args[0] if node.args else node.kwargs.get("data", node.kwargs.get("s"))
+        if isinstance(data, (list, tuple)) and len(data) == 1:  # torch.tensor([c]): one value, shape (1,)
+            data = data[0]
+        if isinstance(data, bool) or not isinstance(data, (int, float)) or len(node.args) > 1 or (
+                node.kwargs.keys() - {"data", "s", *_CONSTANT_TENSOR_KWARGS}):
+            return None
+        out.append(node)
+    else:
+        return None
+    for part in out:
+        for arg in part.all_input_nodes:
+            if arg in out or (arg.op == "get_attr" and _constant(site.gm, arg)):
+                continue
+            if not (_is_shape_read(arg) and arg.args and site.is_x(arg.args[0])):
+                return None
+    if any(len(part.users) != 1 for part in out):
+        return None
+    return out
+
+
+def _evaluate_constant(site: Site, node: torch.fx.Node) -> float | None:
+    """Run the constant's nodes on the CPU, the chain value's metadata as the trace recorded it (float32)."""
+    env: dict[torch.fx.Node, Any] = {}
+
+    def value(arg: Any) -> Any:
+        if not isinstance(arg, torch.fx.Node):
+            return arg
+        if arg in env:
+            return env[arg]
+        if arg.op == "get_attr":
+            return _fetch(site.gm, arg.target)
+        attribute = arg.args[1] if arg.target is getattr else None
+        if attribute == "device":
+            return torch.device("cpu")
+        if attribute == "dtype":
+            meta = arg.args[0].meta.get("tensor_meta")
+            return getattr(meta, "dtype", torch.float32)
+        raise _Stop(f"{arg.name} is not a constant")
+    try:
+        for part in reversed(_constant_tensor_nodes(site, node) or []):
+            args = torch.fx.node.map_aggregate(part.args, value)
+            kwargs = torch.fx.node.map_aggregate(part.kwargs, value)
+            if part.op == "call_method":
+                env[part] = getattr(args[0], part.target)(*args[1:], **kwargs)
+            else:
+                env[part] = part.target(*args, **kwargs)
+        result = env.get(node)
+    except Exception:  # noqa: BLE001 - a constant that does not evaluate is no number
+        return None
+    if not isinstance(result, torch.Tensor) or result.numel() != 1 or result.dtype == torch.bool or result.is_complex():
+        return None
+    return float(result.item())
 
 
 class _Stop(Exception):
@@ -575,14 +666,15 @@ def binary(kind: str) -> Builder:
                 return _one(site, {"op": "mul", "by": 2.0})
             raise _Stop("both operands are the chain's value")
         if site.is_x(a):
-            return _one(site, _binary_entry(kind, site.operand(b)))
+            return Mapped([_binary_entry(kind, site.operand(b))], site.node, _constant_tensor_nodes(site, b) or [])
         if not site.is_x(b):
             raise _Stop("its operands do not include the chain's value")
         other = site.operand(a)
+        extra = _constant_tensor_nodes(site, a) or []
         if kind in ("add", "mul", "minimum", "maximum"):
-            return _one(site, _binary_entry(kind, other))
+            return Mapped([_binary_entry(kind, other)], site.node, extra)
         if kind == "sub":
-            return _one(site, {"op": "neg"}, _binary_entry("add", other))
+            return Mapped([{"op": "neg"}, _binary_entry("add", other)], site.node, extra)
         raise _Stop(f"{'c / x' if kind == 'div' else 'c ** x'} (the chain's value on the right) is not in the "
                     "vocabulary")
     return build
@@ -694,7 +786,8 @@ def _flatten_entry(site: Site, start: int, end: int) -> Entry:
 
 def view(site: Site) -> Mapped:
     """x.view(...) / x.reshape(...) / torch.reshape: a flatten where the output merges a run of the
-    input's dims after the batch dim (x.view(x.size(0), -1) is flatten(1))."""
+    input's dims after the batch dim (x.view(x.size(0), -1) is flatten(1)); an unflatten where it splits one
+    of them into several (x.view(b, c, d, h, w) after x.view(b, c, -1)), its sizes the example's."""
     shape_in, shape_out = site.shape_in, site.shape_out
     if not site.is_x(site.node.args[0]) if site.node.args else True:
         raise _Stop("it reads the chain's value as an argument other than its input")
@@ -705,6 +798,12 @@ def view(site: Site) -> Mapped:
             merged = shape_in[:start] + (math.prod(shape_in[start:end + 1]),) + shape_in[end + 1:]
             if merged == shape_out:
                 return _one(site, {"op": "flatten", "start_dim": start, "end_dim": end if end + 1 < len(shape_in) else -1})
+    split = len(shape_out) - len(shape_in) + 1
+    for dim in range(1, len(shape_in)) if split >= 2 else ():
+        sizes = shape_out[dim:dim + split]
+        if shape_out[:dim] == shape_in[:dim] and shape_out[dim + split:] == shape_in[dim + 1:] and \
+                math.prod(sizes) == shape_in[dim]:
+            return _one(site, {"op": "unflatten", "dim": dim, "sizes": [int(v) for v in sizes]})
     raise _Stop(f"a reshape from {list(shape_in)} to {list(shape_out)} that is not a flatten after the batch dim")
 
 
@@ -843,6 +942,69 @@ def layer_norm(site: Site) -> Mapped:
                        "eps": float(m.eps), "elementwise_affine": m.elementwise_affine}, module=str(site.node.target))
 
 
+def _affine_tensors(site: Site, weight: Any, bias: Any, shape: Sequence[int]) -> dict[str, str]:
+    """A functional norm's weight and bias: both absent (no affine), or both tensors of the user's model of
+    ``shape`` (its parameters or buffers, by attribute path); else the chain stops there."""
+    if weight is None and bias is None:
+        return {}
+    out: dict[str, str] = {}
+    for key, value in (("weight", weight), ("bias", bias)):
+        if value is None:
+            raise _Stop(f"a {key} of None beside the other's tensor is not in the vocabulary (both or neither)")
+        tensor = _fetch(site.gm, value.target) if isinstance(value, torch.fx.Node) and value.op == "get_attr" else None
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+            raise _Stop(f"its {key} is computed in the forward, not a tensor of the model")
+        if tuple(tensor.shape) != tuple(shape):
+            raise _Stop(f"its {key} has shape {list(tensor.shape)}, expected {list(shape)}")
+        out[key] = str(value.target)
+    return out
+
+
+def group_norm_fn(site: Site) -> Mapped:
+    """F.group_norm(x, num_groups, weight, bias, eps): the weight and bias the model's own tensors."""
+    a = _bind_all(site.node, ["input", "num_groups", "weight", "bias", "eps"],
+                  {"weight": None, "bias": None, "eps": 1e-5})
+    if isinstance(a, str):
+        raise _Stop(a)
+    if not site.is_x(a["input"]) or _has_node(a["num_groups"]) or _has_node(a["eps"]):
+        raise _Stop("its arguments other than the tensors are computed in the forward")
+    weights = _affine_tensors(site, a["weight"], a["bias"], (site.channels,))
+    return Mapped([{"op": "group_norm", "num_groups": int(a["num_groups"]), "eps": _num(a["eps"]),
+                    "affine": bool(weights)}], site.node, weights=weights)
+
+
+def instance_norm_fn(site: Site) -> Mapped:
+    """F.instance_norm(x, weight=..., bias=..., eps=...): each sample's own statistics (no running ones)."""
+    a = _bind_all(site.node, ["input", "running_mean", "running_var", "weight", "bias", "use_input_stats",
+                              "momentum", "eps"],
+                  {"running_mean": None, "running_var": None, "weight": None, "bias": None, "use_input_stats": True,
+                   "momentum": 0.1, "eps": 1e-5})
+    if isinstance(a, str):
+        raise _Stop(a)
+    if not site.is_x(a["input"]) or any(_has_node(a[k]) for k in ("use_input_stats", "momentum", "eps")):
+        raise _Stop("its arguments other than the tensors are computed in the forward")
+    if a["running_mean"] is not None or a["running_var"] is not None or a["use_input_stats"] is not True:
+        raise _Stop("F.instance_norm with running statistics is not in the vocabulary")
+    weights = _affine_tensors(site, a["weight"], a["bias"], (site.channels,))
+    return Mapped([{"op": "instance_norm", "eps": _num(a["eps"]), "affine": bool(weights)}], site.node,
+                  weights=weights)
+
+
+def layer_norm_fn(site: Site) -> Mapped:
+    """F.layer_norm(x, normalized_shape, weight, bias, eps): the shape a list of numbers."""
+    a = _bind_all(site.node, ["input", "normalized_shape", "weight", "bias", "eps"],
+                  {"weight": None, "bias": None, "eps": 1e-5})
+    if isinstance(a, str):
+        raise _Stop(a)
+    if not site.is_x(a["input"]) or _has_node(a["normalized_shape"]) or _has_node(a["eps"]):
+        raise _Stop("its normalized_shape or eps is computed in the forward")
+    shape = a["normalized_shape"]
+    shape = [int(shape)] if isinstance(shape, int) else [int(v) for v in shape]
+    weights = _affine_tensors(site, a["weight"], a["bias"], shape)
+    return Mapped([{"op": "layer_norm", "normalized_shape": shape, "eps": _num(a["eps"]),
+                    "elementwise_affine": bool(weights)}], site.node, weights=weights)
+
+
 def _pointwise(kind: str, fn_names: Sequence[str] = (), fn_defaults: Mapping[str, Any] | None = None,
                module_attrs: Sequence[str] = (), functions: Sequence[Any] = (), methods: Sequence[str] = (),
                modules: Sequence[type] = ()) -> dict[tuple[str, Any], Builder]:
@@ -955,6 +1117,9 @@ TABLE: dict[tuple[str, Any], Builder] = {
     ("call_method", "view"): view,
     ("call_method", "reshape"): view,
     ("call_function", torch.reshape): view,
+    ("call_function", torch.unflatten): view,
+    ("call_method", "unflatten"): view,
+    ("call_module", nn.Unflatten): view,
     ("call_function", torch.squeeze): squeeze,
     ("call_method", "squeeze"): squeeze,
     ("call_function", torch.unsqueeze): unsqueeze,
@@ -962,6 +1127,9 @@ TABLE: dict[tuple[str, Any], Builder] = {
     **_max_pool_fns(),
     ("call_module", nn.GroupNorm): group_norm,
     ("call_module", nn.LayerNorm): layer_norm,
+    ("call_function", F.group_norm): group_norm_fn,
+    ("call_function", F.instance_norm): instance_norm_fn,
+    ("call_function", F.layer_norm): layer_norm_fn,
     ("call_function", F.dropout): dropout_fn,
     ("call_module", nn.Dropout): dropout_module,
     ("call_module", nn.Identity): identity_module,
@@ -1242,6 +1410,7 @@ class Step:
     entries: list[Entry]  # with ParamRef for per-channel parameters
     nodes: list[str]
     module: str | None  # the user's module holding the op's state
+    weights: dict[str, str] | None = None  # a functional norm's tensors: name (weight, bias) -> the user's
 
 
 @dataclasses.dataclass
@@ -1280,6 +1449,25 @@ def _aliases(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[torch.fx.Nod
     return out
 
 
+#: What the forward computes from a shape (b, c, d, h, w = x.shape; x.size(2) * x.size(3)): its parts and sizes.
+_METADATA_FUNCTIONS = (operator.getitem, operator.mul, operator.floordiv, operator.add, operator.sub)
+
+
+def _metadata_closure(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """A read of a value's shape and the nodes computing only from it and numbers (the sizes a later
+    x.view(b, c, d, h, w) takes): they go with the chain that reads that value, so that cutting the chain
+    out leaves none of them reading a node that is gone."""
+    out, todo = [node], [node]
+    while todo:
+        for user in todo.pop().users:
+            if user in out or user.op != "call_function" or user.target not in _METADATA_FUNCTIONS:
+                continue
+            if all(arg in out for arg in user.all_input_nodes):
+                out.append(user)
+                todo.append(user)
+    return out
+
+
 def _readers(gm: torch.fx.GraphModule, nodes: Iterable[torch.fx.Node]) -> tuple[list[torch.fx.Node], list[torch.fx.Node]]:
     """The nodes reading any of ``nodes``' values (not identity aliases), and those reading only their shape."""
     values: list[torch.fx.Node] = []
@@ -1288,7 +1476,10 @@ def _readers(gm: torch.fx.GraphModule, nodes: Iterable[torch.fx.Node]) -> tuple[
         for user in node.users:
             if _is_identity(gm, user):
                 continue
-            (shapes if _is_shape_read(user) else values).append(user)
+            if _is_shape_read(user):
+                shapes.extend(_metadata_closure(user))
+            else:
+                values.append(user)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     return (sorted(dict.fromkeys(values), key=order.__getitem__), sorted(dict.fromkeys(shapes), key=order.__getitem__))
 
@@ -1372,7 +1563,7 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
                          key=order.__getitem__)
         nxt_aliases = _aliases(gm, mapped.out)
         covered += [a.name for a in nxt_aliases[1:]]
-        chain.steps.append(Step(mapped.entries, covered, mapped.module))
+        chain.steps.append(Step(mapped.entries, covered, mapped.module, mapped.weights))
         cur = nxt_aliases
     chain.output_node = _last_value(chain)
     chain.producer_readers = [r.name for r in _readers(gm, producer)[0]]
@@ -1431,6 +1622,9 @@ def chain_config(chain: Chain, name: str, steps: int | None = None) -> tuple[dic
             attr = f"{epilogue[i]['op']}_{i}"
             if REGISTRY[epilogue[i]["op"]].role == "norm":
                 weights.update(_norm_weights(attr, step.module, epilogue[i]))
+        if step.weights:  # a functional norm's weight and bias, wherever the model keeps them
+            attr = f"{epilogue[first]['op']}_{first}"
+            weights.update({f"{attr}.{name}": target for name, target in step.weights.items()})
     raw: dict[str, Any] = {"name": name, "producer": dict(chain.producer)}
     if params:
         raw["parameters"] = {p: {"shape": "per_channel", "init": "randn"} for p in params}

@@ -100,7 +100,9 @@ def test_only_the_winners_are_built_unless_the_search_built_every_variant(cache_
 
 
 @pytest.mark.parametrize("stem", ["conv2d_groupnorm_scale_clamp", "conv1d_batchnorm_eval", "convt2d_residual_clone",
-                                  "kb_conv2d_shape_branch_export", "kb_conv2d_bias_view_in_forward"])
+                                  "kb_conv2d_shape_branch_export", "kb_conv2d_bias_view_in_forward",
+                                  "kb_convt2d_tensor_operands_on_device", "kb_conv3d_spatial_softmax_views",
+                                  "kb_conv2d_functional_norms"])
 def test_output_equals_the_models(stem: str, cache_dir: Path, caplog) -> None:
     model, inputs = _model(stem)
     model.eval()
@@ -118,7 +120,7 @@ def test_output_equals_the_models(stem: str, cache_dir: Path, caplog) -> None:
 
 @pytest.mark.parametrize("stem", ["two_chains_matmul", "conv2d_nested_buffer_shift", "conv1d_batchnorm_eval",
                                   "kb_conv2d_scale_bias_scalar_views", "kb_conv2d_shape_branch_export",
-                                  "kb_conv2d_bias_view_in_forward"])
+                                  "kb_conv2d_bias_view_in_forward", "kb_conv2d_functional_norms"])
 def test_the_kernels_model_holds_the_users_tensors_where_its_reference_reads_them(stem: str, cache_dir: Path) -> None:
     """What the fused kernels read is bound right: the generated ModelNew's own reference forward, on the
     tensors bound to it, computes what the user's ops compute (the kernels themselves need a GPU)."""

@@ -9,7 +9,8 @@ from fusetune.ops.dropout import Dropout
 from fusetune.ops.norm import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, Norm
 from fusetune.ops.pool import AvgPool, MaxPool, Pool
 from fusetune.ops.reduce import (REDUCE_MODES, AdaptiveAvgPool, AdaptiveMaxPool, AdaptivePool, DimReduce, Flatten,
-                                 LogSoftmax, Reduce, SoftmaxOp, SpatialReduce, Squeeze, Unsqueeze, View)
+                                 LogSoftmax, Reduce, SoftmaxOp, SpatialReduce, Squeeze, Unflatten,
+                                 Unsqueeze, View)
 
 #: Config op name -> class. Adding an op is one class and one line here.
 REGISTRY: dict[str, type[Op]] = {
@@ -53,6 +54,7 @@ REGISTRY: dict[str, type[Op]] = {
     "softmax": SoftmaxOp,
     "log_softmax": LogSoftmax,
     "flatten": Flatten,
+    "unflatten": Unflatten,
     "squeeze": Squeeze,
     "unsqueeze": Unsqueeze,
     "dropout": Dropout,
@@ -61,4 +63,4 @@ REGISTRY: dict[str, type[Op]] = {
 __all__ = ["REGISTRY", "Op", "OpContext", "ParamDecl", "Shape", "Elementwise", "Norm", "Pool", "Reduce",
            "Add", "Clamp", "Div", "Mul", "Relu", "BatchNorm", "GroupNorm", "InstanceNorm",
            "MaxPool", "AvgPool", "AdaptiveAvgPool", "AdaptiveMaxPool", "AdaptivePool", "DimReduce", "Dropout",
-           "Flatten", "LayerNorm", "LogSoftmax", "SoftmaxOp", "SpatialReduce", "Squeeze", "Unsqueeze", "View"]
+           "Flatten", "LayerNorm", "LogSoftmax", "SoftmaxOp", "SpatialReduce", "Squeeze", "Unflatten", "Unsqueeze", "View"]

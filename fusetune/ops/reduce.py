@@ -9,6 +9,7 @@ after it (dropping or keeping the dims) runs in PyTorch for free.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, ClassVar, Mapping
 
 from fusetune.ops.base import Op, OpContext, Shape, reject_unknown, take_bool, take_int
@@ -251,6 +252,57 @@ class Flatten(View):
 
     def forward_code(self, x: str, attr: str | None) -> str:
         return f"torch.flatten({x}, {self.start_dim}, {self.end_dim})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Unflatten(View):
+    """torch.unflatten(x, dim, sizes): one dim split into several, the inverse of a flatten (a softmax over
+    the spatial dims written as x.view(n, c, -1), softmax over dim 2, then x.view(n, c, d, h, w)). One size
+    may be -1: the rest of the dim. The batch dim stays as it is."""
+
+    kind: ClassVar[str] = "unflatten"
+    dim: int = 1
+    sizes: tuple[int, ...] = (1,)
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, ["dim", "sizes"], ctx)
+        for key in ("dim", "sizes"):
+            if key not in raw:
+                raise ctx.error(key, "missing; expected the dim to split and the sizes it splits into, as "
+                                     "torch.unflatten(x, dim, sizes) takes them")
+        rank = len(ctx.in_shape)
+        dim = take_int(raw, "dim", ctx)
+        if not -rank <= dim < rank:
+            raise ctx.error("dim", f"expected a dim in [{-rank}, {rank - 1}] for an input of rank {rank}, got {dim}")
+        if dim % rank == 0:
+            raise ctx.error("dim", "splitting the batch dim would change what a batch is; expected a later dim")
+        sizes = raw["sizes"]
+        if (not isinstance(sizes, (list, tuple)) or not sizes
+                or any(isinstance(v, bool) or not isinstance(v, int) or (v < 1 and v != -1) for v in sizes)
+                or list(sizes).count(-1) > 1):
+            raise ctx.error("sizes", f"expected a non-empty list of positive sizes (one may be -1), got {sizes!r}")
+        return cls(dim=dim % rank, sizes=tuple(int(v) for v in sizes))
+
+    def _resolved(self, shape: Shape) -> tuple[int, ...] | None:
+        known = math.prod(v for v in self.sizes if v != -1)
+        if -1 in self.sizes:
+            if shape[self.dim] % known:
+                return None
+            return tuple(shape[self.dim] // known if v == -1 else v for v in self.sizes)
+        return self.sizes if known == shape[self.dim] else None
+
+    def check_shape(self, shape: Shape, error) -> None:
+        if self._resolved(shape) is None:
+            error("sizes", f"sizes {list(self.sizes)} do not split dim {self.dim} of size {shape[self.dim]} "
+                           f"(input {list(shape)})")
+
+    def out_shape(self, shape: Shape) -> Shape:
+        sizes = self._resolved(shape) or self.sizes
+        return tuple(shape[:self.dim]) + tuple(sizes) + tuple(shape[self.dim + 1:])
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        return f"torch.unflatten({x}, {self.dim}, {tuple(self.sizes)})"
 
 
 @dataclasses.dataclass(frozen=True)

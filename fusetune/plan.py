@@ -320,7 +320,8 @@ def _kernel_refusal(op: Op) -> str | None:
     if isinstance(op, Norm) and op.scope not in KERNEL_SCOPES:
         return (f"the kernels' norms take statistics per (sample, channel) plane, per sample or per channel "
                 f"({', '.join(KERNEL_SCOPES)}); a {op.kind} over {list(getattr(op, 'normalized_shape', ()))}, "
-                "fewer trailing dims than every spatial one, runs in PyTorch")
+                "fewer trailing dims than every spatial one, runs after this region (over the last dim alone, in a "
+                "later one on a view of its input; else in PyTorch)")
     if isinstance(op, Reduce) and op.mode not in REDUCTIONS:
         return f"the kernels reduce by {', '.join(REDUCTIONS)}; {op.mode} runs in PyTorch"
     if isinstance(op, DimReduce) and op.dims != (1,) and op.dims != (op.dim,):

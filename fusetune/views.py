@@ -6,7 +6,8 @@ A later region (fusetune/pipeline.py) reads a contiguous tensor. Over a run of c
 equals the same op over dim 1 of the view ``(prod(S[:first]), prod(S[first..last]), prod(S[last+1:]))``
 (``channels``: what channel_reduce and channel_softmax take as (N, C, L)), and where the run is S's
 trailing dims, a reduction equals one over the spatial dim of ``(prod(S[:first]), 1, prod(S[first:]))``
-(``plane``: plane_reduce's (N, C, L), a plane a row, far more parallel than one thread a row). Both
+(``plane``: plane_reduce's (N, C, L), a plane a row, far more parallel than one thread a row); a layer
+norm over the last dim alone is an instance norm over the spatial dim of the plane view. Both
 views keep the elements where they are, so they are free; ``keepdim`` and the output's shape are a view
 back (``after``). A map that reads no per-channel parameter runs on any view; one that does would read
 the view's dim 1 as the chain's channels, so a region with a view holds none.
@@ -22,7 +23,7 @@ import dataclasses
 import math
 from typing import Any, Callable, Sequence
 
-from fusetune.ops import DimReduce, Op, Shape
+from fusetune.ops import DimReduce, LayerNorm, Op, Shape
 from fusetune.ops.reduce import KERNEL_MODES, Softmax
 from fusetune.ops.reductions import REDUCTIONS
 
@@ -117,10 +118,25 @@ def _softmax_view(op: Softmax, shape: Shape) -> RegionView | str | None:
     return RegionView(first=op.dim, last=op.dim, form="channels", after="same")
 
 
+def _layer_norm_view(op: LayerNorm, shape: Shape) -> RegionView | str | None:
+    """A layer norm over (C, *spatial) or every spatial dim of an (N, C, spatial...) tensor needs none (group
+    or instance norm's statistics: ops/norm.py); over its last dim alone (fewer trailing dims than every
+    spatial one, or the features of a 2-D tensor after a flatten), the plane view of that dim: an instance
+    norm over the view's one spatial dim, the per-element weight and bias indexed by its position there (the
+    same elements, in the same order, as the module's own)."""
+    if 3 <= len(shape) <= 5 and op.scope in ("group", "instance"):
+        return None
+    if len(op.normalized_shape) != 1:
+        return (f"a {op.kind} over {list(op.normalized_shape)}: fewer dims than every spatial one, and more than "
+                "the last alone, which a plane view makes the spatial dim")
+    return RegionView(first=len(shape) - 1, last=len(shape) - 1, form="plane", after="same")
+
+
 #: op class -> the view a later region that holds it runs on (None: the tensor as it is), or why none helps.
 VIEWERS: dict[type, Callable[[Any, Shape], RegionView | str | None]] = {
     DimReduce: _reduce_view,
     Softmax: _softmax_view,
+    LayerNorm: _layer_norm_view,
 }
 
 
@@ -137,6 +153,8 @@ def view_op(op: Op, view: RegionView) -> Op:
         return DimReduce(mode=mode, over="dim", dim=1, dims=(1,), keepdim=False)
     if isinstance(op, Softmax):
         return type(op)(dim=1)
+    if isinstance(op, LayerNorm):  # over the last dim: its size is the view's spatial size (plane view)
+        return dataclasses.replace(op, in_rank=3)
     return op
 
 

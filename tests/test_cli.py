@@ -407,7 +407,7 @@ def test_deploy_reports_undecodable_and_duplicate_key_configs_and_tunes_the_rest
 def test_plan_json_is_the_regions_and_worlds_as_data():
     """`fusetune plan --json`: one document a config, the fused ops and the PyTorch tail by config entry,
     why the kernels stop, the worlds offered (with their stages) and not (with why)."""
-    chain = ROOT / "tests" / "chains" / "conv2d_layernorm_w_gelu.yaml"
+    chain = ROOT / "tests" / "chains" / "conv3d_layernorm_hw_gelu.yaml"
     result = CliRunner().invoke(main, ["plan", "--json", str(SEEDS["groupnorm"]), str(chain)])
     assert result.exit_code == 0, result.output
     seed, tail = json.loads(result.output)
@@ -416,7 +416,7 @@ def test_plan_json_is_the_regions_and_worlds_as_data():
     assert seed["worlds"]["gemm_extrema"] == ["gemm_stats", "finalize", "extrema_map"] and seed["worlds"]["eager"] == []
     assert tail["fused"] == [] and [s["op"] for s in tail["pytorch"]] == ["layer_norm"]
     norm, gelu = tail["later"]  # the layer norm in PyTorch, then a later region of kernels on its output
-    assert norm["runs"] == "pytorch" and "a layer_norm over [23], fewer trailing dims" in norm["why"]
+    assert norm["runs"] == "pytorch" and "a layer_norm over [11, 13]: fewer dims than every spatial one" in norm["why"]
     assert gelu["runs"] == "kernels" and [s["op"] for s in gelu["ops"]] == ["gelu"] and gelu["region"] == 2
-    assert gelu["tuned_as"] == "conv2d_layernorm_w_gelu_r2" and gelu["worlds"] == ["cudnn", "eager"]
-    assert "a layer_norm over [23]" in tail["ends"] and tail["candidates"] > 1
+    assert gelu["tuned_as"] == "conv3d_layernorm_hw_gelu_r2" and gelu["worlds"] == ["cudnn", "eager"]
+    assert "a layer_norm over [11, 13]" in tail["ends"] and tail["candidates"] > 1

@@ -84,13 +84,30 @@ def test_without_the_affine_every_world_takes_it():
     assert plan.impl_stages["gemm_extrema"] == ("gemm_stats", "finalize", "extrema_map")
 
 
-def test_a_layer_norm_over_the_last_dim_runs_in_pytorch():
+def test_a_layer_norm_over_the_last_dim_is_a_later_region_on_a_plane_view():
+    """Over the last dim alone region 0 stops before it; the later region reads the convolution's output as
+    (N*C*H, 1, W), where the layer norm is an instance norm over the view's spatial dim, its weight and bias
+    indexed by the position there (fusetune/views.py)."""
+    from fusetune.pipeline import later_segments
+
     plan = _plan("conv2d_layernorm_w_gelu")
     assert plan.norm is None and plan.head == () and [s.op.kind for s in plan.tail] == ["layer_norm", "gelu"]
     assert plan.tail[0].op.scope == "layer"
-    assert "a layer_norm over [23], fewer trailing dims than every spatial one, runs in PyTorch" in plan.ends
+    assert "a layer_norm over [23], fewer trailing dims than every spatial one, runs after this region" in plan.ends
+    (segment,) = later_segments(plan)
+    assert segment.kernels and [s.op.kind for s in segment.steps] == ["layer_norm", "gelu"]
+    assert segment.view.shape((2, 8, 19, 23)) == (2 * 8 * 19, 1, 23) and segment.view.back((2, 8, 19, 23)) == (2, 8, 19, 23)
+    later = make_plan(segment.spec)
+    assert later.norm.scope == "instance" and later.norm.element_affine == "spatial" and later.family == "window_map"
     output = CliRunner().invoke(main, ["plan", str(CHAINS / "conv2d_layernorm_w_gelu.yaml")]).output
-    assert "region 1 (PyTorch): epilogue[0] (layer_norm)" in output
+    assert "view: dim 3 of [2, 8, 19, 23] as [304, 1, 23] (plane)" in output
+
+
+def test_a_layer_norm_over_some_spatial_dims_runs_in_pytorch():
+    plan = _plan("conv3d_layernorm_hw_gelu")
+    assert plan.head == () and plan.tail[0].op.scope == "layer"
+    output = CliRunner().invoke(main, ["plan", str(CHAINS / "conv3d_layernorm_hw_gelu.yaml")]).output
+    assert "region 1 (PyTorch): epilogue[0] (layer_norm)" in output and "more than the last alone" in output
 
 
 def test_a_layer_norm_after_a_pool_is_a_later_regions_norm():

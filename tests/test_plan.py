@@ -173,7 +173,7 @@ def test_seed_slots():
     ("groupnorm", [{"op": "avg_pool", "kernel_size": 3, "padding": 1}, {"op": "max_pool", "kernel_size": 2}],
      ["max_pool"], "epilogue[1] (max_pool)"),
     ("groupnorm", [{"op": "gelu"}, {"op": "layer_norm", "normalized_shape": [43]}], ["layer_norm"],
-     "a layer_norm over [43], fewer trailing dims than every spatial one, runs in PyTorch"),
+     "a layer_norm over [43], fewer trailing dims than every spatial one, runs after this region"),
     ("groupnorm", [{"op": "layer_norm", "normalized_shape": [35, 43]}, {"op": "amax", "dim": 1}], ["reduce"],
      "per-element affine only in a region that ends in a map, a pool or a reduction over space"),
     ("groupnorm", [{"op": "logsumexp", "dim": [2, 3]}], ["reduce"], "not dims [2, 3]"),  # over channels: fused

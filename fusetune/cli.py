@@ -253,8 +253,9 @@ def _plan_document(spec, plan_, space) -> dict:
 @click.option("--trials", type=click.IntRange(min=1), help="Trials per shape (default: the config's).")
 @click.option("--timeout", type=click.FloatRange(min=1), help="Seconds per shape (default: the config's).")
 @click.option("--budget-s", "budget_s", type=click.FloatRange(min=1), default=None,
-              help="Seconds per shape, its builds included: the search stops there and names the best so far "
-                   "(candidates not built by then are left for a later search).")
+              help="Seconds per shape, its builds included: the search builds in batches, starts timing with the "
+                   "first, stops at the budget and names the best so far (candidates not built by then are left for "
+                   "a later search). Without it, the module of every variant is built first.")
 @click.option("--force", is_flag=True, help="Ignore cached winners and re-run known outcomes.")
 @click.option("--job-timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
               help="Seconds one candidate may take to verify and time before its worker is killed (a world that "
@@ -305,7 +306,8 @@ def search(ctx: click.Context, configs: tuple[str, ...], shapes: tuple[str, ...]
     problems = [item for pair in selected for item in expand(*pair)]  # each config's first region, then its later ones
     prebuild([spec for spec, _ in problems], cache, machine.capability)  # the later regions' builds, meanwhile
     with reporter, Worker() as worker, SearchFactory(cache, machine, worker, job_timeout=job_timeout, force=force,
-                                                     echo=reporter.line, reporter=reporter) as make:
+                                                     echo=reporter.line, reporter=reporter,
+                                                     lazy=budget_s is not None) as make:
         for spec, spec_shapes in problems:
             for shape in spec_shapes:
                 reporter.line(f"{spec.name} {list(shape)}")
@@ -646,7 +648,7 @@ def worker(ctx: click.Context, storage: str, gpus: str, trials: int | None, time
     # Plain lines on stdout with the worker's others, never a live display: a worker per GPU shares the terminal.
     alive = make_reporter(ctx.obj["verbosity"], progress=False, echo=click.echo)  # builds' and slow jobs' heartbeat
     with Worker() as evaluator, SearchFactory(cache, machine, evaluator, job_timeout=job_timeout, echo=click.echo,
-                                              reporter=alive) as factory:
+                                              reporter=alive, lazy=False) as factory:
         def make(plan_, shape_):
             import torch
 

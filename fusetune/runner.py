@@ -225,14 +225,21 @@ class SearchFactory:
     with one build pool for the whole command: trials start once the default world's defaults are built,
     the other starts' modules build meanwhile, and a world the starts left behind never has its variants
     built. A later region (no convolution: fusetune.later.prebuild builds its small module of every variant
-    in the background) is searched in that module."""
+    in the background) is searched in that module.
+
+    ``lazy`` False: every search builds its module of every variant first (GpuBenchmarker), in one parallel
+    nvcc run. Without a time budget that is the faster way through a full search on a GPU host: each batch's
+    module pays a fixed cost (its binding.cpp against torch's headers, about 20 s on an H200 host) that the
+    neighbours' modules then pay one after another (a cold search of a small corpus chain passed 225 s in
+    batches where one module of every variant took about 60 s). Batches serve a budget: they start trials
+    early and leave what the budget cannot reach unbuilt."""
 
     def __init__(self, cache: Cache, machine: Machine, worker: Worker, *, force: bool = False,
                  job_timeout: float = 60.0, build_timeout: float = 900.0, open_timeout: float = OPEN_TIMEOUT,
-                 echo=print, reporter: Reporter | None = None, jobs: int | None = None) -> None:
+                 echo=print, reporter: Reporter | None = None, jobs: int | None = None, lazy: bool = True) -> None:
         from fusetune.lazy import BuildPool
 
-        self.cache, self.machine, self.worker, self.force = cache, machine, worker, force
+        self.cache, self.machine, self.worker, self.force, self.lazy = cache, machine, worker, force, lazy
         self.job_timeout, self.build_timeout, self.echo, self.reporter = job_timeout, build_timeout, echo, reporter
         self.open_timeout = open_timeout  # a deploy's lowers both timeouts to the time it has left
         self.pool = BuildPool(self.builder, jobs)
@@ -258,7 +265,7 @@ class SearchFactory:
         if self.batches is not None:  # the last search is over: its builds not started yet never start
             self.batches.cancel_pending()
             self.batches = None
-        if not getattr(plan.spec.producer, "convolves", True):
+        if not self.lazy or not getattr(plan.spec.producer, "convolves", True):
             return GpuBenchmarker(plan, shape, self.cache, self.machine, self.worker, **options)
         self.batches = Batches(plan, self.pool, math.inf, ahead=True)
         return LazyGpuBenchmarker(plan, shape, self.cache, self.machine, self.worker, self.batches, **options)

@@ -229,10 +229,9 @@ class SearchFactory:
 
     ``lazy`` False: every search builds its module of every variant first (GpuBenchmarker), in one parallel
     nvcc run. Without a time budget that is the faster way through a full search on a GPU host: each batch's
-    module pays a fixed cost (its binding.cpp against torch's headers, about 20 s on an H200 host) that the
-    neighbours' modules then pay one after another (a cold search of a small corpus chain passed 225 s in
-    batches where one module of every variant took about 60 s). Batches serve a budget: they start trials
-    early and leave what the budget cannot reach unbuilt."""
+    module pays a fixed cost (its binding.cpp against torch's headers: tens of seconds) that the neighbours'
+    small modules then pay one after another. Batches serve a budget: they start trials early and leave what
+    the budget cannot reach unbuilt."""
 
     def __init__(self, cache: Cache, machine: Machine, worker: Worker, *, force: bool = False,
                  job_timeout: float = 60.0, build_timeout: float = 900.0, open_timeout: float = OPEN_TIMEOUT,

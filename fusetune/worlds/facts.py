@@ -93,28 +93,28 @@ def reduce_mode_refusal(plan: Plan, stages: tuple[str, ...]) -> str | None:
     return None
 
 
+def _lacking(stages: tuple[str, ...], able: tuple[str, ...]) -> str | None:
+    """The first of ``stages`` that applies a norm's map and is not among ``able`` (those that also do what
+    the region asks of that map), None where every such stage is."""
+    return next((stage for stage in stages if stage in NORM_MAP_STAGES and stage not in able), None)
+
+
 def element_affine_refusal(plan: Plan, stages: tuple[str, ...]) -> str | None:
     """Why these stages do not apply the region's norm, None where they do: a layer norm's per-element
     weight and bias (Norm.element_affine) need a main stage of ELEMENT_AFFINE_STAGES."""
-    if plan.norm is None or not plan.norm.element_affine:
-        return None
-    for stage in stages:
-        if stage in NORM_MAP_STAGES and stage not in ELEMENT_AFFINE_STAGES:
-            return (f"a {plan.norm.kind}'s per-element affine (elementwise_affine): {stage} applies the norm's map "
-                    f"per (sample, channel) plane only (by position: {', '.join(ELEMENT_AFFINE_STAGES)})")
-    return None
+    stage = _lacking(stages, ELEMENT_AFFINE_STAGES) if plan.norm is not None and plan.norm.element_affine else None
+    return None if stage is None else (
+        f"a {plan.norm.kind}'s per-element affine (elementwise_affine): {stage} applies the norm's map per "
+        f"(sample, channel) plane only (by position: {', '.join(ELEMENT_AFFINE_STAGES)})")
 
 
 def producer_refusal(plan: Plan, stages: tuple[str, ...]) -> str | None:
     """Why these stages do not apply the region's chain after its norm, None where they do: an op there that
     reads the convolution's output (by: producer) needs a main stage of PRODUCER_STAGES."""
-    if not any(op.uses_producer() for op in plan.mid):
-        return None
-    for stage in stages:
-        if stage in NORM_MAP_STAGES and stage not in PRODUCER_STAGES:
-            return (f"an op after the norm that reads the convolution's output (by: producer): {stage} does not "
-                    f"have it at a value's position (those that do: {', '.join(PRODUCER_STAGES)})")
-    return None
+    stage = _lacking(stages, PRODUCER_STAGES) if any(op.uses_producer() for op in plan.mid) else None
+    return None if stage is None else (
+        f"an op after the norm that reads the convolution's output (by: producer): {stage} does not have it at a "
+        f"value's position (those that do: {', '.join(PRODUCER_STAGES)})")
 
 
 def padded_pool(plan: Plan) -> str | None:

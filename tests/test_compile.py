@@ -13,6 +13,7 @@ import pytest
 
 from fusetune.codegen import PER_VARIANT_UNITS, plan_facts, render
 from fusetune.config import load_config, parse_config
+from fusetune.dtypes import DTYPES
 from fusetune.plan import make_plan
 from fusetune.worlds.facts import wide_main_refusal
 from fusetune.space import load_family
@@ -411,7 +412,8 @@ def test_wide_geometry_header_agrees_with_tiles(tmp_path):
     for i, (k, s, p, transposed) in enumerate(GEOMETRY_AXES):
         conv = {"kernel": (1, k, k), "stride": (1, s, s), "padding": (0, p, p), "transposed": transposed}
         convs.append(conv)
-        header = template.render(wide={"axes": wide_axes(conv), "ck": 16, "cin_pad": 16, "workspace": 0})
+        header = template.render(wide={"axes": wide_axes(conv), "ck": 16, "cin_pad": 16, "workspace": 0},
+                                 dtype=DTYPES["float32"])
         parts.append(f"namespace c{i} {{\n{header}\n}}\n")
     lines = ["int main() {", "  for (int out = 1; out <= 60; ++out) {"]
     for i in range(len(convs)):
@@ -468,7 +470,8 @@ def test_wide_classes_among_windows_place_every_output_once(tmp_path):
     parts, checks = ["#include <cstdint>\n#include <cstdio>\n"], []
     for i, (k, s, p, transposed) in enumerate(GEOMETRY_AXES):
         conv = {"kernel": (1, k, k), "stride": (1, s, s), "padding": (0, p, p), "transposed": transposed}
-        header = template.render(wide={"axes": wide_axes(conv), "ck": 16, "cin_pad": 16, "workspace": 0})
+        header = template.render(wide={"axes": wide_axes(conv), "ck": 16, "cin_pad": 16, "workspace": 0},
+                                 dtype=DTYPES["float32"])
         parts.append(f"namespace c{i} {{\n{header}\n}}\n")
         checks.append(f"""
   for (int out = 1; out <= 40; ++out)

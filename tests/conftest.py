@@ -20,6 +20,17 @@ SEEDS = {
     "maxpool_gap": CONFIGS / "convt3d_scale_maxpool_gap_clamp.yaml",
 }
 
+
+def _reference_worlds() -> tuple[str, ...]:
+    from fusetune.worlds import WORLDS
+
+    return tuple(name for name, world in WORLDS.items() if world.runs_reference)
+
+
+#: The worlds whose candidate is the reference's own forward (eager, torch.compile's modes), in registry order:
+#: offered for every region, so tests that list what a plan offers add them from the registry.
+REFERENCE_WORLDS = _reference_worlds()
+
 _counter = itertools.count()
 
 

@@ -18,7 +18,7 @@ from fusetune.search import Machine, tune_shape
 from fusetune.space import candidate_key
 from fusetune.worlds import WORLDS
 
-from conftest import import_file
+from conftest import REFERENCE_WORLDS, import_file
 from fake_builds import FailingBuilder, FakeBuilder, FakeLazyFactory
 from fake_handlers import MACHINE_FIELDS, FakeBench
 
@@ -147,7 +147,7 @@ def test_a_module_not_built_by_the_deadline_defers_its_candidate_but_never_batch
     pool = BuildPool(FakeBuilder(0.2), jobs=1)
     try:
         batches = Batches(plan, pool, deadline=time.monotonic() + 0.05, first=first)
-        other = next(c for c in space.all() if c["producer.impl"] not in ("cudnn", "eager", "inductor_default", "inductor")
+        other = next(c for c in space.all() if c["producer.impl"] not in ("cudnn", *REFERENCE_WORLDS)
                      and not _fits(batches.modules[0][0], plan, space, c))
         batches.schedule([first, other])
         assert batches.module_for(first).ok  # batch 0: waited for past the deadline
@@ -190,7 +190,7 @@ def test_a_batch_that_fails_to_build_costs_only_the_candidate_that_does_not_comp
     found = max(_found(), key=lambda f: len(make_plan(f.spec).impl_stages))
     plan = make_plan(found.spec)
     space = plan_space(plan)
-    world = next(w for w in plan.impl_stages if w not in ("cudnn", "eager", "inductor_default", "inductor"))
+    world = next(w for w in plan.impl_stages if w not in ("cudnn", *REFERENCE_WORLDS))
     first = cheapest(found.spec, plan, found.spec.shapes[0], MACHINE.capability)
     ours = [c for c in space.all() if c["producer.impl"] == world]
     family = next(f for f in space.active(ours[0]) if f.family in PER_VARIANT_UNITS)

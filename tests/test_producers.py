@@ -14,7 +14,7 @@ from fusetune.plan import make_plan
 from fusetune.producers import KINDS, Producer
 from fusetune.space import load_family
 
-from conftest import import_file
+from conftest import REFERENCE_WORLDS, import_file
 
 #: A tiny input per spatial dims (N, C, spatial): sizes that differ per axis, so a swapped axis shows.
 SPATIAL = {1: (9,), 2: (7, 9), 3: (5, 7, 6)}
@@ -239,15 +239,15 @@ def test_plain_1d_and_2d_producers_go_inside(kind, offered):
 ])
 def test_inside_worlds_refuse_dilation_and_groups(kind, producer, reason):
     plan = _plan(kind, **producer)
-    assert set(plan.impl_stages) == {"cudnn", "eager", "inductor_default", "inductor"}  # cuDNN (and PyTorch) take every producer
+    assert set(plan.impl_stages) == {"cudnn", *REFERENCE_WORLDS}  # cuDNN (and PyTorch) take every producer
     assert {impl: refusals(plan)[impl] for impl in ("direct", "gemm", "gemm_wide")} == dict.fromkeys(
         ("direct", "gemm", "gemm_wide"), reason)
 
 
 def test_inside_worlds_refuse_asymmetric_same_and_take_symmetric():
     plan = _plan("conv1d", kernel_size=2, padding="same")
-    assert set(plan.impl_stages) == {"cudnn", "eager", "inductor_default", "inductor"}
-    assert set(refusals(plan)) == set(WORLDS) - {"cudnn", "eager", "inductor_default", "inductor"}
+    assert set(plan.impl_stages) == {"cudnn", *REFERENCE_WORLDS}
+    assert set(refusals(plan)) == set(WORLDS) - {"cudnn", *REFERENCE_WORLDS}
     assert all(refusals(plan)[impl].startswith("padding 'same' of 0 before and 1 after")
                for impl in ("direct", "gemm", "gemm_wide"))
     plan = _plan("conv1d", kernel_size=3, padding="same")

@@ -17,7 +17,7 @@ from fusetune.search import Machine, _nearest, key_fields, shape_facts, tune_sha
 from fusetune.space import candidate_key
 from fusetune.tiles import cluster_boxes
 
-from conftest import SEEDS, run_processes
+from conftest import REFERENCE_WORLDS, SEEDS, run_processes
 from fake_handlers import MACHINE_FIELDS, FakeBench, fake_time, tune_in_process
 
 MACHINE = Machine("FakeGPU", "9.0", "13.0", "2.13")
@@ -475,7 +475,7 @@ def test_producer_starts_cover_every_cudnn_choice_once():
     spec = load_config(SEEDS["batchnorm"])
     facts = shape_facts(spec, make_plan(spec), spec.shapes[0], "9.0")
     assert [impl for impl, s in others.items() if not space.violations(s, facts)] == [
-        "spectral", "eager", "inductor_default", "inductor"]
+        "spectral", *REFERENCE_WORLDS]
     # gemm_wide's default stages a plane of taps, whose weights do not fit at 5 x 5 taps: the search
     # starts that world from the nearest feasible candidate, the same variant a row of taps a stage
     feasible = [c for c in space.all() if not space.violations(c, facts)]
@@ -499,7 +499,7 @@ def test_tensor_core_kernels_are_not_offered_before_sm80(cache):
                         echo=quiet)
     outcomes = cache.load(result.key).outcomes.values()
     ran = {o["candidate"]["producer.impl"] for o in outcomes if o["status"] != "infeasible"}
-    assert ran == {"cudnn", "direct", "eager", "inductor_default", "inductor"} and len(bench.search_evaluations()) == 12
+    assert ran == {"cudnn", "direct", *REFERENCE_WORLDS} and len(bench.search_evaluations()) == 12
 
 
 def test_renamed_config_shares_module_and_key(tmp_path):

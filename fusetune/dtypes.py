@@ -1,5 +1,4 @@
-"""The element types a config may name, as data: how each is spelt in the kernels, the binding and
-the generated model.
+"""The element types a config may name, as data: how each is spelt in the kernels and the generated model.
 
 Every tensor of the model (input, weights, parameters, the norm's affine parameters and running
 statistics, the convolution's output and the model's) is in the config's dtype; the kernels widen
@@ -20,7 +19,6 @@ DEFAULT_DTYPE = "float32"
 class Dtype:
     name: str  # the config's spelling
     torch: str  # torch.<torch> in the generated model
-    scalar_type: str  # at::ScalarType in the binding
     ft: str  # the element type the kernels' pointers have: float, or the ft_t wrapper (templates/common.cuh.j2)
     ft4: str  # four of them, loaded at once (float4: 16 bytes; ft_t4: 8)
     storage: str  # the CUDA type ft_t wraps ("" for float)
@@ -36,9 +34,9 @@ class Dtype:
 
 
 DTYPES: dict[str, Dtype] = {
-    "float32": Dtype("float32", "float32", "kFloat", "float", "float4", "", "", "", "", 4),
-    "float16": Dtype("float16", "float16", "kHalf", "ft_t", "ft_t4", "__half", "cuda_fp16.h",
+    "float32": Dtype("float32", "float32", "float", "float4", "", "", "", "", 4),
+    "float16": Dtype("float16", "float16", "ft_t", "ft_t4", "__half", "cuda_fp16.h",
                      "__half2float", "__float2half_rn", 2, "__half2", "__half22float2", "f16"),
-    "bfloat16": Dtype("bfloat16", "bfloat16", "kBFloat16", "ft_t", "ft_t4", "__nv_bfloat16", "cuda_bf16.h",
+    "bfloat16": Dtype("bfloat16", "bfloat16", "ft_t", "ft_t4", "__nv_bfloat16", "cuda_bf16.h",
                       "__bfloat162float", "__float2bfloat16_rn", 2, "__nv_bfloat162", "__bfloat1622float2", "bf16"),
 }

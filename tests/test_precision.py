@@ -114,7 +114,7 @@ def test_plan_shows_the_numerics(path):
 @pytest.mark.parametrize("path", BY_KIND["fp16"] + BY_KIND["bf16"], ids=lambda p: p.stem)
 def test_half_module_renders_at_its_dtype(path):
     """The kernels read and write the dtype through ft_t (widened to float), no torch header; the
-    binding takes tensors of the dtype and float workspace; the model allocates its output in the dtype."""
+    binding takes addresses of the dtype and of float workspace; the model allocates its output in the dtype."""
     spec = load_config(path)
     dtype = DTYPES[spec.dtype]
     module = render(make_plan(spec))
@@ -125,7 +125,7 @@ def test_half_module_renders_at_its_dtype(path):
             assert dtype.header in includes and f"{dtype.storage} v;" in text, unit
             assert "const ft_t* y;" in text and "float* partials;" in text, unit
             assert "reinterpret_cast<const float4*>(a.y" not in text, unit  # 16 bytes of halves are 8 values
-    assert f"torch::{dtype.scalar_type}" in module.files["binding.cpp"]
+    assert f"ft_at<const {dtype.ft}>(at[FT_Y])" in module.files["binding.cpp"]
     assert f"DTYPE = torch.{dtype.torch}" in module.files["model.py"]
 
 

@@ -274,7 +274,7 @@ class Batches:
         """Submit, per world, one module of every one of ``candidates`` that no module runs yet: what the
         search's sampler may suggest next (the competitive worlds' rest, search._sampler_worlds). One module
         a world rather than ``BATCH`` a module: the sampler's suggestions come one at a time, and one build
-        of all of a world's variants (its units in parallel under ninja, its binding once) costs less than
+        of all of a world's variants (its units in parallel under ninja, one link) costs less than
         a build per suggestion. The candidates are assigned to it when asked for (``module_for``): an earlier
         module that runs one still runs it. Returns how many modules were submitted."""
         if not self.ahead or self.clock() >= self.deadline:

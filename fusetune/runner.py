@@ -228,10 +228,8 @@ class SearchFactory:
     in the background) is searched in that module.
 
     ``lazy`` False: every search builds its module of every variant first (GpuBenchmarker), in one parallel
-    nvcc run. Without a time budget that is the faster way through a full search on a GPU host: each batch's
-    module pays a fixed cost (its binding.cpp against torch's headers: tens of seconds) that the neighbours'
-    small modules then pay one after another. Batches serve a budget: they start trials early and leave what
-    the budget cannot reach unbuilt."""
+    nvcc run in which ninja keeps every core busy to the end: without a time budget, the full search's way.
+    Batches serve a budget: they start trials early and leave what the budget cannot reach unbuilt."""
 
     def __init__(self, cache: Cache, machine: Machine, worker: Worker, *, force: bool = False,
                  job_timeout: float = 60.0, build_timeout: float = 900.0, open_timeout: float = OPEN_TIMEOUT,

@@ -22,7 +22,7 @@ from fusetune.codegen import render
 from fusetune.config import ProblemSpec
 from fusetune.dtypes import DTYPES
 from fusetune.errors import FusetuneError
-from fusetune.evaluate import median_ms
+from fusetune.evaluate import draw_extra_inputs, median_ms
 from fusetune.export import find_winner
 from fusetune.ops import Shape
 from fusetune.plan import Plan, make_plan
@@ -42,12 +42,13 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
 
 def epilogue_bytes(spec: ProblemSpec, plan: Plan, shape: Shape) -> int:
     """The fewest bytes the fused epilogue must move: each pass reads the producer output once,
-    the output is written once (per-(n, c) statistics and maps are negligible and left out)."""
+    the output is written once, and an extra input the kernels read (Plan.extra, of the output's size) read once
+    (per-(n, c) statistics and maps are negligible and left out)."""
     word = DTYPES[spec.dtype].bytes
     y = math.prod(spec.producer.out_shape(shape)) * word
     out = math.prod(plan.fused_output_shape(shape)) * word
     passes = int(plan.needs_stats) + int(plan.family is not None)
-    return passes * y + out
+    return passes * y + out * (2 if getattr(plan, "extra", None) else 1)
 
 
 #: Kernels that read the producer output once (their pass's floor is those bytes), by base name;
@@ -66,7 +67,8 @@ def kernel_bytes(name: str, plan: Plan, shape: Shape) -> int | None:
         return None
     word = DTYPES[plan.spec.dtype].bytes
     y = math.prod(plan.spec.producer.out_shape(shape)) * word
-    return y + (math.prod(plan.fused_output_shape(shape)) * word if kind else 0)
+    out = math.prod(plan.fused_output_shape(shape)) * word * (2 if getattr(plan, "extra", None) else 1)  # + extra
+    return y + (out if kind else 0)
 
 
 def kernel_base_name(profiled: str) -> str:
@@ -203,9 +205,11 @@ def _run_bench(spec: ProblemSpec, shape: Shape, plan: Plan, generated: Any, entr
     fused.load_state_dict(reference.state_dict())
     later = attach_later(fused, plan, cache, machine.gpu, machine.capability)  # the later regions' tuned kernels
     x = torch.rand(shape, device="cuda", dtype=generated.DTYPE)  # every column at the config's dtype
+    inputs = draw_extra_inputs(generated, shape)  # the forward's arguments after x (config inputs:), if any
+    kernel_extra = dict(zip(getattr(generated, "INPUTS", []), inputs)).get(getattr(generated, "KERNEL_INPUT", None))
     with torch.no_grad():
-        ref64 = copy.deepcopy(reference).double()(x.double())
-        out, eager_out = fused(x).double(), copy.deepcopy(reference)(x).double()
+        ref64 = copy.deepcopy(reference).double()(x.double(), *(t.double() for t in inputs))
+        out, eager_out = fused(x, *inputs).double(), copy.deepcopy(reference)(x, *inputs).double()
         err_fused = ((out - ref64).norm() / ref64.norm()).item()
         err_eager = ((eager_out - ref64).norm() / ref64.norm()).item()
         # What a user's acceptance test against eager at the dtype sees (the config's tolerance, if any).
@@ -219,15 +223,15 @@ def _run_bench(spec: ProblemSpec, shape: Shape, plan: Plan, generated: Any, entr
         "eager_error_rel": err_eager, "eager_diff_max": eager_diff, "allclose_to_eager": allclose,
         "later_regions": later}
     echo(f"{spec.name} {list(shape)} on {machine.gpu}: timing eager")
-    result["eager_ms"] = median_ms(lambda: reference(x), reps=reps)
+    result["eager_ms"] = median_ms(lambda: reference(x, *inputs), reps=reps)
     for mode in compile_modes:
         echo(f"  torch.compile mode={mode} (compiling...)")
         compiled = torch.compile(copy.deepcopy(reference), mode=mode)
         with torch.no_grad():
-            compiled(x)
-        result[f"compile_{mode}_ms"] = median_ms(lambda: compiled(x), reps=reps)
+            compiled(x, *inputs)
+        result[f"compile_{mode}_ms"] = median_ms(lambda: compiled(x, *inputs), reps=reps)
         torch._dynamo.reset()
-    result["fusetune_ms"] = median_ms(lambda: fused(x), reps=reps)
+    result["fusetune_ms"] = median_ms(lambda: fused(x, *inputs), reps=reps)
     bandwidth = copy_bandwidth_gbs()
     result["copy_gbs"] = bandwidth
     impl = entry.winner["candidate"].get("producer.impl", DEFAULT)
@@ -252,11 +256,12 @@ def _run_bench(spec: ProblemSpec, shape: Shape, plan: Plan, generated: Any, entr
         result["producer_ms"] = median_ms(lambda: fused.produce(x), reps=reps)
         with torch.no_grad():
             y = fused.produce(x)
-        result["epilogue_ms"] = median_ms(lambda: fused.epilogue(y), reps=reps)
+        result["epilogue_ms"] = median_ms(lambda: fused.epilogue(y, extra=kernel_extra), reps=reps)
         nbytes = epilogue_bytes(spec, plan, shape)
         result.update(epilogue_bytes=nbytes, epilogue_floor_ms=nbytes / (bandwidth * 1e9) * 1e3)
         result["epilogue_floor_fraction"] = result["epilogue_floor_ms"] / result["epilogue_ms"]
-        result["kernels"] = kernel_rows(profile_kernels_ms(lambda: fused.epilogue(y)), plan, shape, bandwidth)
+        result["kernels"] = kernel_rows(profile_kernels_ms(lambda: fused.epilogue(y, extra=kernel_extra)), plan, shape,
+                                        bandwidth)
     result["speedup_vs_eager"] = result["eager_ms"] / result["fusetune_ms"]
     for mode in compile_modes:
         result[f"speedup_vs_compile_{mode}"] = result[f"compile_{mode}_ms"] / result["fusetune_ms"]

@@ -244,7 +244,9 @@ def _plan_document(spec, plan_, space) -> dict:
     return {"config": spec.path, "name": spec.name, **spec.numerics(), "fused": steps(plan_.head),
             "pytorch": [op for s in later if s["runs"] == "pytorch" for op in s["ops"]], "later": later,
             "ends": plan_.ends, "worlds": {impl: list(stages) for impl, stages in plan_.impl_stages.items()},
-            "not_offered": refusals(plan_), "not_on_this_machine": machine_refusals(plan_), "rules": list(plan_.rules), "candidates": sum(1 for _ in space.all())}
+            "not_offered": refusals(plan_), "not_on_this_machine": machine_refusals(plan_), "rules": list(plan_.rules),
+            "exact_at_shapes_only": list(plan_.at_shapes_worlds), "candidates": sum(1 for _ in space.all()),
+            "inputs": list(spec.inputs), "kernel_input": plan_.extra}
 
 
 @main.command()

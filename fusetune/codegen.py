@@ -17,6 +17,7 @@ from fusetune import __version__
 from fusetune.cache import atomic_write_text
 from fusetune.dtypes import DTYPES
 from fusetune.ops import Elementwise
+from fusetune.ops.pool import ADAPTIVE_BOUNDS
 from fusetune.plan import Plan
 from fusetune.regions import reference_attr
 from fusetune.space import Constraint, FamilySpace, ParamSpec, PlanSpace, load_family
@@ -103,11 +104,15 @@ def plan_facts(plan: Plan) -> dict[str, Any]:
             **all_facts(plan)}
 
 
-def _chain(ops: Sequence[Elementwise], v: str, slots: dict[str, int], plain: bool = False) -> str:
+def _chain(ops: Sequence[Elementwise], v: str, slots: dict[str, int], plain: bool = False,
+           scalars: frozenset[str] = frozenset()) -> str:
     """The ops applied to ``v`` as a CUDA expression; channel c's parameters read through the read-only
     cache (__ldg), or with ``plain`` as plain loads, which the compiler merges where one channel's
-    values are taken in a row (__ldg is an asm statement it keeps every copy of)."""
+    values are taken in a row (__ldg is an asm statement it keeps every copy of). A scalar parameter
+    (``scalars``) is its one value, whatever the channel."""
     def load(name: str) -> str:
+        if name in scalars:
+            return f"a.p[{slots[name]}][0]" if plain else f"__ldg(a.p[{slots[name]}])"
         return f"a.p[{slots[name]}][c]" if plain else f"__ldg(a.p[{slots[name]}] + c)"
     expr = v
     for op in ops:
@@ -116,10 +121,16 @@ def _chain(ops: Sequence[Elementwise], v: str, slots: dict[str, int], plain: boo
 
 
 def _pool_window(plan: Plan) -> dict[str, Any]:
+    """The region's pool for the templates (pool.j2): its fixed window (an adaptive pool's: the one window it
+    is at the config's shapes, else zeros; Plan.pool_window), padding, and an adaptive pool's output sizes
+    and window bounds; ``shifted``: each window's origin is computed (padded, or adaptive) rather than the
+    output index times the stride."""
     kernel, stride = plan.pool_window
     padding = plan.pool_padding
+    adaptive = plan.pool_output is not None
     return {"mode": plan.pool.mode if plan.pool else "max", "kernel": kernel, "stride": stride, "padding": padding,
-            "padded": any(padding)}
+            "padded": any(padding), "adaptive": adaptive, "output": plan.pool_output,
+            "shifted": any(padding) or adaptive, "bounds": ADAPTIVE_BOUNDS}
 
 
 def _without_path(text: str | None, path: str) -> str | None:
@@ -138,7 +149,7 @@ def _later(plan: Plan) -> list[dict[str, Any]]:
     from fusetune.pipeline import later_segments
 
     return [{"index": s.index, "kernels": s.kernels, "folder": f"r{s.index}", "attrs": [list(a) for a in s.attrs],
-             "params": list(s.params), "where": s.where, "why": s.why,
+             "params": list(s.params), "inputs": list(s.extra_inputs), "where": s.where, "why": s.why,
              "view": s.view.fact() if s.view is not None else None,
              "lines": [step.op.forward_code("x", step.attr) for step in s.steps]}
             for s in later_segments(plan)]
@@ -196,6 +207,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
     env = environment()
     space = plan_space(plan)
     slots = {name: i for i, name in enumerate(plan.param_names)}
+    scalars = frozenset(p.name for p in plan.spec.parameters if p.scalar)
     variants = {f.family: f.variants() if f.params else [] for f in space.families if f.family in plan.stages}
     for stage, wanted in (only or {}).items():
         variants[stage] = [v for v in variants[stage] if v in wanted]
@@ -204,12 +216,14 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
     facts = plan_facts(plan)
     elem, terms = DTYPES[plan.spec.dtype].bytes, gemm_terms(plan)  # the K-tiled kernels' values and weight terms
     mid_reads = any(op.uses_producer() for op in plan.mid)
+    post_reads = any(op.reads_input() for op in plan.post)
+    final_reads = any(op.reads_input() for op in plan.final)
     context: dict[str, Any] = {
         "plan": plan, "spec": plan.spec, "version": __version__, "py": repr,
         "facts": facts,  # what the worlds offer (codegen.plan_facts): the templates' world-specific branches
         "dtype": DTYPES[plan.spec.dtype],  # the tensors' element type in the kernels, the binding and model.py
-        "chain": lambda ops, v: _chain(ops, v, slots),
-        "chain_plain": lambda ops, v: _chain(ops, v, slots, plain=True),
+        "chain": lambda ops, v: _chain(ops, v, slots, scalars=scalars),
+        "chain_plain": lambda ops, v: _chain(ops, v, slots, plain=True, scalars=scalars),
         "pool": _pool_window(plan), "strategy_id": STRATEGIES.__getitem__,
         "norm": norm,
         "pre_reads_producer": any(op.uses_producer() for op in plan.pre),
@@ -217,6 +231,13 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         # bias) of the element too; mid_call spells the call either way, so other chains' code is unchanged.
         "mid_reads_producer": mid_reads,
         "mid_call": lambda v, raw, c: f"ft_mid({v}, {raw}, {c}, a)" if mid_reads else f"ft_mid({v}, {c}, a)",
+        # An op of the post or final chain reads the extra input (Plan.extra) at the index the value is stored at:
+        # that chain then takes the index too (ft_o); post_call and final_call spell the call at a store site
+        # either way, so other chains' code is unchanged. A site that does not store (a reduction's step)
+        # calls them without it: the plan puts no such op there (plan.INPUT_SLOTS).
+        "post_reads_input": post_reads, "final_reads_input": final_reads,
+        "post_call": lambda v, c, o: f"ft_post({v}, {c}, a, {o})" if post_reads else f"ft_post({v}, {c}, a)",
+        "final_call": lambda v, c, o: f"ft_final({v}, {c}, a, {o})" if final_reads else f"ft_final({v}, {c}, a)",
         "channels_per_group": norm.groups_of(plan.spec.producer.out_channels) if norm else 1,
         "cuda_flags": list(CUDA_FLAGS),
         "conv": conv,
@@ -260,7 +281,9 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         later_regions=[{k: s[k] for k in ("index", "folder", "attrs", "params")} for s in later if s["kernels"]],
         reads_producer=any(op.uses_producer() for op in plan.spec.epilogue),
         tail_reads_producer=any(step.op.uses_producer() for step in plan.tail), worlds=launches(plan),
-        default_world=DEFAULT, **context)
+        default_world=DEFAULT, input_params="".join(f", {name}: torch.Tensor" for name in plan.spec.inputs),
+        input_args="".join(f", {name}" for name in plan.spec.inputs),
+        input_shapes={tuple(shape): plan.spec.input_shapes(shape) for shape in plan.spec.shapes}, **context)
     files = {**sources, "binding.cpp": binding, "model.py": model}
     full = hashlib.sha256("".join(files[k] for k in sorted(files)).encode()).hexdigest()[:16]
     return RenderedModule(name=name, files=files, source_hash=full)

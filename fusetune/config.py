@@ -30,7 +30,13 @@ PRECISIONS = ("tf32", "ieee")
 DEFAULT_PRECISION = "tf32"
 TOLERANCE_KEYS = ("atol", "rtol")
 PARAM_INITS = ("ones", "zeros", "randn")
-TOP_KEYS = ("name", "dtype", "precision", "tolerance", "producer", "parameters", "epilogue", "shapes", "search")
+#: A parameter's shape: one value per channel, (C, 1, ..., 1); or one value (0-dim), which applies anywhere.
+PARAM_SHAPES = ("per_channel", "scalar")
+TOP_KEYS = ("name", "dtype", "precision", "tolerance", "producer", "parameters", "inputs", "epilogue", "shapes",
+            "search")
+#: Names an extra input may not take: the generated forwards' own names (the chain's tensor ``x``, the
+#: convolution's output ``y``, ``self``) and the modules model.py imports.
+INPUT_RESERVED = ("x", "y", "self", "torch", "nn", "F", "os", "json", "producer")
 SEARCH_KEYS = ("trials", "timeout", "seed", "exclude_worlds")
 #: Largest element count any one tensor of a tuned shape may have; kernels index with 64-bit
 #: offsets, but cuDNN and PyTorch refuse or misbehave past this on some paths.
@@ -70,13 +76,19 @@ class ProblemSpec:
     search: SearchSettings
     precision: str | None = DEFAULT_PRECISION  # None where the dtype is not float32
     tolerance: Tolerance | None = None
+    #: The model's extra input tensors after x (``inputs:``), in forward order: each read at the element by
+    #: binary ops (``by: NAME``), of the chain's shape where they read it.
+    inputs: tuple[str, ...] = ()
 
     def canonical(self) -> dict[str, Any]:
         """The problem's canonical form: everything that changes its result or what is accepted as
         one (precision, tolerance), nothing else."""
-        return {**self.numerics(), "producer": self.producer.canonical(),
-                "parameters": [dataclasses.asdict(p) for p in self.parameters],
-                "epilogue": [op.canonical() for op in self.epilogue]}
+        out = {**self.numerics(), "producer": self.producer.canonical(),
+               "parameters": [p.canonical() for p in self.parameters],
+               "epilogue": [op.canonical() for op in self.epilogue]}
+        if self.inputs:  # left out where none: the keys of every chain without them stay as they were
+            out["inputs"] = list(self.inputs)
+        return out
 
     def numerics(self) -> dict[str, Any]:
         """The element type, float32's precision and the user's tolerance: what ``fusetune plan`` shows
@@ -105,6 +117,13 @@ class ProblemSpec:
 
     def output_shape(self, shape: Shape) -> Shape:
         return self.shapes_through(shape)[-1]
+
+    def input_shapes(self, shape: Shape) -> list[Shape]:
+        """The shape of each extra input (``inputs``, in order) at an input shape: the chain's where an op
+        reads it (config validation made every reader of one input see the same)."""
+        through = self.shapes_through(shape)
+        readers = {op.reads_input(): i for i, op in reversed(list(enumerate(self.epilogue))) if op.reads_input()}
+        return [through[readers[name]] for name in self.inputs]
 
 
 class _DuplicateKey(Exception):
@@ -197,12 +216,13 @@ def parse_config(raw: Any, path: str = "<config>") -> ProblemSpec:
         raise ConfigError(path, "producer", "missing; expected the convolution that feeds the chain")
     producer = Producer.parse(raw["producer"], path)
     parameters = _parse_parameters(raw.get("parameters", {}), path)
+    inputs = _parse_inputs(raw.get("inputs", []), parameters, path)
     shapes = _parse_shapes(raw.get("shapes"), producer, path)
-    epilogue = _parse_epilogue(raw.get("epilogue"), producer, parameters, shapes, path)
+    epilogue = _parse_epilogue(raw.get("epilogue"), producer, parameters, shapes, path, inputs)
     search = _parse_search(raw.get("search", {}), path)
     return ProblemSpec(name=name, path=path, dtype=dtype, producer=producer,
                        parameters=tuple(parameters.values()), epilogue=epilogue,
-                       shapes=shapes, search=search, precision=precision, tolerance=tolerance)
+                       shapes=shapes, search=search, precision=precision, tolerance=tolerance, inputs=inputs)
 
 
 def _check_keys(raw: Any, known: tuple[str, ...], path: str, where: str, expected: str) -> None:
@@ -267,13 +287,39 @@ def _parse_parameters(raw: Any, path: str) -> dict[str, ParamDecl]:
         for k in decl:
             if k not in ("shape", "init"):
                 raise ConfigError(path, f"{key}.{k}", "unknown key; expected 'shape' or 'init'")
-        if decl.get("shape", "per_channel") != "per_channel":
-            raise ConfigError(path, f"{key}.shape", f"expected 'per_channel', got {decl.get('shape')!r}")
+        shape = decl.get("shape", "per_channel")
+        if shape not in PARAM_SHAPES:
+            raise ConfigError(path, f"{key}.shape", f"expected one of {', '.join(PARAM_SHAPES)} (one value per "
+                                                    f"channel, or a single value), got {shape!r}")
         init = decl.get("init", "ones")
         if init not in PARAM_INITS:
             raise ConfigError(path, f"{key}.init", f"expected one of {', '.join(PARAM_INITS)}, got {init!r}")
-        out[name] = ParamDecl(name=name, init=init)
+        out[name] = ParamDecl(name=name, init=init, shape=shape)
     return out
+
+
+def _parse_inputs(raw: Any, parameters: Mapping[str, ParamDecl], path: str) -> tuple[str, ...]:
+    """The model's extra input tensors: forward arguments after x, by name, in order."""
+    import keyword
+
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConfigError(path, "inputs", f"expected a list of names of the model's extra input tensors (its forward "
+                                          f"arguments after x), e.g. [identity], got {raw!r}")
+    for i, name in enumerate(raw):
+        key = f"inputs[{i}]"
+        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or keyword.iskeyword(name):
+            raise ConfigError(path, key, f"expected a Python identifier not starting with '_' as the input's name, "
+                                         f"got {name!r}")
+        if name in INPUT_RESERVED:
+            raise ConfigError(path, key, f"'{name}' is taken by the generated forward ({', '.join(INPUT_RESERVED)}); "
+                                         "choose another name")
+        if name in parameters:
+            raise ConfigError(path, key, f"'{name}' is also a declared parameter; `by: {name}` would be ambiguous")
+        if name in raw[:i]:
+            raise ConfigError(path, key, f"input '{name}' is listed twice")
+    return tuple(raw)
 
 
 #: Attributes the generated Model/ModelNew define beside nn.Module's own.
@@ -320,7 +366,7 @@ def _parse_shapes(raw: Any, producer: Producer, path: str) -> tuple[Shape, ...]:
 
 
 def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, ParamDecl],
-                    shapes: tuple[Shape, ...], path: str) -> tuple[Op, ...]:
+                    shapes: tuple[Shape, ...], path: str, inputs: tuple[str, ...] = ()) -> tuple[Op, ...]:
     """Every op PyTorch would run on its input is valid: whether the kernels take it is the planner's
     question (fusetune/regions.py), not the config's. What is checked here is what PyTorch itself
     would refuse, or what would silently mean something else (a per-channel parameter or a norm
@@ -329,6 +375,7 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
         raise ConfigError(path, "epilogue", "expected a non-empty list of ops, e.g. [{op: relu}]")
     ops: list[Op] = []
     current = [producer.out_shape(s) for s in shapes]
+    read_at: dict[str, tuple[str, list[Shape]]] = {}  # input -> (its first reader's key, the shapes there)
     for i, entry in enumerate(raw):
         key = f"epilogue[{i}]"
         if not isinstance(entry, Mapping) or "op" not in entry:
@@ -344,16 +391,25 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
         if _needs_channels(REGISTRY[kind]) and structured is not None:
             raise ConfigError(path, f"{key}.op", f"'{kind}' needs the (N, {producer.out_channels}, spatial) "
                                                  f"input the convolution makes, but {structured}")
-        if isinstance(entry.get("by"), str) and entry["by"] in parameters and structured is not None:
+        if (isinstance(entry.get("by"), str) and entry["by"] in parameters and structured is not None
+                and not parameters[entry["by"]].scalar):
             raise ConfigError(path, f"{key}.by", f"a per-channel parameter of shape ({producer.out_channels}, 1, ...) "
-                                                 f"cannot apply here: {structured}")
+                                                 f"cannot apply here: {structured} (one value for every "
+                                                 f"channel: declare it shape: scalar)")
         if entry.get("by") == "producer" and current != [producer.out_shape(s) for s in shapes]:
             raise ConfigError(path, f"{key}.by", f"the convolution's output {list(producer.out_shape(shapes[0]))} "
                                                  f"cannot apply to the input {list(current[0])} here: its shape changed "
                                                  "(PyTorch would broadcast one against the other or fail)")
         ctx = OpContext(path=path, key=key, in_shape=current[0], spatial_dims=producer.spatial_dims,
-                        parameters=parameters)
+                        parameters=parameters, inputs=inputs)
         op = REGISTRY[kind].parse(entry, ctx)
+        name = op.reads_input()
+        if name is not None:
+            first, seen = read_at.setdefault(name, (key, current))
+            if seen != current:
+                raise ConfigError(path, f"{key}.by", f"input '{name}' is read here at shape {list(current[0])}, "
+                                                     f"but {first} reads it at {list(seen[0])}: an input has one "
+                                                     "shape (the chain's where it is read)")
         for j, shape in enumerate(current):
             def error(sub: str, message: str, j: int = j) -> None:
                 raise ctx.error(sub, f"{message} (for shapes[{j}])")
@@ -364,6 +420,10 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
             raise ConfigError(path, key, f"the output's rank differs between the shapes ({sorted(ranks)}): later dims "
                                          "would mean different things; give squeeze its dim")
         ops.append(op)
+    unread = [name for name in inputs if name not in read_at]
+    if unread:
+        raise ConfigError(path, f"inputs[{inputs.index(unread[0])}]", f"input '{unread[0]}' is declared but no op "
+                                                                     f"reads it (expected an op with by: {unread[0]})")
     return tuple(ops)
 
 

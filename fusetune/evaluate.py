@@ -133,6 +133,25 @@ def _allclose_refusal(out, eager, tolerance: dict) -> str | None:
             f"worst {got.flatten()[worst].item():.6g} against {want.flatten()[worst].item():.6g}")
 
 
+def draw_extra_inputs(generated: Any, shape: tuple[int, ...], generator: Any = None) -> list:
+    """Fresh random values (standard normal: both signs, never all zeros) for each extra input of a generated
+    module (its INPUTS, the forward arguments after x) at input shape ``shape``, at the module's dtype on the
+    GPU; none for a module without them (or rendered before they existed)."""
+    import torch
+
+    shapes = getattr(generated, "INPUT_SHAPES", {}).get(tuple(shape), [])
+    dtype = getattr(generated, "DTYPE", torch.float32)
+    return [torch.randn(tuple(s), device="cuda", generator=generator, dtype=dtype) for s in shapes]
+
+
+def _in_format(t, fmt):
+    """``t`` in memory format ``fmt`` where that format applies to its rank (channels last: 4 or 5 dims)."""
+    import torch
+
+    ranks = {torch.channels_last: 4, torch.channels_last_3d: 5}
+    return t.contiguous(memory_format=fmt) if ranks.get(fmt, t.dim()) == t.dim() else t.contiguous()
+
+
 class Session:
     """One generated module at one input shape: the reference, fresh inputs, the eager error."""
 
@@ -178,17 +197,18 @@ class Session:
         torch = self.torch
         generator = torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))
         self.x = torch.rand(self.shape, device="cuda", generator=generator, dtype=self.dtype)
+        self.inputs = draw_extra_inputs(self.generated, self.shape, generator)  # forward arguments after x
         with torch.no_grad():
             ref64 = self._fresh_reference().double()
             self.stats_before = [b.double().clone() for b in _stat_buffers(ref64)]
-            self.out64 = ref64(self.x.double())
+            self.out64 = ref64(self.x.double(), *(t.double() for t in self.inputs))
             self.stats64 = [b.clone() for b in _stat_buffers(ref64)]
             # Eager PyTorch's error in either layout: cuDNN picks TF32 algorithms for some layouts
             # and shapes and not for others, and a user of channels-last tensors gets that error.
             errors, outs = [], []
             for fmt in (torch.contiguous_format, self.generated.MEMORY_FORMAT):
                 eager = self._fresh_reference()
-                outs.append(eager(self.x.contiguous(memory_format=fmt)))
+                outs.append(eager(self.x.contiguous(memory_format=fmt), *(_in_format(t, fmt) for t in self.inputs)))
                 errors.append(self._compare(outs[-1], _stat_buffers(eager)))
             self.eager_errors = (max(e[0] for e in errors), max(e[1] for e in errors))
             self.eager_out = outs[0]  # what a user's allclose compares against (TOLERANCE)
@@ -204,7 +224,7 @@ class Session:
         weight = getattr(model.producer, "weight", None)  # a later region's producer is its input (nn.Identity)
         if weight is not None:
             weight.copy_(_round_tf32(weight))
-        return self._compare(model(_round_tf32(self.x)), _stat_buffers(model))
+        return self._compare(model(_round_tf32(self.x), *self.inputs), _stat_buffers(model))
 
     def _compare(self, out, stats) -> tuple[float, float]:
         """Errors of the output and of each running statistic's change (batch norm's update is
@@ -226,7 +246,7 @@ class Session:
         torch = self.torch
         model = self.fused(variant, float("nan"))
         with torch.no_grad():
-            out = model(self.x)
+            out = model(self.x, *self.inputs)
         torch.cuda.synchronize()
         if tuple(out.shape) != tuple(self.out64.shape):
             return {"status": "wrong_result", "log": f"output shape {tuple(out.shape)}, expected {tuple(self.out64.shape)}"}
@@ -251,11 +271,11 @@ class Session:
 
     def time(self, variant: dict, reps: int) -> float:
         model = self.fused(variant, None)
-        return median_ms(lambda: model(self.x), reps=reps)
+        return median_ms(lambda: model(self.x, *self.inputs), reps=reps)
 
     def time_eager(self, reps: int) -> float:
         model = self._fresh_reference()
-        return median_ms(lambda: model(self.x), reps=reps)
+        return median_ms(lambda: model(self.x, *self.inputs), reps=reps)
 
 
 def _session(job: dict[str, Any]) -> Session:

@@ -20,6 +20,7 @@ import inspect
 import io
 import itertools
 import json
+import keyword
 import math
 import operator
 import os
@@ -331,6 +332,20 @@ class ParamRef:
     views: tuple[str, ...] = ()  # the forward's nodes reshaping it (self.bias.view(1, -1, 1, 1)): the chain's too
 
 
+@dataclasses.dataclass(frozen=True)
+class InputRef:
+    """A binary op's operand that is another tensor of the forward, of the chain value's shape and computed
+    without the convolution (a residual's identity, a second input of the model: ``forward(self, x,
+    add_input)``): the config declares it as an extra input (``inputs:``), which the fused module is called with."""
+
+    node: str  # the graph node holding it
+    name: str  # its name in the config: the forward's argument where it is one, else the node's
+
+
+#: Names an extra input of the config may not take (config.INPUT_RESERVED); one that would is prefixed.
+_INPUT_PREFIX = "input_"
+
+
 #: Reshapes of a tensor that keep its values' order: a per-channel tensor viewed as (1, C, 1, 1) in the forward.
 _VIEW_METHODS = ("view", "reshape", "unsqueeze", "squeeze", "flatten", "contiguous")
 _VIEW_FUNCTIONS = (torch.reshape, torch.unsqueeze, torch.squeeze, torch.flatten)
@@ -364,22 +379,25 @@ def per_channel_form(shape: Sequence[int], value_shape: Sequence[int], channels:
     """How a tensor of ``shape`` broadcasts against the chain's value (N, C, spatial...) of
     ``value_shape``: "per_channel" (one value per channel, whatever its leading 1s), "scalar" (one value),
     or None where it is neither or would change the value's shape (rank above the value's, or a size
-    other than 1 beside the channels)."""
+    other than 1 beside the channels). A single value is "scalar" whatever the value's channels: after a
+    channel reduction (keepdim) a (1, 1, 1) parameter is one value, which the config declares shape: scalar."""
     shape, rank = tuple(int(s) for s in shape), len(value_shape)
-    if len(shape) > rank or rank < 2 or value_shape[1] != channels:
+    if len(shape) > rank:
+        return None
+    if all(s == 1 for s in shape):  # one value: whatever the value's channels (after a channel reduction too)
+        return "scalar"
+    if rank < 2 or value_shape[1] != channels:
         return None
     padded = (1,) * (rank - len(shape)) + shape
-    if all(s == 1 for s in padded):
-        return "scalar"
     if padded[1] == channels and all(s == 1 for i, s in enumerate(padded) if i != 1):
         return "per_channel"
     return None
 
 
 def declared_view(tensor: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-    """The user's tensor as the config declares it, (C, 1, ..., 1): itself where it has that shape, else a
-    view of the same storage (a single value expanded, a (1, C, 1, 1) reshaped), so that an in-place update
-    of the user's tensor (an optimizer step, ``load_state_dict``) reaches the kernels."""
+    """The user's tensor as the config declares it, (C, 1, ..., 1) or a scalar's 0-dim: itself where it has that
+    shape, else a view of the same storage (a single value expanded or made 0-dim, a (1, C, 1, 1) reshaped), so
+    that an in-place update of the user's tensor (an optimizer step, ``load_state_dict``) reaches the kernels."""
     shape = tuple(int(s) for s in shape)
     if tuple(tensor.shape) == shape:
         return tensor
@@ -460,8 +478,43 @@ class Site:
             value = _fetch(self.gm, target)
             if per_channel_form(_shape(arg) or (), self.shape_in or (), self.channels) is not None:
                 return ParamRef(target, tuple(int(s) for s in value.shape), tuple(n.name for n in nodes))
-        return (f"the other operand ({arg.name}) is computed in the forward or is an input of it, not a number, the "
-                "convolution's output or a per-channel parameter")
+        shape = _shape(arg)
+        before = _computed_before(self.gm, arg, self.producer)
+        if shape is not None and shape == self.shape_in and before and not _depends_on(arg, self.producer):
+            return InputRef(arg.name, str(arg.target) if arg.op == "placeholder" else arg.name)
+        what = (f"of shape {list(shape)}, not the chain value's {list(self.shape_in or ())}" if shape is not None
+                else "of unknown shape")
+        if shape is not None and shape == self.shape_in:
+            # computed after the convolution: another chain's value, which that chain's walk may take with this
+            # one's as its input (a residual's main path takes the shortcut's, computed before its convolution)
+            what = "computed after the convolution" if not before else "computed from the convolution's output"
+        return (f"the other operand ({arg.name}) is a tensor of the forward {what}: not a number, the "
+                "convolution's output, a per-channel parameter or an extra input of the chain's shape")
+
+
+def _computed_before(gm: torch.fx.GraphModule, node: torch.fx.Node, producer: set[torch.fx.Node]) -> bool:
+    """Whether ``node`` comes before the convolution (the first of ``producer``) in the graph: an extra input
+    of the chain is there when the fused module starts."""
+    for current in gm.graph.nodes:
+        if current is node:
+            return True
+        if current in producer:
+            return False
+    return False
+
+
+def _depends_on(node: torch.fx.Node, sources: set[torch.fx.Node]) -> bool:
+    """Whether ``node``'s value is computed from any of ``sources`` (through any path of the graph)."""
+    seen: set[torch.fx.Node] = set()
+    todo = [node]
+    while todo:
+        current = todo.pop()
+        if current in sources:
+            return True
+        if current not in seen:
+            seen.add(current)
+            todo.extend(current.all_input_nodes)
+    return False
 
 
 Builder = Callable[[Site], "Mapped | str"]
@@ -1199,6 +1252,35 @@ def match_idiom(site: Site, readers: Sequence[torch.fx.Node]
     return None
 
 
+#: The subtraction that closes a mean centring: x - m, torch.sub(x, m), x.sub(m), torch.subtract, x.subtract(m).
+_SUB_TARGETS = (("call_function", operator.sub), ("call_function", torch.sub), ("call_method", "sub"),
+                ("call_function", torch.subtract), ("call_method", "subtract"))
+#: The mean a centring subtracts: torch.mean(x, dim, keepdim=True), x.mean(dim, keepdim=True).
+_MEAN_TARGETS = (("call_function", torch.mean), ("call_method", "mean"))
+
+
+def match_centring(site: Site, readers: Sequence[torch.fx.Node]) -> tuple[list[torch.fx.Node], Entry] | None:
+    """``x - x.mean(dim, keepdim=True)`` where the chain's value x has exactly two readers: the mean (read by the
+    subtraction alone) and the subtraction of it from x. Returns (the mean and the subtraction; the config's
+    entry, ``{op: sub, by: {op: mean, dim, keepdim: true}}``: fusetune/ops/norm.py's MeanCentre), or None."""
+    if len(readers) != 2:
+        return None
+    for mean, sub in (readers, readers[::-1]):
+        if ((mean.op, mean.target) not in _MEAN_TARGETS or (sub.op, sub.target) not in _SUB_TARGETS
+                or list(mean.users) != [sub] or len(sub.args) != 2 or set(sub.kwargs) - {"alpha"}
+                or sub.kwargs.get("alpha", 1) != 1 or not site.is_x(sub.args[0]) or sub.args[1] is not mean):
+            continue
+        try:
+            mapped = reduction("mean")(dataclasses.replace(site, node=mean))
+        except _Stop:
+            return None
+        (entry,) = mapped.entries
+        if not entry["keepdim"]:
+            return None  # x - x.mean(dim): the mean broadcast against other dims than it reduced
+        return [mean, sub], {"op": "sub", "by": {"op": "mean", "dim": entry["dim"], "keepdim": True}}
+    return None
+
+
 #: Elementwise functions and methods a user writes an activation with (x * 0.5 * (1 + torch.erf(x / sqrt(2))),
 #: torch.where(x > 0, x, x * 0.2)): what ``match_pointwise_region`` may evaluate. None reads a shape or a state.
 REGION_FUNCTIONS: frozenset[Any] = frozenset({
@@ -1505,6 +1587,17 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
         if not candidates:
             chain.end = "its value is not read by any op"
             break
+        if len(values) == 2:
+            site = Site(gm, values[0], set(cur), set(producer), int(match.entry["out_channels"]), dims)
+            centring = match_centring(site, values)
+            if centring is not None:  # x - x.mean(dim, keepdim=True): one op, a barrier like a norm
+                nodes, entry = centring
+                out_aliases = _aliases(gm, nodes[-1])
+                covered = [s.name for s in shape_reads] + [n.name for n in nodes] + [a.name for a in out_aliases[1:]]
+                chain.steps.append(Step([entry], covered, None))
+                pending = []
+                cur = out_aliases
+                continue
         if len(values) > 1 and not (first and len(values) > 16):
             site = Site(gm, values[0], set(cur), set(producer), int(match.entry["out_channels"]), dims)
             region = match_pointwise_region(site, values)
@@ -1604,16 +1697,21 @@ def chain_config(chain: Chain, name: str, steps: int | None = None) -> tuple[dic
 
     chosen = chain.steps[:steps] if steps is not None else chain.steps
     params: dict[str, str] = {}
+    sizes: dict[str, tuple[int, ...]] = {}  # each parameter's shape in the user's model
     weights = dict(chain.weights)
     epilogue: list[Entry] = []
+    inputs = chain_inputs(chain, steps)
     for step in chosen:
         first = len(epilogue)
         for entry in step.entries:
             entry = dict(entry)
+            if isinstance(entry.get("by"), InputRef):
+                entry["by"] = next(name for name, node in inputs.items() if node == entry["by"].node)
             if isinstance(entry.get("by"), ParamRef):
                 target = entry["by"].target
                 pname = _param_name(target, params)
                 params[pname] = target
+                sizes[pname] = entry["by"].shape
                 weights[pname] = target
                 entry["by"] = pname
             epilogue.append(entry)
@@ -1627,10 +1725,36 @@ def chain_config(chain: Chain, name: str, steps: int | None = None) -> tuple[dic
             weights.update({f"{attr}.{name}": target for name, target in step.weights.items()})
     raw: dict[str, Any] = {"name": name, "producer": dict(chain.producer)}
     if params:
-        raw["parameters"] = {p: {"shape": "per_channel", "init": "randn"} for p in params}
+        raw["parameters"] = {p: {"shape": "scalar" if math.prod(sizes[p]) == 1 else "per_channel", "init": "randn"}
+                             for p in params}
+    if inputs:
+        raw["inputs"] = list(inputs)
     raw["epilogue"] = epilogue
     raw["shapes"] = [list(chain.input_shape)]
     return raw, weights
+
+
+def chain_inputs(chain: Chain, steps: int | None = None) -> dict[str, str]:
+    """The extra inputs of the config of the chain's first ``steps`` steps (InputRef operands), in the order
+    the chain reads them: config name -> the graph node that holds it (what the fused module is called with)."""
+    from fusetune.config import INPUT_RESERVED
+
+    taken = {ref.target.replace(".", "_") for step in chain.steps for e in step.entries
+             if isinstance(ref := e.get("by"), ParamRef)}
+    out: dict[str, str] = {}
+    for step in (chain.steps[:steps] if steps is not None else chain.steps):
+        for entry in step.entries:
+            ref = entry.get("by")
+            if not isinstance(ref, InputRef) or ref.node in out.values():
+                continue
+            name = ref.name if ref.name.isidentifier() and not ref.name.startswith("_") else ref.name.strip("_")
+            if not name.isidentifier() or name in INPUT_RESERVED or keyword.iskeyword(name) or _reserved(name):
+                name = f"{_INPUT_PREFIX}{name}"
+            candidate, i = name, 1
+            while candidate in out or candidate in taken:
+                candidate, i = f"{name}_{i}", i + 1
+            out[candidate] = ref.node
+    return out
 
 
 def _norm_weights(attr: str, module: str, entry: Entry) -> dict[str, str]:
@@ -1652,17 +1776,22 @@ class Written:
     parameters: dict[str, str]  # config name -> the user's attribute
     epilogue: list[Entry]
     notes: dict[str, str] = dataclasses.field(default_factory=dict)  # config name -> how the user's shape binds
+    #: The config's extra inputs (inputs:): config name -> the graph node the fused module is called with.
+    inputs: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _shape_note(gm: torch.fx.GraphModule, target: str, raw: Mapping[str, Any]) -> str:
-    """", a single value, bound as a view of shape [C, 1, 1]" where the user's tensor is not (C, 1, ..., 1)."""
+    """", shape [1, 5, 1, 1], bound as a view of shape [5, 1, 1]" where the user's tensor is not of the shape the
+    config declares ((C, 1, ..., 1) per channel), and ", a single value (shape: scalar)" for a scalar one (0-dim,
+    the user's (1, 1, 1) bound as a 0-dim view)."""
     value = _fetch(gm, target)
     producer = raw["producer"]
+    if value.numel() == 1:  # a scalar parameter (chain_config)
+        return ", a single value (shape: scalar)" + (", bound as a 0-dim view" if value.dim() else "")
     declared = [int(producer["out_channels"])] + [1] * KINDS[producer["op"]].spatial_dims
     if list(value.shape) == declared:
         return ""
-    what = "a single value" if value.numel() == 1 else f"shape {list(value.shape)}"
-    return f", {what}, bound as a view of shape {declared}"
+    return f", shape {list(value.shape)}, bound as a view of shape {declared}"
 
 
 def fit_chain(chain: Chain, name: str, path: Path) -> tuple[int, dict[str, Any], dict[str, str]] | str:
@@ -1808,10 +1937,14 @@ def import_traced(loaded: LoadedModel, gm: torch.fx.GraphModule, out_dir: Path) 
             header += ("# Parameters: init randn here; the trained values come from the model's "
                        + ", ".join(f"{weights[p]} ({p}{_shape_note(gm, weights[p], raw)})" for p in raw["parameters"])
                        + ".\n")
+        inputs = chain_inputs(chain, k)
+        if inputs:
+            header += ("# Inputs: the model's tensors the chain reads beside the convolution's input, as forward "
+                       "arguments after x: " + ", ".join(f"{n} (fx node {node})" for n, node in inputs.items()) + ".\n")
         write_config(path, _dump(raw, header))
         written.append(Written(chain, path, name, k, weights, {p: weights[p] for p in raw.get("parameters", {})},
                                raw["epilogue"], {p: _shape_note(gm, weights[p], raw).lstrip(", ")
-                                                 for p in raw.get("parameters", {})}))
+                                                 for p in raw.get("parameters", {})}, inputs))
     pytorch = _pytorch_reasons(gm, written, refused)
     map_path = out_dir / f"{loaded.stem}.map.json"
     _write_map(map_path, loaded, written, pytorch)
@@ -1858,7 +1991,7 @@ def _write_map(path: Path, loaded: LoadedModel, written: list[Written], pytorch:
         "chains": [{"config": str(w.config), "name": w.name, "producer": w.chain.producer_node,
                     "nodes": w.chain.nodes, "output": w.chain.output_node, "input_shape": list(w.chain.input_shape),
                     "epilogue": w.epilogue, "ends": w.chain.end, "ends_before": w.chain.end_node,
-                    "weights": w.weights,
+                    "weights": w.weights, "inputs": w.inputs,
                     "parameters": {p: {"from": t, "note": "trained values come from the model (init randn in "
                                                           "the config)" + (f"; {w.notes[p]}" if w.notes.get(p) else "")}
                                    for p, t in w.parameters.items()}}
@@ -1875,7 +2008,8 @@ def _map_lines(loaded: LoadedModel, gm: torch.fx.GraphModule, written: list[Writ
              f"{loaded.source}: no chain found (no convolution followed by an op of the vocabulary); map in {map_path}"]
     for i, w in enumerate(written):
         ops = " -> ".join([w.chain.producer["op"]] + [e["op"] for e in w.epilogue])
-        lines.append(f"chain{i} -> {w.config}: {ops}; ends: {w.chain.end}")
+        reads = "".join(f"; reads {node} as input {name}" for name, node in w.inputs.items())
+        lines.append(f"chain{i} -> {w.config}: {ops}{reads}; ends: {w.chain.end}")
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr"):
             continue

@@ -101,9 +101,11 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
     winners = _tune(found, cache, machine, budget_s, trials, benchmarker)
     fused: list[FusedChain] = []
     build_now = benchmarker is None and torch.cuda.is_available()
+    replaced_by: dict[str, torch.fx.Node] = {}  # a replaced chain's output node's name -> its fused module's call
     for item in found:
         try:
-            chain = FusedChain.make(gm, item, winners.get(item.spec.name), cache, machine.capability, winners)
+            chain = FusedChain.make(gm, item, winners.get(item.spec.name), cache, machine.capability, winners,
+                                    replaced_by)
         except Exception as exc:  # a generated module that does not take the winner: this chain stays eager
             chain = f"{type(exc).__name__}: {exc}"
         if isinstance(chain, str):
@@ -112,7 +114,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
         if chain.state.kernel_model is None:  # untuned, or eager won: the model's own ops, at no cost per call
             log.info("fusetune.optimize: %s keeps the model's own ops (no tuned kernels)", item.spec.name)
             continue
-        replaced = _replace(gm, item, chain)
+        replaced = _replace(gm, item, chain, replaced_by)
         if replaced is not None:
             log.info("fusetune.optimize: %s stays eager: %s", item.spec.name, replaced)
             continue
@@ -247,12 +249,14 @@ class Found:
     later: list["Found"] = dataclasses.field(default_factory=list)  # a chain's later regions of kernels (_tune)
     owner: str | None = None  # of a later region: its chain's config name
     region: int = 0  # of a later region: its place in the chain's pipeline (ModelNew.attach_later's index)
+    #: The config's extra inputs (inputs:): config name -> the graph node the fused module is called with.
+    inputs: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _configs(gm: torch.fx.GraphModule, model_name: str) -> list[Found]:
     """The importer's chains and configs (the longest prefix of each chain that validates)."""
     from fusetune.config import parse_config
-    from fusetune.importer import _stem, find_chains, fit_chain
+    from fusetune.importer import _stem, chain_inputs, find_chains, fit_chain
 
     chains, refused = find_chains(gm)
     for no in refused:
@@ -266,10 +270,10 @@ def _configs(gm: torch.fx.GraphModule, model_name: str) -> list[Found]:
         try:
             fitted = fit_chain(chain, name, Path(where))
             if not isinstance(fitted, str):
-                _, raw, weights = fitted
+                steps, raw, weights = fitted
                 if raw.get("dtype", "float32") == "float32":  # as the user's own convolutions multiply
                     raw = {**raw, "precision": precision}
-                found.append(Found(chain, parse_config(raw, where), weights))
+                found.append(Found(chain, parse_config(raw, where), weights, inputs=chain_inputs(chain, steps)))
                 continue
         except Exception as exc:  # noqa: BLE001 - one chain's trouble never takes the others (or the model) down
             fitted = f"{type(exc).__name__}: {exc}"
@@ -609,6 +613,8 @@ class ChainState:
     arch: str | None  # the compute capability it was tuned for
     #: (index, its module, the chain's parameters it reads) of each later region attached to kernel_model
     later: tuple[tuple[int, Any, tuple[str, ...]], ...] = ()
+    #: The graph nodes of its extra inputs (the config's inputs:, in order): the fused module's arguments after x.
+    input_nodes: tuple[torch.fx.Node, ...] = ()
 
 
 class FusedChain(nn.Module):
@@ -636,15 +642,18 @@ class FusedChain(nn.Module):
 
     @classmethod
     def make(cls, gm: torch.fx.GraphModule, item: Found, variant: Mapping[str, Any] | None, cache: Any,
-             arch: str | None, winners: Mapping[str, Mapping[str, Any]] | None = None) -> "FusedChain | str":
+             arch: str | None, winners: Mapping[str, Mapping[str, Any]] | None = None,
+             replaced_by: Mapping[str, torch.fx.Node] | None = None) -> "FusedChain | str":
         """The fused module of a chain of ``gm`` (not yet in its graph), or why there is none. ``winners``
-        (config name -> variant) holds its later regions' (``item.later``): each that runs kernels is attached."""
+        (config name -> variant) holds its later regions' (``item.later``): each that runs kernels is attached.
+        ``replaced_by``: the calls that replaced earlier chains' outputs, by the output's name (an extra input
+        of this chain may be one: a residual's shortcut)."""
         from fusetune.build import load_generated
 
-        reference = _reference_graph(gm, item)
+        reference = _reference_graph(gm, item, replaced_by or {})
         if isinstance(reference, str):
             return reference
-        sub, inputs_node = reference
+        sub, inputs_node, extra_nodes = reference
         ref = torch.fx.GraphModule(gm, sub)
         root_tensors: list[str] = []
         for top in {str(n.target).split(".")[0] for n in sub.nodes if n.op in ("get_attr", "call_module")}:
@@ -678,24 +687,27 @@ class FusedChain(nn.Module):
         chain = cls(ChainState(
             name=item.spec.name, spec=item.spec, reference=ref, kernel_model=kernel_model, shapes=frozenset(shapes),
             modules=tuple(modules), tensors=tuple(tensors), loose=tuple(loose), root_tensors=tuple(root_tensors),
-            root=gm, input_node=inputs_node, rendered=rendered, cache=cache, arch=arch, later=later))
+            root=gm, input_node=inputs_node, rendered=rendered, cache=cache, arch=arch, later=later,
+            input_nodes=tuple(extra_nodes)))
         if variant is None:
             chain._say("untuned", "not tuned (see the log above); it runs eagerly")
         return chain
 
     # -- running --------------------------------------------------------------------------------
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        why = self._why_eager(x)
+    def forward(self, x: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+        """The chain on ``x`` (the convolution's input) and its extra inputs (a residual's identity), in the
+        order of its config's ``inputs:``."""
+        why = self._why_eager(x, inputs)
         state = self.state
         if why is None:
             self._bind_tensors()
             self.kernel_calls += 1  # how many calls ran the kernels: what a user (or a test) checks first
-            return state.kernel_model(x)
+            return state.kernel_model(x, *inputs)
         self._say(*why)
         for name in state.root_tensors:
             _set_tensor(state.reference, name, getattr(state.root, name))
-        return state.reference(x)
+        return state.reference(x, *inputs)
 
     def _bind_tensors(self) -> None:
         """Give the kernels the user's tensors now (``.to()`` replaces a buffer by a new tensor), and the later
@@ -712,8 +724,9 @@ class FusedChain(nn.Module):
                 for name in params if region is not None else ():
                     _set_tensor(region, name, getattr(state.kernel_model, name))
 
-    def _why_eager(self, x: Any) -> tuple[str, str] | None:
-        """Why this call takes the reference path (a key for saying it once, and the reason), or None."""
+    def _why_eager(self, x: Any, inputs: Sequence[Any] = ()) -> tuple[str, str] | None:
+        """Why this call takes the reference path (a key for saying it once, and the reason), or None.
+        ``inputs``: the chain's extra inputs (a residual's identity), which must be as x is."""
         if self.state.kernel_model is None:
             return ("untuned", "no tuned kernels (not tuned, or eager PyTorch won its search): eager")
         if self.training or any(m.training for m in self.state.modules):
@@ -731,6 +744,15 @@ class FusedChain(nn.Module):
             return ("device", f"input on {x.device}: the kernels run on CUDA; eager")
         if x.dtype != torch.float32:
             return ("dtype", f"input of {x.dtype}: the kernels were tuned for float32; eager")
+        for t in inputs:
+            if not isinstance(t, torch.Tensor):
+                return ("type", f"an extra input of type {type(t).__name__}: eager")
+            if torch.is_grad_enabled() and t.requires_grad:
+                return ("autograd", "autograd is recording (an extra input requires grad): eager, so backward "
+                                    "works; run under torch.no_grad() or torch.inference_mode() for the kernels")
+            if not t.is_cuda or t.dtype != torch.float32:
+                return ("device", f"an extra input of {t.dtype} on {t.device}: the kernels take float32 on CUDA; "
+                                  "eager")
         failed = self.load()
         if failed:
             return ("build", failed)
@@ -896,9 +918,12 @@ def _user_tensor(module: nn.Module, attr: str, shape: tuple[int, ...] | None) ->
     return value if shape is None else declared_view(value.detach(), shape)
 
 
-def _reference_graph(gm: torch.fx.GraphModule, item: Found) -> tuple[torch.fx.Graph, torch.fx.Node] | str:
-    """The chain's nodes as a graph of their own: its input (the convolution's) a placeholder, the
-    parameters and constants it reads get_attr nodes; or why the chain cannot be cut out."""
+def _reference_graph(gm: torch.fx.GraphModule, item: Found, replaced_by: Mapping[str, torch.fx.Node]
+                     ) -> tuple[torch.fx.Graph, torch.fx.Node, list[torch.fx.Node]] | str:
+    """The chain's nodes as a graph of their own: its input (the convolution's) a placeholder, and one after
+    it for each extra input (the config's inputs:, a residual's identity), the parameters and constants it
+    reads get_attr nodes; or why the chain cannot be cut out. With the graph: its input's node and its extra
+    inputs' in the model's graph (what the fused module is called with)."""
     from fusetune.importer import match_producer
 
     nodes = {n.name: n for n in gm.graph.nodes}
@@ -913,6 +938,13 @@ def _reference_graph(gm: torch.fx.GraphModule, item: Found) -> tuple[torch.fx.Gr
             return f"{node.name} is also read by {', '.join(outside)}"
     sub = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {match.input: sub.placeholder("x")}
+    extra: list[torch.fx.Node] = []
+    for name, node_name in item.inputs.items():
+        node = nodes.get(node_name) or replaced_by.get(node_name)  # another chain's output: its fused call now
+        if node is None:
+            return f"its input {node_name} is not in the traced graph"
+        extra.append(node)
+        env.setdefault(node, sub.placeholder(name))  # x itself may be an extra input: read as x
 
     def arg(node: torch.fx.Node) -> torch.fx.Node:
         if node not in env:
@@ -928,23 +960,27 @@ def _reference_graph(gm: torch.fx.GraphModule, item: Found) -> tuple[torch.fx.Gr
     except _Outside as exc:
         return f"it reads {exc}, computed outside the chain"
     sub.output(env[out])
-    return sub, match.input
+    return sub, match.input, extra
 
 
 class _Outside(Exception):
     pass
 
 
-def _replace(gm: torch.fx.GraphModule, item: Found, chain: FusedChain) -> str | None:
-    """Put ``chain`` in place of its nodes in ``gm``'s graph (one call_module node); why not, if it cannot."""
+def _replace(gm: torch.fx.GraphModule, item: Found, chain: FusedChain,
+             replaced_by: dict[str, torch.fx.Node] | None = None) -> str | None:
+    """Put ``chain`` in place of its nodes in ``gm``'s graph (one call_module node); why not, if it cannot.
+    ``replaced_by`` records the call under the name of the chain's output node it replaces."""
     nodes = {n.name: n for n in gm.graph.nodes}
     inside = [n for n in gm.graph.nodes if n.name in set(item.chain.nodes)]
     out = nodes[item.chain.output_node]
     name = f"fused_{item.spec.name}"
     gm.add_submodule(name, chain)
     with gm.graph.inserting_after(out):
-        new = gm.graph.call_module(name, (chain.state.input_node,))
+        new = gm.graph.call_module(name, (chain.state.input_node, *chain.state.input_nodes))
     out.replace_all_uses_with(new)
+    if replaced_by is not None:
+        replaced_by[out.name] = new
     attrs = {a for n in inside for a in n.all_input_nodes if a.op == "get_attr"}
     for node in reversed(inside):
         gm.graph.erase_node(node)

@@ -11,11 +11,13 @@ here into segments, in order:
     A later region may carry a view of its input (fusetune/views.py): a reduction or softmax over dims
     other than the channel dim or every spatial one, or on a tensor without the (N, C, spatial...)
     structure (a 2-D tensor after a flatten), is one over dim 1 (or over space) of a free view of the
-    contiguous tensor; the region's problem is planned on the view's shape, and the generated ModelNew
+    contiguous tensor, and a layer norm or a mean centring over the last k dims an instance norm's over
+    the plane view; the region's problem is planned on the view's shape, and the generated ModelNew
     views the tensor in before the region and the region's output back to the chain's shape after it;
-  * PyTorch: a view (free), an op no kernel family computes (a layer norm over some spatial dims, a grid
-    adaptive pool, a reduction over dims that are not consecutive), or an op that reads the convolution's
-    output (which only region 0 has). It runs with the reference's own modules, and the segment says why.
+  * PyTorch: a view (free), an op no kernel family computes (a mean centring over dims that are not the
+    last ones nor a scope of the statistics pass, a reduction over dims that are not consecutive), or an
+    op that reads the convolution's output (which only region 0 has). It runs with the reference's own
+    modules, and the segment says why.
 
 Where a later region has no tuned module (not searched yet, or a search that found nothing), ModelNew
 runs its ops in PyTorch, exactly as before this module existed: a pipeline never needs more than the
@@ -73,6 +75,11 @@ class Segment:
         """The chain's learnable parameters the region reads (by their names, which it keeps)."""
         return tuple(p.name for p in self.spec.parameters) if self.spec else ()
 
+    @property
+    def extra_inputs(self) -> tuple[str, ...]:
+        """The chain's extra inputs the region reads (forward arguments of its model after x, in order)."""
+        return self.spec.inputs if self.spec else ()
+
 
 def later_segments(plan: Plan) -> tuple[Segment, ...]:
     """The segments after region 0, in order; none where the kernels take the whole chain."""
@@ -84,6 +91,7 @@ def _segments(plan: Plan) -> tuple[Segment, ...]:
     spec = plan.spec
     shapes = [plan.fused_output_shape(s) for s in spec.shapes]
     rest = list(plan.tail)
+    scalars = frozenset(p.name for p in spec.parameters if p.scalar)
     out: list[Segment] = []
     pytorch: list[Step] = []
     why: list[str] = []
@@ -96,7 +104,7 @@ def _segments(plan: Plan) -> tuple[Segment, ...]:
 
     while rest:
         step = rest[0]
-        refusal = _refusal(step, shapes[0])
+        refusal = _refusal(step, shapes[0], scalars)
         region = refusal or _region(spec, rest, shapes, len(out) + 1 + bool(pytorch))
         if isinstance(region, str):
             pytorch.append(step)
@@ -114,14 +122,15 @@ def _segments(plan: Plan) -> tuple[Segment, ...]:
     return tuple(out)
 
 
-def _refusal(step: Step, shape: Shape) -> str | None:
-    """Why no later region starts at this step, None where one may (with a view, where it needs one)."""
+def _refusal(step: Step, shape: Shape, scalars: frozenset[str] = frozenset()) -> str | None:
+    """Why no later region starts at this step, None where one may (with a view, where it needs one); a map
+    by a parameter of ``scalars`` (a single value) runs on any view."""
     op = step.op
     if op.role == "view":
         return f"{step.where}: a view, free in PyTorch"
     if op.uses_producer():
         return f"{step.where} reads the convolution's output (by: producer), which only the first region has"
-    view = region_view([op], shape)
+    view = region_view([op], shape, scalars)
     if isinstance(view, str):
         return f"{step.where}: {view}"
     target = view_op(op, view) if view is not None else op
@@ -139,7 +148,9 @@ def _region(spec: ProblemSpec, rest: list[Step], shapes: list[Shape], index: int
         steps = tuple(rest[:end])
         if any(s.op.uses_producer() for s in steps):
             continue
-        view = region_view([s.op for s in steps], shapes[0])
+        view = region_view([s.op for s in steps], shapes[0], frozenset(p.name for p in spec.parameters if p.scalar))
+        if view is not None and any(s.op.reads_input() for s in steps):
+            continue  # an extra input has the chain's shape, not the view's
         if isinstance(view, str):
             if end == 1:
                 why = f"{rest[0].where}: {view}"
@@ -173,8 +184,9 @@ def region_spec(spec: ProblemSpec, steps: tuple[Step, ...], shapes: list[Shape],
     ops = tuple(view_op(step.op, view) if view is not None else step.op for step in steps)
     names = {name for op in ops if op.role == "elementwise" for name in op.params()}
     parameters = tuple(p for p in spec.parameters if p.name in names)
+    inputs = tuple(name for name in spec.inputs if any(op.reads_input() == name for op in ops))
     return dataclasses.replace(spec, name=f"{spec.name}_r{index}", producer=producer, parameters=parameters,
-                               epilogue=ops, shapes=tuple(tuple(s) for s in shapes))
+                               epilogue=ops, shapes=tuple(tuple(s) for s in shapes), inputs=inputs)
 
 
 def problems(spec: ProblemSpec) -> list[ProblemSpec]:

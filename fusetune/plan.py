@@ -32,7 +32,7 @@ from typing import Sequence
 
 from fusetune.config import ProblemSpec
 from fusetune.errors import PlanError
-from fusetune.ops import Add, DimReduce, Elementwise, LayerNorm, Norm, Op, Pool, Reduce
+from fusetune.ops import AdaptivePool, Add, DimReduce, Elementwise, LayerNorm, Norm, Op, Pool, Reduce
 from fusetune.ops.reduce import Softmax
 from fusetune.ops.reductions import REDUCTIONS, KernelReduction
 from fusetune.regions import CANCELS_BIAS, FROM_STATISTICS, Step, affine, rewrite
@@ -51,7 +51,7 @@ class Plan:
     pre: tuple[Elementwise, ...]
     norm: Norm | None
     mid: tuple[Elementwise, ...]
-    pool: Pool | None
+    pool: Pool | AdaptivePool | None  # an adaptive pool: a grid of windows whose sizes vary (pool_output)
     post: tuple[Elementwise, ...]
     reduce: Reduce | None
     final: tuple[Elementwise, ...]
@@ -65,6 +65,9 @@ class Plan:
     #: A rule that holds at the config's shapes only fired (regions.Rule.at_shapes): the generated model
     #: runs PyTorch's own forward at any other input shape.
     at_shapes: bool = False
+    #: The config's extra input (``inputs:``) that ops of the region read (``by: NAME``), None where none does:
+    #: the kernels read it at the index they store each element at (INPUT_SLOTS), as ``a.extra``.
+    extra: str | None = None
 
     @property
     def softmax_kernel(self) -> KernelReduction:
@@ -108,9 +111,15 @@ class Plan:
 
     @property
     def pool_window(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-        """The pooling window and stride, 3-D (a 2-D one padded with a leading 1); ones without a pool."""
+        """The pooling window and stride, 3-D (a 2-D one padded with a leading 1); ones without a pool. An
+        adaptive pool's windows vary (pool_output): the one window they are at the config's shapes
+        (adaptive_window), else zeros, which the worlds whose kernels pool fixed windows of their boxes
+        refuse (facts.fixed_window_refusal)."""
         if self.pool is None:
             return (1, 1, 1), (1, 1, 1)
+        if isinstance(self.pool, AdaptivePool):
+            window = self.adaptive_window or (0, 0, 0)
+            return window, window
         pad = (1,) * (3 - self.spec.producer.spatial_dims)
         return pad + tuple(self.pool.kernel_size), pad + tuple(self.pool.stride)
 
@@ -119,9 +128,47 @@ class Plan:
         """The pool's padding, 3-D (zeros without a pool or without padding). Only the cuDNN world's
         main kernels (window_map, plane_reduce) pool padded windows: the kernels that compute the
         convolution inside them build their boxes of whole unpadded windows, so they refuse it."""
-        if self.pool is None or self.pool.padding is None:
+        if not isinstance(self.pool, Pool) or self.pool.padding is None:
             return (0, 0, 0)
         return (0,) * (3 - self.spec.producer.spatial_dims) + tuple(self.pool.padding)
+
+    @property
+    def adaptive_window(self) -> tuple[int, int, int] | None:
+        """The one window (3-D; its stride the same) an adaptive pool's windows all are at every shape of the
+        config, where its output divides its input there into one window size, not all ones (the identity);
+        None where they differ, or without an adaptive pool. The kernels that pool fixed windows of their boxes
+        take the pool as that window, exact at the config's shapes only (at_shapes_worlds)."""
+        if self.pool_output is None:
+            return None
+        windows = set()
+        for shape in self.spec.shapes:
+            sizes = (1,) * (3 - self.spec.producer.spatial_dims) + tuple(self.spec.producer.out_shape(shape)[2:])
+            if any(size % out for size, out in zip(sizes, self.pool_output)):
+                return None
+            windows.add(tuple(size // out for size, out in zip(sizes, self.pool_output)))
+        window = windows.pop() if len(windows) == 1 else None
+        return window if window is not None and window != (1, 1, 1) else None
+
+    @property
+    def at_shapes_worlds(self) -> tuple[str, ...]:
+        """The offered worlds whose kernels pool the region's adaptive pool as the fixed window it is at the
+        config's shapes (adaptive_window; facts.FIXED_WINDOW_STAGES): exact there only, so that at another
+        input shape the generated model runs PyTorch's forward where one of them won. The others pool
+        PyTorch's adaptive windows at any shape."""
+        from fusetune.worlds.facts import FIXED_WINDOW_STAGES
+
+        if self.pool_output is None:
+            return ()
+        return tuple(impl for impl, stages in self.impl_stages.items() if set(stages) & set(FIXED_WINDOW_STAGES))
+
+    @property
+    def pool_output(self) -> tuple[int, int, int] | None:
+        """An adaptive pool's output sizes, 3-D (a leading 1 where the producer has fewer dims: a window of
+        the whole size-1 dim); None for a window pool or none. Output index i of ``out`` over an input of
+        ``size`` pools PyTorch's window (ops/pool.py's ADAPTIVE_BOUNDS) at any input shape."""
+        if not isinstance(self.pool, AdaptivePool):
+            return None
+        return (1,) * (3 - self.spec.producer.spatial_dims) + tuple(self.pool.output_size)
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -150,6 +197,12 @@ class Plan:
         producer = self.spec.producer.kind
         fused = ", ".join(step.where for step in self.head) or "the convolution alone"
         lines = [f"region 0 (fused kernels): {producer} -> {fused}"]
+        if self.at_shapes_worlds:
+            window = " x ".join(str(k) for k in self.adaptive_window[3 - self.spec.producer.spatial_dims:])
+            lines.append(f"  exact at the config's shapes only in worlds {', '.join(self.at_shapes_worlds)}: their "
+                         f"kernels pool fixed windows, and the adaptive pool's are one {window} window there; at "
+                         "another shape ModelNew runs PyTorch's forward where one of them won (the other worlds "
+                         "pool PyTorch's adaptive windows at any shape)")
         if self.tail:
             lines.append(f"  ends: {self.ends.split(': ', 1)[-1] if self.ends else ''}")
         for segment in later_segments(self):
@@ -178,7 +231,8 @@ class Plan:
                 f"norm={self.norm.kind if self.norm else '-'} mid={names(self.mid)} "
                 f"pool={self.pool.kind if self.pool else '-'} post={names(self.post)} "
                 f"reduce={self.reduce.kind if self.reduce else '-'} final={names(self.final)} "
-                f"bias={'dropped' if self.drop_bias else 'epilogue' if self.bias_in_epilogue else 'none'}")
+                f"bias={'dropped' if self.drop_bias else 'epilogue' if self.bias_in_epilogue else 'none'}"
+                + (f" extra={self.extra}" if self.extra else ""))
 
 
 #: Learnable per-channel parameters one module can read (FT_MAX_PARAMS in templates/args.h.j2).
@@ -195,8 +249,16 @@ _PRODUCER_GONE = {
     "reduce": "reduction or softmax: the kernels apply the chain after it to what they reduced or normalised, "
               "without the convolution's output at a position",
 }
+#: The map slots where an op may read an extra input (``by: NAME`` of ``inputs:``): the chains the kernels apply
+#: where they store each element (ft_post, ft_final), which read the input at the stored index. Without a pool
+#: the value of a position is the output's there, so an op that reads an input starts the post chain (a pool of
+#: one element stands between mid and post); not before a reduction or softmax, whose input the kernels never
+#: store (the op must come after it, in the final chain).
+INPUT_SLOTS = ("post", "final")
 #: A softmax over the channels takes the reduce slot: it ends the region's reductions and maps as a reduction does.
-_ROLE_SLOT = {"norm": 1, "pool": 3, "reduce": 5, "softmax": 5}
+_ROLE_SLOT = {"norm": 1, "pool": 3, "adaptive": 3, "reduce": 5, "softmax": 5}
+#: A role as the planner's messages name it: an adaptive pool is a pool.
+_ROLE_NAME = {"adaptive": "pool"}
 
 
 def make_plan(spec: ProblemSpec) -> Plan:
@@ -259,12 +321,14 @@ def _plan_region(spec: ProblemSpec, steps: Sequence[Step]) -> Plan:
     """Sort a region's ops into the canonical slots; ``PlanError`` where the kernels cannot take them."""
     groups: dict[str, list[Step]] = {slot: [] for slot in _SLOTS}
     position = 0  # index into _SLOTS of the latest filled slot
+    reader: Step | None = None  # the first op that reads an extra input (by: NAME of inputs:)
     for step in steps:
         op = step.op
         refusal = _kernel_refusal(op)
         if refusal is None and isinstance(op, LayerNorm) and op.in_rank != 2 + spec.producer.spatial_dims:
             refusal = (f"a {op.kind} parsed for an input of rank {op.in_rank}, here of rank "
-                       f"{2 + spec.producer.spatial_dims}: its scope would not be its dims'; it runs in PyTorch")
+                       f"{2 + spec.producer.spatial_dims}: its scope would not be its dims'; it runs after this region (in a "
+                       "later one, on the plane view of its input)")
         if refusal is not None:
             raise PlanError(f"{spec.path}: {step.where}: {refusal}")
         if op.role == "elementwise":
@@ -272,12 +336,25 @@ def _plan_region(spec: ProblemSpec, steps: Sequence[Step]) -> Plan:
             if op.uses_producer() and _SLOTS[position] not in PRODUCER_SLOTS:
                 raise PlanError(f"{spec.path}: {step.where} reads the convolution's output (by: producer) after a "
                                 f"{_PRODUCER_GONE[_SLOTS[position - 1]]}")
+            name = op.reads_input()
+            if name is not None and reader is not None and reader.op.reads_input() != name:
+                raise PlanError(f"{spec.path}: {step.where} reads input '{name}', and {reader.where} reads "
+                                f"'{reader.op.reads_input()}': the kernels read one extra input a region; it runs "
+                                "after this region")
+            if name is not None and _SLOTS[position] not in INPUT_SLOTS:
+                position = _SLOTS.index("post")  # no pool before it: the value of a position is the stored one's
+            reader = reader or (step if name is not None else None)
             groups[_SLOTS[position]].append(step)
             continue
+        if reader is not None and _SLOTS[position] != "final":
+            raise PlanError(f"{spec.path}: {step.where}: a {op.role} after {reader.where}, which reads input "
+                            f"'{reader.op.reads_input()}': the kernels read an input only at the element they store, "
+                            f"after their norm, pool and reduction; it runs after this region")
         target = _ROLE_SLOT[op.role]
         if target < position or (target == position and groups[_SLOTS[target]]):
             raise PlanError(f"{spec.path}: {step.where}: the kernels fuse chains of the form elementwise* [norm] "
-                            f"elementwise* [pool] elementwise* [reduce] elementwise*; a {op.role} cannot come here")
+                            f"elementwise* [pool] elementwise* [reduce] elementwise*; a "
+                            f"{_ROLE_NAME.get(op.role, op.role)} cannot come here")
         position = target
         groups[_SLOTS[target]].append(step)
     ops = {slot: tuple(step.op for step in group) for slot, group in groups.items()}
@@ -299,14 +376,13 @@ def _plan_region(spec: ProblemSpec, steps: Sequence[Step]) -> Plan:
     softmax = reduce.op if reduce and isinstance(reduce.op, Softmax) else None
     return Plan(spec=spec, pre=ops["pre"], norm=norm.op if norm else None, mid=ops["mid"], pool=pool,
                 post=ops["post"], reduce=reduce.op if reduce and not softmax else None, final=ops["final"],
-                family=family, drop_bias=norm is not None and CANCELS_BIAS in norm.marks, softmax=softmax)
+                family=family, drop_bias=norm is not None and CANCELS_BIAS in norm.marks, softmax=softmax,
+                extra=reader.op.reads_input() if reader else None)
 
 
 #: Why the kernels do not take an op of a role, where no kernel family computes that role at all.
 _ROLE_REFUSALS = {
     "view": "a view of the kernels' output, free in PyTorch",
-    "adaptive": "adaptive pooling to a size other than 1 has windows that depend on the input's size; "
-                "it runs in PyTorch",
 }
 
 
@@ -319,9 +395,7 @@ def _kernel_refusal(op: Op) -> str | None:
                 "it runs after this region (in a later one, on a view of its input, or in PyTorch)")
     if isinstance(op, Norm) and op.scope not in KERNEL_SCOPES:
         return (f"the kernels' norms take statistics per (sample, channel) plane, per sample or per channel "
-                f"({', '.join(KERNEL_SCOPES)}); a {op.kind} over {list(getattr(op, 'normalized_shape', ()))}, "
-                "fewer trailing dims than every spatial one, runs after this region (over the last dim alone, in a "
-                "later one on a view of its input; else in PyTorch)")
+                f"({', '.join(KERNEL_SCOPES)}); {op.outside_scopes()}")
     if isinstance(op, Reduce) and op.mode not in REDUCTIONS:
         return f"the kernels reduce by {', '.join(REDUCTIONS)}; {op.mode} runs in PyTorch"
     if isinstance(op, DimReduce) and op.dims != (1,) and op.dims != (op.dim,):
@@ -330,7 +404,7 @@ def _kernel_refusal(op: Op) -> str | None:
     return None
 
 
-def _family(spec: ProblemSpec, pool: Pool | None, reduce: Step | None) -> str | None:
+def _family(spec: ProblemSpec, pool: Pool | AdaptivePool | None, reduce: Step | None) -> str | None:
     """The main kernel family that ends the region, None where finalize computes the output (the rule
     regions.mean_of_norm marked the reduction); a softmax over the channels in the reduce slot is
     channel_softmax's."""

@@ -16,6 +16,8 @@ lands in the kernels rather than in PyTorch:
   * a view before an op that maps each value alone moves after it (the values are the same);
   * non-overlapping pools of one mode in a row compose into one pool of the product window
     (floor mode: floor(floor(s / a) / b) = floor(s / ab) windows, each the same inputs);
+  * a norm cancels a mean centring (x - x.mean(dims, keepdim=True)) before it whose sets hold its own:
+    the centring is dropped;
   * instance norm (and a layer norm over every spatial dim, whose statistics are instance norm's) cancels
     a per-channel constant added before it (the producer's bias, through a chain of per-channel
     mul/div/add): the norm's step is marked, and the convolution runs without bias;
@@ -35,8 +37,8 @@ import dataclasses
 from typing import Callable, Sequence
 
 from fusetune.config import ProblemSpec
-from fusetune.ops import (Add, AdaptivePool, DimReduce, Div, Flatten, Mul, Norm, Op, Pool, Reduce, SpatialReduce,
-                          Unsqueeze)
+from fusetune.ops import (Add, AdaptivePool, DimReduce, Div, Flatten, LayerNorm, MeanCentre, Mul, Norm, Op, Pool,
+                          Reduce, SpatialReduce, Sub, Unsqueeze)
 from fusetune.ops.reduce import Squeeze
 from fusetune.ops.reduce import KERNEL_MODES
 from fusetune.ops.reductions import REDUCTIONS
@@ -77,9 +79,10 @@ FROM_STATISTICS = "from_statistics"
 @dataclasses.dataclass(frozen=True)
 class Rule:
     """One exact rewrite of a chain: ``apply`` returns the chain after it (the same steps where it does
-    not apply); it may replace steps or mark them for the planner. A rule ``at_shapes`` holds at the
-    config's shapes only (an adaptive pool's windows depend on its input's size): where it fired, the
-    generated model runs PyTorch's own forward at any other input shape."""
+    not apply); it may replace steps or mark them for the planner. A rule ``at_shapes`` would hold at the
+    config's shapes only: where it fired, the generated model runs PyTorch's own forward at any other input
+    shape (EXACT_AT). None does: an adaptive pool, whose windows depend on its input's size, is the kernels'
+    own pool at any shape (ops/pool.py's ADAPTIVE_BOUNDS)."""
 
     name: str
     doc: str
@@ -114,8 +117,9 @@ def rewrite(spec: ProblemSpec) -> Rewritten:
 
 def affine(ops: Sequence[Op]) -> bool:
     """Whether a chain of elementwise ops is an affine map per channel (mul, div and add by numbers or
-    per-channel parameters; not by the convolution's own output)."""
-    return all(isinstance(op, (Mul, Div, Add)) and not op.uses_producer() for op in ops)
+    per-channel parameters; not by the convolution's own output or an extra input)."""
+    return all(isinstance(op, (Mul, Div, Add)) and not op.uses_producer() and op.reads_input() is None
+               for op in ops)
 
 
 def _ranked(rule: Callable[[list[Step], int], list[Step]]) -> Callable[[list[Step], ProblemSpec], list[Step]]:
@@ -131,14 +135,55 @@ def _norm_cancels_bias(steps: list[Step], spec: ProblemSpec) -> list[Step]:
     """Instance norm (scope "instance": a layer norm over every spatial dim too) subtracts each (sample,
     channel) plane's mean, so a per-channel constant added before it (the producer's bias, through
     mul/div/add by numbers or per-channel parameters, which keep it a per-channel constant) cancels
-    exactly: the first norm, where it is an instance norm after an affine chain, is marked. Not where an op
-    reads the convolution's output (by: producer): that output has the bias."""
+    exactly: the first norm, where it is an instance norm after an affine chain, is marked; so is a mean
+    centring over each channel's batch and spatial dims (a batch norm's own running statistics would see the
+    bias). Not where an op reads the convolution's output (by: producer): that output has the bias."""
     if not spec.producer.bias or any(step.op.uses_producer() for step in steps):
         return steps
     first = next((i for i, step in enumerate(steps) if isinstance(step.op, Norm)), None)
-    if first is None or steps[first].op.scope != "instance" or not affine([s.op for s in steps[:first]]):
+    norm = steps[first].op if first is not None else None
+    per_channel = norm is not None and (norm.scope == "instance" or (norm.scope == "batch" and norm.centres))
+    if not per_channel or not affine([s.op for s in steps[:first]]):
         return steps
     return steps[:first] + [_mark(steps[first], CANCELS_BIAS)] + steps[first + 1:]
+
+
+def _norm_cancels_centring(steps: list[Step], spec: ProblemSpec) -> list[Step]:
+    """x - x.mean(dims) subtracts a constant that varies only along the dims it does not average; a norm after
+    it whose statistics average over dims among those (the same sets or smaller ones: a plane inside its sample
+    or inside its channel over the batch, a group inside its sample) subtracts its own sets' mean, which that
+    constant shifts by itself: the norm's output is the same without the centring, which is dropped. Maps by
+    numbers between them (mul, div, add, sub) keep the constant one per set; a norm that keeps running
+    statistics (batch norm in training mode) would see it, and does not cancel it."""
+    out: list[Step] = []
+    for i, step in enumerate(steps):
+        if isinstance(step.op, MeanCentre) and _cancelled(step.op, steps[i + 1:]):
+            continue
+        out.append(step)
+    return out
+
+
+def _cancelled(centre: MeanCentre, rest: Sequence[Step]) -> bool:
+    for step in rest:
+        op = step.op
+        if isinstance(op, Norm):
+            dims = _averaged_dims(op, centre.in_rank)
+            return dims is not None and dims <= set(centre.dims)
+        if not (isinstance(op, (Mul, Div, Add, Sub)) and getattr(op, "scalar", None) is not None):
+            return False
+    return False
+
+
+def _averaged_dims(norm: Norm, rank: int) -> frozenset[int] | None:
+    """The dims of a rank-``rank`` input a norm's mean is over (a group norm's: some of dim 1, and the spatial
+    ones); None for batch norm (training: its running statistics would see a centring before it; eval: it
+    subtracts no mean of its input)."""
+    spatial = frozenset(range(2, rank))
+    if isinstance(norm, MeanCentre):
+        return frozenset(norm.dims)
+    if isinstance(norm, LayerNorm):
+        return frozenset(range(rank - len(norm.normalized_shape), rank))
+    return {"instance": spatial, "group": spatial | {1}}.get(norm.scope)
 
 
 #: The norms whose statistics pass gives each plane's mean (not eval-mode batch norm's running ones).
@@ -233,31 +278,6 @@ def _split_full_reductions(steps: list[Step], rank: int) -> list[Step]:
     return out
 
 
-def _adaptive_as_pool(steps: list[Step], spec: ProblemSpec) -> list[Step]:
-    """An adaptive pool whose output sizes divide its input's at every shape of the config, with the same
-    window at all of them, is the plain pool of that window (stride the window): PyTorch's adaptive windows
-    are then exactly those. At another input shape they need not be: the rule holds at the config's shapes
-    only (Rule.at_shapes)."""
-    from fusetune.ops.pool import AvgPool, MaxPool
-
-    out: list[Step] = []
-    shapes = [spec.producer.out_shape(s) for s in spec.shapes]
-    for step in steps:
-        op = step.op
-        if isinstance(op, AdaptivePool) and not op.global_ and all(len(s) == len(op.output_size) + 2 for s in shapes):
-            windows = {tuple(size // o if size % o == 0 else 0 for size, o in zip(s[2:], op.output_size))
-                       for s in shapes}
-            window = next(iter(windows))
-            if len(windows) == 1 and all(window):
-                pool = (AvgPool if op.mode == "avg" else MaxPool)(kernel_size=window, stride=window)
-                out.append(dataclasses.replace(step, op=pool, attr=None))
-                shapes = [op.out_shape(s) for s in shapes]
-                continue
-        out.append(step)
-        shapes = [op.out_shape(s) for s in shapes]
-    return out
-
-
 def _kernel_form(dims: tuple[int, ...], rank: int) -> bool:
     """Whether a reduction over ``dims`` of a rank-``rank`` input is one the kernels compute: over the
     channel dim, or over every spatial dim."""
@@ -291,16 +311,19 @@ def _kernel_reductions(steps: list[Step], rank: int) -> list[Step]:
     return out
 
 
-def _sink_views(steps: list[Step], rank: int) -> list[Step]:
-    """A view, then an op that maps each value alone (no per-channel parameter, not the convolution's
-    output): the same values either way round, and with the op first the kernels may take it."""
+def _sink_views(steps: list[Step], spec: ProblemSpec) -> list[Step]:
+    """A view, then an op that maps each value alone (no per-channel parameter, a scalar one being the same
+    value everywhere; not the convolution's output, not an extra input, which has the chain's shape before
+    the view): the same values either way round, and with the op first the kernels may take it."""
+    scalars = {p.name for p in spec.parameters if p.scalar}
     out = list(steps)
     moved = True
     while moved:
         moved = False
         for i in range(len(out) - 1):
             view, op = out[i].op, out[i + 1].op
-            if view.role == "view" and op.role == "elementwise" and not op.params() and not op.uses_producer():
+            if (view.role == "view" and op.role == "elementwise" and not set(op.params()) - scalars
+                    and not op.uses_producer() and op.reads_input() is None):
                 out[i], out[i + 1] = out[i + 1], out[i]
                 moved = True
     return out
@@ -327,13 +350,13 @@ RULES: tuple[Rule, ...] = (
          _ranked(_merge_reductions)),
     Rule("split_full_reductions", "a reduction over the channels and every spatial dim is one over the spatial "
          "dims, then one over the channels", _ranked(_split_full_reductions)),
-    Rule("adaptive_as_pool", "an adaptive pool whose sizes divide its input's, with one window at every shape "
-         "of the config, is the plain pool of that window", _adaptive_as_pool, at_shapes=True),
     Rule("kernel_reductions", "a reduction over every spatial dim or over the channels is the kernels' own, "
          "with a view that restores PyTorch's shape", _ranked(_kernel_reductions)),
-    Rule("sink_views", "a view before an op that maps each value alone moves after it", _ranked(_sink_views)),
+    Rule("sink_views", "a view before an op that maps each value alone moves after it", _sink_views),
     Rule("compose_pools", "non-overlapping pools of one mode in a row compose into one of the product window",
          _ranked(_compose_pools)),
+    Rule("norm_cancels_centring", "a norm cancels a mean centring before it whose averaged dims hold its own: the "
+         "centring is dropped", _norm_cancels_centring),
     Rule("norm_cancels_bias", "instance norm cancels the producer's bias added through an affine chain before "
          "it: the convolution runs without bias", _norm_cancels_bias),
     Rule("mean_of_norm", "a spatial mean or sum right after a batch, group or instance norm is finalize's map of "

@@ -7,7 +7,8 @@ equals the same op over dim 1 of the view ``(prod(S[:first]), prod(S[first..last
 (``channels``: what channel_reduce and channel_softmax take as (N, C, L)), and where the run is S's
 trailing dims, a reduction equals one over the spatial dim of ``(prod(S[:first]), 1, prod(S[first:]))``
 (``plane``: plane_reduce's (N, C, L), a plane a row, far more parallel than one thread a row); a layer
-norm over the last dim alone is an instance norm over the spatial dim of the plane view. Both
+norm over the last k dims (and a mean centring over them) is an instance norm over the spatial dim of
+the plane view. Both
 views keep the elements where they are, so they are free; ``keepdim`` and the output's shape are a view
 back (``after``). A map that reads no per-channel parameter runs on any view; one that does would read
 the view's dim 1 as the chain's channels, so a region with a view holds none.
@@ -23,7 +24,7 @@ import dataclasses
 import math
 from typing import Any, Callable, Sequence
 
-from fusetune.ops import DimReduce, LayerNorm, Op, Shape
+from fusetune.ops import DimReduce, LayerNorm, MeanCentre, Op, Shape
 from fusetune.ops.reduce import KERNEL_MODES, Softmax
 from fusetune.ops.reductions import REDUCTIONS
 
@@ -120,16 +121,27 @@ def _softmax_view(op: Softmax, shape: Shape) -> RegionView | str | None:
 
 def _layer_norm_view(op: LayerNorm, shape: Shape) -> RegionView | str | None:
     """A layer norm over (C, *spatial) or every spatial dim of an (N, C, spatial...) tensor needs none (group
-    or instance norm's statistics: ops/norm.py); over its last dim alone (fewer trailing dims than every
-    spatial one, or the features of a 2-D tensor after a flatten), the plane view of that dim: an instance
-    norm over the view's one spatial dim, the per-element weight and bias indexed by its position there (the
-    same elements, in the same order, as the module's own)."""
+    or instance norm's statistics: ops/norm.py); over its last k dims alone (fewer trailing dims than every
+    spatial one, or the features of a 2-D tensor after a flatten), the plane view of those dims,
+    (prod(S[:-k]), 1, prod(S[-k:])): an instance norm over the view's one spatial dim, the per-element weight
+    and bias indexed by its position there (the same elements, in the same order, as the module's own of
+    shape S[-k:], contiguous)."""
     if 3 <= len(shape) <= 5 and op.scope in ("group", "instance"):
         return None
-    if len(op.normalized_shape) != 1:
-        return (f"a {op.kind} over {list(op.normalized_shape)}: fewer dims than every spatial one, and more than "
-                "the last alone, which a plane view makes the spatial dim")
-    return RegionView(first=len(shape) - 1, last=len(shape) - 1, form="plane", after="same")
+    over = len(op.normalized_shape)
+    return RegionView(first=len(shape) - over, last=len(shape) - 1, form="plane", after="same")
+
+
+def _centre_view(op: MeanCentre, shape: Shape) -> RegionView | str | None:
+    """A mean centring over a scope of the statistics pass (every spatial dim, (C, *spatial), the batch and
+    every spatial dim) of an (N, C, spatial...) tensor needs none; over its last k dims alone, the plane view
+    of those dims (a centring over the view's spatial dim); over others no view makes it one the kernels take."""
+    if 3 <= len(shape) <= 5 and op.scope in ("instance", "group", "batch"):
+        return None
+    if not op.trailing:
+        return (f"a mean centring over dims {list(op.dims)} of {list(shape)}: not its last dims, nor a scope of the "
+                "statistics pass (a plane, a sample, a channel over the batch)")
+    return RegionView(first=op.dims[0], last=op.dims[-1], form="plane", after="same")
 
 
 #: op class -> the view a later region that holds it runs on (None: the tensor as it is), or why none helps.
@@ -137,6 +149,7 @@ VIEWERS: dict[type, Callable[[Any, Shape], RegionView | str | None]] = {
     DimReduce: _reduce_view,
     Softmax: _softmax_view,
     LayerNorm: _layer_norm_view,
+    MeanCentre: _centre_view,
 }
 
 
@@ -153,18 +166,19 @@ def view_op(op: Op, view: RegionView) -> Op:
         return DimReduce(mode=mode, over="dim", dim=1, dims=(1,), keepdim=False)
     if isinstance(op, Softmax):
         return type(op)(dim=1)
-    if isinstance(op, LayerNorm):  # over the last dim: its size is the view's spatial size (plane view)
-        return dataclasses.replace(op, in_rank=3)
+    if isinstance(op, (LayerNorm, MeanCentre)):  # over the last k dims: the view's spatial dim
+        return op.on_plane()
     return op
 
 
-def region_view(ops: Sequence[Op], shape: Shape) -> RegionView | str | None:
+def region_view(ops: Sequence[Op], shape: Shape, scalars: frozenset[str] = frozenset()) -> RegionView | str | None:
     """The view a later region of ``ops`` reading a contiguous tensor of ``shape`` runs on: None where it
     runs on the tensor as it is, why not where no view makes it one the kernels may take.
 
     A run with a view is maps, one op that chose the view, maps (maps that read no per-channel parameter:
-    the view's dim 1 is not the chain's channels). An (N, C, spatial...) tensor with no op that asks for
-    a view runs as it is; a map alone on another (a 2-D tensor after a flatten) on the channels view of dim 1."""
+    the view's dim 1 is not the chain's channels; a scalar one, of ``scalars``, applies anywhere). An (N, C,
+    spatial...) tensor with no op that asks for a view runs as it is; a map alone on another (a 2-D tensor
+    after a flatten) on the channels view of dim 1."""
     viewed = [(i, op) for i, op in enumerate(ops) if op.role != "elementwise"]
     if not viewed:
         if 3 <= len(shape) <= 5:
@@ -185,7 +199,7 @@ def region_view(ops: Sequence[Op], shape: Shape) -> RegionView | str | None:
                     f"{op.kind} starts another")
     if view is None:
         return f"its input {list(shape)} has no channel dim"
-    readers = [op for op in ops if op.role == "elementwise" and op.params()]
+    readers = [op for op in ops if op.role == "elementwise" and set(op.params()) - scalars]
     if readers:
         return (f"{readers[0].kind} reads a per-channel parameter, and the region's view "
                 f"{list(view.shape(shape))} has no channel dim of the chain's")

@@ -152,6 +152,8 @@ def test_corpus_covers_compositions():
                 seen.add(f"{entry['op']} over channels")
             if entry.get("by") == "producer":
                 seen.add("by producer")
+            if entry.get("by") in raw.get("inputs", []):
+                seen.add("by input")
             if entry["op"] == "batch_norm":
                 seen.add(f"batch norm training={entry.get('training', True)}")
             if entry["op"] == "group_norm" and "num_groups" in entry:
@@ -169,6 +171,7 @@ def test_corpus_covers_compositions():
         assert any(entry["op"] == op for path in CHAINS for entry in _raw(path)["epilogue"])
     assert seen >= {"pools in a row", "norm after pool", "two norms", "reduction after reduction", "keepdim",
                     "softmax over channels", "logsumexp over channels", "log_softmax over channels", "by producer",
+                    "by input",
                     "batch norm training=True", "batch norm training=False", "num_groups", "flatten last",
                     "norm after activation", "producer stride", "producer padding", "producer dilation", "producer groups",
                     "producer output_padding", "padding same", "non-square producer"}, seen
@@ -220,8 +223,9 @@ def test_chain_reference_model_runs_on_cpu(path, tmp_path):
     torch.manual_seed(0)
     model = generated.Model().double()
     shape = spec.shapes[0]
+    inputs = [torch.randn(s, dtype=torch.float64) for s in spec.input_shapes(shape)]  # the extra inputs, if any
     with torch.no_grad():
-        out = model(torch.rand(shape, dtype=torch.float64))
+        out = model(torch.rand(shape, dtype=torch.float64), *inputs)
     assert tuple(out.shape) == tuple(spec.output_shape(shape))
     assert torch.isfinite(out).all(), "the chain's reference is not finite: verification could never pass"
     fused = generated.ModelNew()

@@ -407,16 +407,16 @@ def test_deploy_reports_undecodable_and_duplicate_key_configs_and_tunes_the_rest
 def test_plan_json_is_the_regions_and_worlds_as_data():
     """`fusetune plan --json`: one document a config, the fused ops and the PyTorch tail by config entry,
     why the kernels stop, the worlds offered (with their stages) and not (with why)."""
-    chain = ROOT / "tests" / "chains" / "conv3d_layernorm_hw_gelu.yaml"
+    chain = ROOT / "tests" / "centring" / "centre_channels_pytorch.yaml"
     result = CliRunner().invoke(main, ["plan", "--json", str(SEEDS["groupnorm"]), str(chain)])
     assert result.exit_code == 0, result.output
     seed, tail = json.loads(result.output)
     assert seed["name"] == "conv2d_groupnorm_scale_maxpool_clamp" and seed["pytorch"] == [] and seed["ends"] is None
     assert [s["op"] for s in seed["fused"]] == ["group_norm", "mul", "max_pool", "clamp"]
     assert seed["worlds"]["gemm_extrema"] == ["gemm_stats", "finalize", "extrema_map"] and seed["worlds"]["eager"] == []
-    assert tail["fused"] == [] and [s["op"] for s in tail["pytorch"]] == ["layer_norm"]
-    norm, gelu = tail["later"]  # the layer norm in PyTorch, then a later region of kernels on its output
-    assert norm["runs"] == "pytorch" and "a layer_norm over [11, 13]: fewer dims than every spatial one" in norm["why"]
-    assert gelu["runs"] == "kernels" and [s["op"] for s in gelu["ops"]] == ["gelu"] and gelu["region"] == 2
-    assert gelu["tuned_as"] == "conv3d_layernorm_hw_gelu_r2" and gelu["worlds"] == ["cudnn", "eager"]
-    assert "a layer_norm over [11, 13]" in tail["ends"] and tail["candidates"] > 1
+    assert tail["fused"] == [] and [s["op"] for s in tail["pytorch"]] == ["sub"]
+    centre, relu = tail["later"]  # the mean centring over the channels in PyTorch, then a later region of kernels
+    assert centre["runs"] == "pytorch" and "a mean centring over dims [1] of [2, 8, 9, 11]: not its" in centre["why"]
+    assert relu["runs"] == "kernels" and [s["op"] for s in relu["ops"]] == ["relu"] and relu["region"] == 2
+    assert relu["tuned_as"] == "centre_channels_pytorch_r2" and relu["worlds"] == ["cudnn", "eager"]
+    assert "a mean centring over dims [1]" in tail["ends"] and tail["candidates"] > 1

@@ -26,12 +26,12 @@ CHAINS = ROOT / "tests" / "chains"
 #: The layer norm chains: over (C, H, W) with its affine, over the spatial dims (3-D, and 1-D after a transposed
 #: convolution), over (H, W) before an average pool, over (C, H, W) before a spatial mean (the reduction's
 #: kernels index the affine too), over (C, H, W) without an affine before a max pool (every
-#: world), over the last dim alone (PyTorch, then a later region of kernels), and over (C, H, W) after a pool (a
-#: later region's kernels).
+#: world), over the last dim alone and over (H, W) of a 3-D output (a later region of kernels on a plane view), and over
+#: (C, H, W) after a pool (a later region's kernels).
 LAYER_NORM_CHAINS = ["conv2d_layernorm_chw_gelu", "conv3d_layernorm_dhw_gelu", "convt1d_layernorm_gelu",
                      "conv2d_layernorm_hw_relu_avgpool", "conv2d_layernorm_chw_noaffine_maxpool",
                      "conv2d_layernorm_chw_gelu_scale_mean", "conv2d_layernorm_w_gelu",
-                     "conv2d_maxpool_layernorm_chw_relu"]
+                     "conv2d_maxpool_layernorm_chw_relu", "conv3d_layernorm_hw_gelu"]
 #: Worlds that must verify (not merely be infeasible at the shape; a tensor-core world's TF32 refusal as
 #: scripts/verify-chains judges it counts), by region (a later one named <chain>_r<k>); cudnn for any other.
 MUST_RUN = {"conv2d_layernorm_chw_gelu": ("cudnn", "cudnn/channels_last", "direct", "gemm", "gemm_store"),
@@ -41,7 +41,8 @@ MUST_RUN = {"conv2d_layernorm_chw_gelu": ("cudnn", "cudnn/channels_last", "direc
             "conv2d_layernorm_chw_gelu_scale_mean": ("cudnn", "cudnn/channels_last", "direct", "gemm", "gemm_store"),
             "conv2d_layernorm_chw_noaffine_maxpool": ("cudnn", "cudnn/channels_last", "direct", "gemm",
                                                       "gemm_extrema", "gemm_store"),
-            "conv2d_maxpool_layernorm_chw_relu_r1": ("cudnn", "cudnn/channels_last")}
+            "conv2d_maxpool_layernorm_chw_relu_r1": ("cudnn", "cudnn/channels_last"),
+            "conv3d_layernorm_hw_gelu_r1": ("cudnn",)}
 
 
 def _verify(path, cache, worker):

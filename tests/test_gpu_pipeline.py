@@ -34,7 +34,7 @@ from export_run import run_export  # noqa: E402
 CHAINS = ROOT / "tests" / "chains"
 #: Each later region's kind: a group norm after a pool (statistics, finalize, map), two pools that do not
 #: compose, a channel reduction of a pooled 3-D tensor, a full reduction split in two, a map after a layer
-#: norm in PyTorch, an adaptive pool fused as a plain one (at the config's shapes only).
+#: norm in PyTorch, an adaptive pool's grid in the kernels (a flatten after it).
 PIPELINES = ["conv2d_relu6_maxpool_groupnorm", "conv2d_gelu_avgpool_maxpool_avgpool",
              "convt3d_maxpool_maxpool_sum_channels", "conv2d_sigmoid_sum_all", "conv2d_layernorm_w_gelu",
              "conv2d_relu_adaptivemaxpool_grid_divides", "convt2d_outpad_batchnorm_tanh_maxpool_groupnorm"]
@@ -48,7 +48,7 @@ def _off_identity(model: torch.nn.Module) -> None:
     """Norms' affine parameters and running statistics away from 1 and 0, so a map that skips them shows."""
     with torch.no_grad():
         for name, tensor in model.named_parameters():
-            if not name.startswith("producer.") and tensor.dim() == 1:
+            if not name.startswith("producer.") and (tensor.dim() == 1 or "norm" in name):  # a layer norm's (H, W)
                 tensor.uniform_(0.5, 1.5) if name.endswith("weight") else tensor.uniform_(-0.5, 0.5)
         for name, tensor in model.named_buffers():
             if name.endswith("running_mean"):
@@ -67,8 +67,10 @@ def _error(model: torch.nn.Module, reference: torch.nn.Module, shape) -> float:
 
 
 #: Chains whose later regions run on views (VIEW_CHAINS below), end to end as well: a channels view whose dim 1
-#: the input's size sets, and a plane view of a flattened 2-D tensor.
-VIEW_PIPELINES = ["conv3d_hardsigmoid_max_channels_logsumexp", "conv2d_amax_spatial_amin_channels"]
+#: the input's size sets, a plane view of a flattened 2-D tensor, and a layer norm over (H, W) of a 3-D output on
+#: a plane view (its (H, W) weight and bias, off their identity, read flat).
+VIEW_PIPELINES = ["conv3d_hardsigmoid_max_channels_logsumexp", "conv2d_amax_spatial_amin_channels",
+                  "conv3d_layernorm_hw_gelu"]
 
 
 @pytest.mark.parametrize("name", PIPELINES + VIEW_PIPELINES)
@@ -100,18 +102,44 @@ def test_every_region_tuned_and_the_whole_model_matches_float64(name, cache, wor
     assert got["error"] < 1e-2, got
 
 
-def test_an_adaptive_pool_fused_as_a_plain_one_falls_back_at_another_shape(cache, worker):
+def test_an_adaptive_pool_runs_in_the_kernels_at_another_shape(cache, worker, monkeypatch):
+    """An adaptive pool whose windows are one 4 x 4 window at the config's shapes: the tuned model is exact at a
+    shape where they are unequal; there the cuDNN world's kernels pool PyTorch's windows themselves (with the
+    reference's forward made to fail, its output NaN-filled first), while a world that pools fixed windows
+    (direct, EXACT_WORLDS) runs the reference's forward instead."""
     path = CHAINS / "conv2d_relu_adaptivemaxpool_grid_divides.yaml"
     spec = load_config(path)
     machine = Machine.detect()
     result = tune_shape(spec, spec.shapes[0], cache, machine, _factory(cache, machine, worker), trials=3)
     assert result.status in ("tuned", "cached")
     model = load_tuned(path, cache).eval()
-    reference = sys.modules[type(model).__module__].Model().cuda()
+    module = sys.modules[type(model).__module__]
+    assert module.POOL_OUTPUT == [1, 4, 5] and module.EXACT_WORLDS == ["direct", "gemm"]
+    reference = module.Model().cuda()
     reference.load_state_dict(model.state_dict())
     reference.double()
     other = (2, 8, 21, 25)  # 19 x 23 after the convolution: adaptive windows of unequal sizes
-    assert _error(model, reference, other) < 1e-5  # PyTorch's own forward there (EXACT_AT)
+    assert _error(model, reference, other) < 1e-5
+    from fusetune.build import build_and_load
+    from fusetune.codegen import render
+
+    full = build_and_load(render(make_plan(spec)), cache, machine.capability)  # every variant of every world
+    x = torch.randn(other, device="cuda")
+    with torch.no_grad():
+        want = reference(x.double())
+
+    def refused(self, *args):
+        raise AssertionError("the reference's forward ran")
+    monkeypatch.setattr(full.Model, "forward", refused)
+    cudnn = full.ModelNew(variant={"producer": {"impl": "cudnn"}}).cuda().eval()
+    cudnn.load_state_dict(model.state_dict())
+    cudnn.fill_value = float("nan")
+    with torch.no_grad():
+        got = cudnn(x)
+    assert not got.isnan().any() and ((got.double() - want).norm() / want.norm()).item() < 1e-5
+    direct = full.ModelNew(variant={"producer": {"impl": "direct"}}).cuda().eval()
+    with pytest.raises(AssertionError, match="the reference's forward ran"), torch.no_grad():
+        direct(x)
 
 
 #: Chains whose later regions run on views of their input (fusetune/views.py): a logsumexp over every dim of

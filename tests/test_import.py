@@ -108,8 +108,8 @@ def test_import_matches_the_model(stem: str, tmp_path: Path) -> None:
         _copy_weights(generated, user, chain["weights"])
         generated = generated.double().train(user.training)
         x = values[_conv_input(gm, chain["producer"])]
-        with torch.no_grad():
-            out = generated(x)
+        with torch.no_grad():  # the chain's extra inputs (a residual's identity) as the model computes them
+            out = generated(x, *(values[node] for node in chain.get("inputs", {}).values()))
         expected = values[chain["output"]]
         assert out.shape == expected.shape
         torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-10)
@@ -145,11 +145,13 @@ def test_stop_reasons_are_named(tmp_path: Path) -> None:
     assert "ceil_mode=True" in result.pytorch["pool"]
     shared = import_model(str(MODELS / "conv2d_shared_output.py"), tmp_path)
     assert not shared.written and "also read by" in shared.pytorch["conv"]
-    # x - x.mean(...) on the convolution's output: the validation refuses the subtraction, and a chain of the
-    # mean alone would leave the subtraction without the convolution's value: no chain there
+    # x - x.mean(..., keepdim=True), on the convolution's output and on a later value: the mean and the subtraction
+    # one op of the chain, a mean centring; nothing of either left in PyTorch
     mean = import_model(str(MODELS / "kb_convt2d_subtract_mean_tanh.py"), tmp_path)
-    assert "also read by sub" in mean.pytorch["conv_transpose"]
-    assert "read by several ops (mean_1, sub_1)" in mean.written[0].chain.end
+    assert [w.chain.nodes for w in mean.written] == [["conv_transpose", "mean", "sub", "tanh"],
+                                                     ["conv_transpose2", "batch_norm", "mean_1", "sub_1"]]
+    assert mean.written[0].epilogue[0] == {"op": "sub", "by": {"op": "mean", "dim": [2, 3], "keepdim": True}}
+    assert "is a convolution" in mean.written[0].chain.end and set(mean.pytorch) == {"x", "output"}
     dropout = import_model(str(MODELS / "kb_conv3d_groupnorm_min_clamp_dropout.py"), tmp_path)
     assert "training mode with p = 0.2" in dropout.pytorch["dropout"]
     two = import_model(str(MODELS / "kb_conv2d_relu_hardswish_clamp_form.py"), tmp_path)
@@ -232,8 +234,8 @@ def test_resnet18_every_conv_is_a_chain(tmp_path: Path) -> None:
 
 
 def test_parameters_of_other_shapes(tmp_path: Path) -> None:
-    """(C, 1, 1), (1, C, 1, 1) and 0-dim parameters are the config's per-channel ones, under the user's names;
-    the map says how the user's shape binds; load_tuned takes the user's tensors by those names."""
+    """(C, 1, 1) and (1, C, 1, 1) parameters are the config's per-channel ones, a 0-dim one a scalar one, under the
+    user's names; the map says how the user's shape binds; load_tuned takes the user's tensors by those names."""
     from fusetune.cache import Cache
     from fusetune.deploy import load_tuned
 

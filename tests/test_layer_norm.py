@@ -1,8 +1,9 @@
 """Layer norm in the kernels (fusetune/ops/norm.py's LayerNorm): over (C, *spatial) its statistics are group
 norm's with one group, over every spatial dim instance norm's; the statistics pass and finalize serve it as
 those, finalize's map without an affine, and window_map, plane_reduce, direct_main and gemm_main apply the
-per-element weight and bias after the map. Over fewer trailing dims it runs in PyTorch. The worlds whose main
-kernel reads the map per plane alone refuse a per-element affine, and say so in ``fusetune plan``.
+per-element weight and bias after the map. Over fewer trailing dims a later region takes it, on the plane view
+of its input. The worlds whose main kernel reads the map per plane alone refuse a per-element affine, and say
+so in ``fusetune plan``.
 
 The lowering is checked in float64 on the CPU: the kernels' arithmetic (per-plane sums, finalize's grouping,
 the map, the per-element index), read from the plan, against nn.LayerNorm of the reference model. The kernels
@@ -103,11 +104,47 @@ def test_a_layer_norm_over_the_last_dim_is_a_later_region_on_a_plane_view():
     assert "view: dim 3 of [2, 8, 19, 23] as [304, 1, 23] (plane)" in output
 
 
-def test_a_layer_norm_over_some_spatial_dims_runs_in_pytorch():
+def test_a_layer_norm_over_some_trailing_spatial_dims_is_a_later_region_on_a_plane_view():
+    """Over (H, W) of a 3-D convolution's output (not D): region 0 stops before it, and the later region reads
+    the output as (N*C*D, 1, H*W), where it is an instance norm over the view's spatial dim, its (H, W) weight
+    and bias read flat (the chain's very module, of the chain's shape)."""
+    from fusetune.pipeline import later_segments
+
     plan = _plan("conv3d_layernorm_hw_gelu")
     assert plan.head == () and plan.tail[0].op.scope == "layer"
+    assert "on the plane view of its input" in plan.ends
+    (segment,) = later_segments(plan)
+    assert segment.kernels and [s.op.kind for s in segment.steps] == ["layer_norm", "gelu"]
+    assert segment.view.shape((2, 8, 7, 11, 13)) == (2 * 8 * 7, 1, 11 * 13)
+    later = make_plan(segment.spec)
+    assert later.norm.scope == "instance" and later.norm.element_affine == "spatial"
+    assert later.norm.normalized_shape == (143,) and later.norm.module_shape == (11, 13)
+    assert "nn.LayerNorm([11, 13]" in later.norm.module_code(1, 1)
     output = CliRunner().invoke(main, ["plan", str(CHAINS / "conv3d_layernorm_hw_gelu.yaml")]).output
-    assert "region 1 (PyTorch): epilogue[0] (layer_norm)" in output and "more than the last alone" in output
+    assert "view: dims 3..4 of [2, 8, 7, 11, 13] as [112, 1, 143] (plane)" in output
+
+
+def test_a_layer_norm_on_a_plane_view_is_the_chains_layer_norm_in_float64():
+    """The viewed op's PyTorch forward (the later region's reference, on the chain's module with a weight and
+    bias off their identity) is nn.LayerNorm over the chain's dims, to float64 rounding."""
+    import torch
+
+    from fusetune.ops import LayerNorm
+
+    op = LayerNorm(normalized_shape=(5, 7), in_rank=5, eps=1e-5)
+    viewed = op.on_plane()
+    assert (viewed.normalized_shape, viewed.in_rank, viewed.scope) == ((35,), 3, "instance")
+    assert "module_shape" not in op.canonical() and viewed.canonical()["module_shape"] == (5, 7)  # old keys stay
+    torch.manual_seed(0)
+    module = torch.nn.LayerNorm([5, 7]).double()
+    with torch.no_grad():
+        module.weight.normal_()
+        module.bias.normal_()
+    x = torch.randn(2, 3, 4, 5, 7, dtype=torch.float64)
+    holder = type("Holder", (), {"layer_norm_0": module})()
+    namespace = {"F": torch.nn.functional, "self": holder, "x": x.view(24, 1, 35)}
+    got = eval(viewed.forward_code("x", "layer_norm_0"), namespace).view(x.shape)
+    torch.testing.assert_close(got, module(x), rtol=1e-12, atol=1e-12)
 
 
 def test_a_layer_norm_after_a_pool_is_a_later_regions_norm():

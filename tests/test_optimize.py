@@ -102,7 +102,8 @@ def test_only_the_winners_are_built_unless_the_search_built_every_variant(cache_
 @pytest.mark.parametrize("stem", ["conv2d_groupnorm_scale_clamp", "conv1d_batchnorm_eval", "convt2d_residual_clone",
                                   "kb_conv2d_shape_branch_export", "kb_conv2d_bias_view_in_forward",
                                   "kb_convt2d_tensor_operands_on_device", "kb_conv3d_spatial_softmax_views",
-                                  "kb_conv2d_functional_norms"])
+                                  "kb_conv2d_functional_norms", "kb_convt2d_add_input_hardswish", "resnet_blocks",
+                                  "resnet_basicblock_downsample_after"])
 def test_output_equals_the_models(stem: str, cache_dir: Path, caplog) -> None:
     model, inputs = _model(stem)
     model.eval()
@@ -157,20 +158,20 @@ def test_moving_either_model_moves_both(stem: str, moved: str, cache_dir: Path) 
 
 
 def test_parameters_of_other_shapes_bind_as_views(cache_dir: Path) -> None:
-    """A 0-dim scale and a (1, C, 1, 1) bias are the config's per-channel parameters: the kernels read views of
-    the user's very storage, so an in-place update reaches them, and a move is followed."""
+    """A (1, C, 1, 1) bias is a per-channel parameter of the config, a 0-dim scale a scalar one: the kernels read
+    views of the user's very storage, so an in-place update reaches them, and a move is followed."""
     model, inputs = _model("kb_conv2d_scale_bias_scalar_views")
     model.eval()
     chain = next(fused_chains(_optimize(model, inputs, cache_dir)))
     chain._bind_tensors()
     ours = chain.kernel_model
     assert ours.scale is model.scale  # (C, 1, 1) already: the tensor itself
-    for name in ("bias", "alpha"):
-        assert tuple(getattr(ours, name).shape) == (5, 1, 1), name
+    for name, shape in (("bias", (5, 1, 1)), ("alpha", ())):
+        assert tuple(getattr(ours, name).shape) == shape, name
         assert getattr(ours, name).untyped_storage().data_ptr() == getattr(model, name).untyped_storage().data_ptr()
     with torch.no_grad():
         model.alpha.fill_(3.0)
-    assert torch.equal(ours.alpha, torch.full((5, 1, 1), 3.0))
+    assert torch.equal(ours.alpha, torch.tensor(3.0))
     model.to(torch.float64)
     chain._bind_tensors()
     assert ours.alpha.dtype == torch.float64 and ours.bias.dtype == torch.float64
@@ -358,10 +359,13 @@ class _NoEager:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("stem", ["conv2d_nested_buffer_shift", "two_chains_matmul", "kb_conv2d_scale_bias_scalar_views",
-                                  "kb_conv2d_bias_view_in_forward"])
+                                  "kb_conv2d_bias_view_in_forward", "kb_convt2d_add_input_hardswish", "resnet_blocks",
+                                  "resnet_basicblock_downsample_after",
+                                  "kb_conv2d_min_channels_scalar_bias", "kb_convt2d_subtract_mean_tanh"])
 def test_the_fused_chains_run_their_kernels_on_a_gpu(stem: str, tmp_path: Path) -> None:
     """Loose tensors (a functional convolution's, a buffer, views of a 0-dim or (1, C, 1, 1) parameter or of a (C,)
-    one viewed in the forward), modules bound whole, kernels built on first use: the optimized model's output, with
+    one viewed in the forward, (1, 1, 1) and (1, 1) ones after a channel reduction), modules bound whole, mean
+    centrings, kernels built on first use: the optimized model's output, with
     every chain on its kernels, is as close to float64 as eager's."""
     from fusetune.runner import GpuBenchmarker
     from fusetune.worker import Worker

@@ -143,16 +143,29 @@ def test_export_writes_each_tuned_later_region_beside_the_first(tmp_path: Path) 
     assert type(model._later[1]).__module__.endswith("_r1")
 
 
-def test_a_rewrite_that_holds_at_the_configs_shapes_only_guards_the_model(tmp_path: Path) -> None:
-    """An adaptive pool fused as the plain pool its windows are at the config's shapes: the generated model
-    knows those shapes (EXACT_AT) and runs PyTorch's forward at any other; without such a rewrite, None."""
+def test_a_rewrite_that_holds_at_the_configs_shapes_only_guards_the_model(monkeypatch, tmp_path: Path) -> None:
+    """A rule that holds at the config's shapes only (Rule.at_shapes; none of regions.RULES does today): the
+    generated model knows those shapes (EXACT_AT) and runs PyTorch's forward at any other, whichever world won
+    (EXACT_WORLDS None). An adaptive pool is no such rewrite: the kernels pool its windows at any shape; only
+    the worlds that pool it as the fixed window it is at the config's shapes are guarded (tests/test_adaptive.py)."""
+    import dataclasses
+
+    from fusetune import regions
+    from fusetune.ops import AdaptivePool
+
     spec = load_config(ROOT / "tests" / "chains" / "conv2d_relu_adaptivemaxpool_grid_divides.yaml")
     plan = make_plan(spec)
-    assert plan.at_shapes and plan.pool is not None and plan.pool.kernel_size == (4, 4)
-    generated = load_generated(render(plan).write(tmp_path / "guarded"))
-    assert generated.EXACT_AT == [list(s) for s in spec.shapes]
-    plain = load_generated(render(make_plan(load_config(TWO_REGIONS))).write(tmp_path / "plain"))
-    assert plain.EXACT_AT is None
+    assert not plan.at_shapes and isinstance(plan.pool, AdaptivePool)
+    assert load_generated(render(plan).write(tmp_path / "adaptive")).EXACT_WORLDS == ["direct", "gemm"]
+    assert load_generated(render(make_plan(load_config(TWO_REGIONS))).write(tmp_path / "plain")).EXACT_AT is None
+    marking = regions.Rule("test_at_shapes", "a test's rule that holds at the config's shapes only",
+                           lambda steps, spec: [dataclasses.replace(steps[0], marks=("test",))] + steps[1:],
+                           at_shapes=True)
+    monkeypatch.setattr(regions, "RULES", regions.RULES + (marking,))
+    guarded = make_plan(spec)
+    assert guarded.at_shapes and "test_at_shapes" in guarded.rules
+    generated = load_generated(render(guarded).write(tmp_path / "guarded"))
+    assert generated.EXACT_AT == [list(s) for s in spec.shapes] and generated.EXACT_WORLDS is None
 
 
 def test_the_later_regions_modules_are_built_in_the_background(monkeypatch, tmp_path: Path) -> None:

@@ -17,6 +17,8 @@ from conftest import ROOT
 
 CONFIGS = ROOT / "configs"
 CHAINS = ROOT / "tests" / "chains"
+#: Mean centrings, one of them cancelled by the instance norm after it (norm_cancels_centring).
+CENTRING = ROOT / "tests" / "centring"
 
 
 def test_every_rule_is_named_and_documented():
@@ -65,18 +67,21 @@ def test_plan_lists_the_rules_that_fired():
     assert "  rewrites: kernel_reductions, mean_of_norm" in text
 
 
-def _run_steps(model, steps, x):
-    """The steps' PyTorch lines on ``x`` (the convolution's output, which ``by: producer`` ops read too)."""
+def _run_steps(model, steps, x, inputs=None):
+    """The steps' PyTorch lines on ``x`` (the convolution's output, which ``by: producer`` ops read too), the
+    config's extra inputs bound by their names."""
     import torch
     import torch.nn.functional as F
 
     y = x
     for step in steps:
-        x = eval(step.op.forward_code("x", step.attr), {"self": model, "x": x, "y": y, "F": F, "torch": torch})  # noqa: S307
+        x = eval(step.op.forward_code("x", step.attr), {"self": model, "x": x, "y": y, "F": F, "torch": torch,  # noqa: S307
+                                                        **(inputs or {})})
     return x
 
 
-@pytest.mark.parametrize("path", sorted(CHAINS.glob("*.yaml")) + sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted(CHAINS.glob("*.yaml")) + sorted(CONFIGS.glob("*.yaml"))
+                         + sorted(CENTRING.glob("*.yaml")), ids=lambda p: p.stem)
 def test_the_rewritten_chain_computes_the_configs_at_its_shapes(path, tmp_path):
     """Every rule is exact: the rewritten steps, run as PyTorch, give the chain's own result in float64 at
     each of the config's shapes (at_shapes rules hold there), norms moved off their identity."""
@@ -99,9 +104,10 @@ def test_the_rewritten_chain_computes_the_configs_at_its_shapes(path, tmp_path):
     model.eval()  # both sides run the same modules: running statistics for every batch norm here
     for shape in spec.shapes:
         x = model.producer(torch.randn(shape, dtype=torch.float64))
+        inputs = {name: torch.randn(s, dtype=torch.float64) for name, s in zip(spec.inputs, spec.input_shapes(shape))}
         expected = _run_steps(model, [type("S", (), {"op": op, "attr": attr})() for op, attr in
-                                      _reference_steps(spec)], x)
-        assert torch.allclose(_run_steps(model, rewritten.steps, x), expected, rtol=1e-9, atol=1e-9), shape
+                                      _reference_steps(spec)], x, inputs)
+        assert torch.allclose(_run_steps(model, rewritten.steps, x, inputs), expected, rtol=1e-9, atol=1e-9), shape
 
 
 def _reference_steps(spec):

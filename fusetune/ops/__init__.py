@@ -6,7 +6,7 @@ from fusetune.ops.activations import (Abs, Celu, Elu, Exp, Gelu, Hardsigmoid, Ha
                                       Mish, Neg, Relu6, Selu, Sigmoid, Silu, Softplus, Sqrt, Tanh)
 from fusetune.ops.elementwise import Add, Clamp, Div, Elementwise, Maximum, Minimum, Mul, Pow, Relu, Sub
 from fusetune.ops.dropout import Dropout
-from fusetune.ops.norm import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, Norm
+from fusetune.ops.norm import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, MeanCentre, Norm
 from fusetune.ops.pool import AvgPool, MaxPool, Pool
 from fusetune.ops.reduce import (REDUCE_MODES, AdaptiveAvgPool, AdaptiveMaxPool, AdaptivePool, DimReduce, Flatten,
                                  LogSoftmax, Reduce, SoftmaxOp, SpatialReduce, Squeeze, Unflatten,
@@ -63,4 +63,4 @@ REGISTRY: dict[str, type[Op]] = {
 __all__ = ["REGISTRY", "Op", "OpContext", "ParamDecl", "Shape", "Elementwise", "Norm", "Pool", "Reduce",
            "Add", "Clamp", "Div", "Mul", "Relu", "BatchNorm", "GroupNorm", "InstanceNorm",
            "MaxPool", "AvgPool", "AdaptiveAvgPool", "AdaptiveMaxPool", "AdaptivePool", "DimReduce", "Dropout",
-           "Flatten", "LayerNorm", "LogSoftmax", "SoftmaxOp", "SpatialReduce", "Squeeze", "Unflatten", "Unsqueeze", "View"]
+           "Flatten", "LayerNorm", "LogSoftmax", "MeanCentre", "SoftmaxOp", "SpatialReduce", "Squeeze", "Unflatten", "Unsqueeze", "View"]

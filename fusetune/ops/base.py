@@ -30,6 +30,8 @@ class OpContext:
     in_shape: Shape  # shape of the op's input for the config's first shape
     spatial_dims: int  # 2 for Conv2d, 3 for Conv3d / ConvTranspose3d
     parameters: Mapping[str, "ParamDecl"]  # named learnable tensors of the config
+    #: The config's extra input tensors (``inputs:``), which a binary op may read by name (``by: NAME``).
+    inputs: tuple[str, ...] = ()
 
     def error(self, key: str, message: str) -> ConfigError:
         return ConfigError(self.path, f"{self.key}.{key}" if key else self.key, message)
@@ -37,14 +39,31 @@ class OpContext:
 
 @dataclasses.dataclass(frozen=True)
 class ParamDecl:
-    """A named learnable tensor of shape (C, 1, ..., 1), as a model would declare it."""
+    """A named learnable tensor, as a model would declare it: of shape (C, 1, ..., 1) (``per_channel``: one value
+    per channel of the convolution), or a single value (``scalar``: 0-dim, which broadcasts against any value
+    without changing its shape, so that it applies after the channels are reduced away too; a user's (1, 1, 1)
+    binds to it as a view, importer.declared_view)."""
 
     name: str
     init: str  # "ones" | "zeros" | "randn"
+    shape: str = "per_channel"  # or "scalar"
+
+    @property
+    def scalar(self) -> bool:
+        return self.shape == "scalar"
 
     def module_code(self, channels: int, spatial_dims: int) -> str:
+        if self.scalar:
+            return f"nn.Parameter(torch.{self.init}(()))"
         shape = ", ".join([str(channels)] + ["1"] * spatial_dims)
         return f"nn.Parameter(torch.{self.init}({shape}))"
+
+    def canonical(self) -> dict[str, str]:
+        """For cache keys: ``shape`` left out where per_channel, so the keys from before it stay as they were."""
+        out = dataclasses.asdict(self)
+        if not self.scalar:
+            del out["shape"]
+        return out
 
 
 class Op:
@@ -74,6 +93,11 @@ class Op:
     def uses_producer(self) -> bool:
         """Whether the op reads the convolution's own output (``by: producer``) beside its input."""
         return False
+
+    def reads_input(self) -> str | None:
+        """The config's extra input tensor (``inputs:``) the op reads at the element as an operand
+        (``by: NAME``), None where it reads none."""
+        return None
 
     def canonical(self) -> dict[str, Any]:
         """Everything that changes the op's result, for cache keys."""

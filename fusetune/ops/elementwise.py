@@ -53,16 +53,22 @@ PRODUCER = "producer"
 #: Its name in the generated PyTorch forward (bound there before the chain) and in the kernels' chains.
 PRODUCER_PY = "y"
 PRODUCER_CUDA = "ft_y"
+#: An extra input tensor of the model (``inputs:``, read ``by: NAME``) at the element, in the kernels: read at
+#: the index the kernel stores the element at (``ft_o``, an argument of the chains ft_post and ft_final), the
+#: tensor having the output's shape and memory layout there (fusetune/plan.py places such ops so).
+INPUT_CUDA = "__ldg(a.extra + ft_o)"
 
 
 @dataclasses.dataclass(frozen=True)
 class _Binary(Elementwise):
-    """x (op) operand, where the operand is a Python scalar, a named per-channel parameter or the
-    producer's output at the element (``by: producer``)."""
+    """x (op) operand, where the operand is a Python scalar, a named per-channel parameter, the
+    producer's output at the element (``by: producer``) or an extra input tensor of the model at the
+    element (``by: NAME`` of ``inputs:``, a residual's identity)."""
 
     scalar: float | None = None
     param: str | None = None
     producer: bool = False
+    input: str | None = None
     symbol: ClassVar[str] = "*"
 
     @classmethod
@@ -73,11 +79,14 @@ class _Binary(Elementwise):
         by = raw["by"]
         if by == PRODUCER:  # reserved: never a parameter name, so it is looked at first
             return cls(producer=True)
+        if isinstance(by, str) and by in ctx.inputs:  # config.py keeps input and parameter names apart
+            return cls(input=by)
         if isinstance(by, str):
             if by not in ctx.parameters:
                 declared = ", ".join(sorted(ctx.parameters)) or "none declared"
-                raise ctx.error("by", f"unknown parameter '{by}'; declared parameters: {declared}, "
-                                      f"or '{PRODUCER}'")
+                inputs = ", ".join(ctx.inputs) or "none declared"
+                raise ctx.error("by", f"unknown parameter '{by}'; declared parameters: {declared}; declared "
+                                      f"inputs (inputs:): {inputs}; or '{PRODUCER}'")
             return cls(param=by)
         value = take_number(raw, "by", ctx)
         if cls.symbol == "/" and value == 0:
@@ -89,10 +98,15 @@ class _Binary(Elementwise):
         out = super().canonical()
         if not self.producer:
             del out["producer"]
+        if self.input is None:
+            del out["input"]
         return out
 
     def uses_producer(self) -> bool:
         return self.producer
+
+    def reads_input(self) -> str | None:
+        return self.input
 
     def params(self) -> tuple[str, ...]:
         return (self.param,) if self.param else ()
@@ -101,22 +115,26 @@ class _Binary(Elementwise):
         # By a per-channel constant: monotone, in either direction. Not a division by a learnable
         # parameter, which may be 0 (0 / 0 is NaN inside a window whose ends are +-inf); nothing by the
         # producer's value, which varies inside a window.
-        return not self.producer and not (self.symbol == "/" and self.param)
+        return not self.producer and self.input is None and not (self.symbol == "/" and self.param)
 
     def increasing(self) -> bool:
         # Adding anything; multiplying or dividing by a positive constant (a parameter may be negative).
-        if self.producer:
+        if self.producer or self.input is not None:
             return False
         return self.symbol in ("+", "-") or (self.param is None and self.scalar is not None and self.scalar > 0)
 
     def _operand_py(self) -> str:
         if self.producer:
             return PRODUCER_PY
+        if self.input is not None:
+            return self.input  # a forward argument of the generated models, by its config name
         return f"self.{self.param}" if self.param else repr(self.scalar)
 
     def _operand_cuda(self, load: ParamLoader) -> str:
         if self.producer:
             return PRODUCER_CUDA
+        if self.input is not None:
+            return INPUT_CUDA
         return load(self.param) if self.param else _float_literal(self.scalar)
 
     def forward_code(self, x: str, attr: str | None) -> str:
@@ -149,6 +167,16 @@ class Sub(_Binary):
     kind: ClassVar[str] = "sub"
     symbol: ClassVar[str] = "-"
 
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        """``by: {op: mean, dim: [...], keepdim: true}`` is x - x.mean(dim, keepdim=True): a mean centring, a
+        barrier like a norm (fusetune/ops/norm.py's MeanCentre); any other ``by`` is _Binary's."""
+        if isinstance(raw.get("by"), Mapping):
+            from fusetune.ops.norm import MeanCentre
+
+            return MeanCentre.parse(raw, ctx)
+        return super().parse(raw, ctx)
+
 
 @dataclasses.dataclass(frozen=True)
 class _Extremum(_Binary):
@@ -161,10 +189,10 @@ class _Extremum(_Binary):
     clamp_key: ClassVar[str] = "max"
 
     def monotone(self) -> bool:
-        return not self.producer
+        return not self.producer and self.input is None
 
     def increasing(self) -> bool:
-        return not self.producer
+        return not self.producer and self.input is None
 
     def forward_code(self, x: str, attr: str | None) -> str:
         if self.scalar is not None:

@@ -32,6 +32,16 @@ class Norm(Op):
         return self.affine
 
     @property
+    def centres(self) -> bool:
+        """Whether its map is ``v - mean`` alone (a mean centring, MeanCentre: finalize's A = 1, B = -mean),
+        not a normalisation by the variance."""
+        return False
+
+    def outside_scopes(self) -> str:
+        """Why its statistics are none of the kernels' scopes (plan._kernel_refusal), where they are not."""
+        return f"a {self.kind} with statistics per {self.scope} runs after this region"
+
+    @property
     def element_affine(self) -> str:
         """How the main kernel indexes a per-element weight and bias after the plane's map: "" (none, the
         per-channel norms), "channels" (one per element of (C, *spatial): ``c * S + s``), "spatial" (one
@@ -146,13 +156,33 @@ class LayerNorm(Norm):
     dim they are instance norm's (scope "instance"): the statistics pass and finalize serve it as they
     serve those, finalize's map without an affine, and the main kernels that index by position
     (worlds/facts.py ELEMENT_AFFINE_STAGES) apply the per-element weight and bias after the map
-    (``element_affine``). Over fewer trailing dims (scope "layer") no kernel computes it: it runs in
-    PyTorch."""
+    (``element_affine``). Over its last k dims alone (scope "layer": fewer trailing dims than every spatial
+    one) no region of the convolution's shape computes it; a later region does, on the plane view of its input
+    (fusetune/views.py), where it is ``on_plane()``: an instance norm over the view's one spatial dim."""
 
     kind: ClassVar[str] = "layer_norm"
     normalized_shape: tuple[int, ...] = ()
     #: The rank of its input (N, C, *spatial): which dims normalized_shape names, so which scope it is.
     in_rank: int = 0
+    #: On a plane view (``on_plane``) over more than one dim: the chain's normalized_shape, which its module
+    #: (weight and bias of that shape, the chain's very tensors) keeps; () elsewhere.
+    module_shape: tuple[int, ...] = ()
+
+    def on_plane(self) -> "LayerNorm":
+        """The same norm on the plane view (prod(S[:-k]), 1, prod(S[-k:])) of its input: over the view's one
+        spatial dim, its weight and bias (of the chain's shape S[-k:], contiguous) read flat in that order."""
+        size = 1
+        for s in self.normalized_shape:
+            size *= s
+        module = self.module_shape or (self.normalized_shape if len(self.normalized_shape) > 1 else ())
+        return dataclasses.replace(self, normalized_shape=(size,), in_rank=3, module_shape=module)
+
+    def canonical(self) -> dict[str, Any]:
+        # module_shape came after the first cache keys: left out where empty, they stay as they were.
+        out = super().canonical()
+        if not self.module_shape:
+            del out["module_shape"]
+        return out
 
     @property
     def scope(self) -> str:  # type: ignore[override]
@@ -162,6 +192,11 @@ class LayerNorm(Norm):
         if self.in_rank >= 3 and over == self.in_rank - 2:
             return "instance"
         return "layer"
+
+    def outside_scopes(self) -> str:
+        return (f"a {self.kind} over {list(self.normalized_shape)}, fewer trailing dims than every spatial one, runs "
+                "after this region (in a later one, on the plane view of its input that makes those dims its "
+                "spatial dim)")
 
     def groups_of(self, channels: int) -> int:
         """Over (C, *spatial) one group holds every channel."""
@@ -196,7 +231,101 @@ class LayerNorm(Norm):
                                       f"{list(shape)}")
 
     def module_code(self, channels: int, spatial_dims: int) -> str:
-        return f"nn.LayerNorm({list(self.normalized_shape)}, eps={self.eps!r}, elementwise_affine={self.affine})"
+        shape = list(self.module_shape or self.normalized_shape)
+        return f"nn.LayerNorm({shape}, eps={self.eps!r}, elementwise_affine={self.affine})"
 
     def forward_code(self, x: str, attr: str | None) -> str:
-        return f"self.{attr}({x})"
+        if not self.module_shape:
+            return f"self.{attr}({x})"
+        # on a plane view: the module's weight and bias (of the chain's shape) read flat, as the kernels do
+        m = f"self.{attr}"
+        return (f"F.layer_norm({x}, {tuple(self.normalized_shape)!r}, "
+                f"{m}.weight.reshape(-1) if {m}.weight is not None else None, "
+                f"{m}.bias.reshape(-1) if {m}.bias is not None else None, eps={self.eps!r})")
+
+
+#: A mean centring's scopes, by the dims of an (N, C, *spatial) input it averages over: each is a union of
+#: (sample, channel) planes, so the statistics pass's per-plane sums serve it as they serve the norms.
+_CENTRE_SCOPES = {"instance": "every spatial dim: a plane", "group": "(C, *spatial): a sample",
+                  "batch": "the batch and every spatial dim: a channel"}
+
+
+@dataclasses.dataclass(frozen=True)
+class MeanCentre(Norm):
+    """``x - x.mean(dim, keepdim=True)``, as a config writes it: ``{op: sub, by: {op: mean, dim: [...],
+    keepdim: true}}`` (Sub.parse hands such an entry here). A barrier like a norm that needs only the mean:
+    over every spatial dim its statistics are instance norm's (scope "instance"), over (C, *spatial) group
+    norm's with one group ("group"), over the batch and every spatial dim batch norm's ("batch", without
+    running statistics); finalize's map is then ``v - mean`` (A = 1, B = -mean: ``centres``) and the main
+    kernels apply it as any norm's. Over its input's last k dims alone (fewer than every spatial one) a later
+    region takes it on the plane view of its input (``on_plane``); over other dims it runs in PyTorch."""
+
+    kind: ClassVar[str] = "sub"
+    affine: bool = False
+    #: The dims the mean is over (sorted, non-negative), and the rank of the input they are dims of.
+    dims: tuple[int, ...] = ()
+    in_rank: int = 0
+
+    @property
+    def centres(self) -> bool:
+        return True
+
+    @property
+    def scope(self) -> str:  # type: ignore[override]
+        spatial = tuple(range(2, self.in_rank))
+        if self.in_rank >= 3 and self.dims == spatial:
+            return "instance"
+        if self.in_rank >= 3 and self.dims == (1, *spatial):
+            return "group"
+        if self.in_rank >= 3 and self.dims == (0, *spatial):
+            return "batch"
+        return "dims"
+
+    def groups_of(self, channels: int) -> int:
+        return channels if self.scope == "group" else 1
+
+    @property
+    def trailing(self) -> bool:
+        """Whether its dims are its input's last k, without the batch dim: a plane view makes them one."""
+        return 0 not in self.dims and self.dims == tuple(range(self.in_rank - len(self.dims), self.in_rank))
+
+    def on_plane(self) -> "MeanCentre":
+        """The same centring on the plane view (prod(S[:-k]), 1, prod(S[-k:])) of its input: over its one
+        spatial dim."""
+        return dataclasses.replace(self, dims=(2,), in_rank=3)
+
+    def outside_scopes(self) -> str:
+        where = ("in a later one, on the plane view of its input" if self.trailing
+                 else "in PyTorch: they are not its last dims, which a plane view would make its spatial dim")
+        return (f"a mean centring over dims {list(self.dims)} of a rank-{self.in_rank} input averages over none of "
+                f"their sets ({'; '.join(_CENTRE_SCOPES.values())}): it runs after this region ({where})")
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, ["by"], ctx)
+        by = raw["by"]
+        sub = dataclasses.replace(ctx, key=f"{ctx.key}.by")
+        spelled = "{op: mean, dim: [...], keepdim: true} (x - x.mean(dim, keepdim=True))"
+        if by.get("op") != "mean":
+            raise sub.error("op", f"expected {spelled}, got {dict(by)!r}")
+        reject_unknown(by, ["dim", "keepdim"], sub)
+        if by.get("keepdim") is not True:
+            raise sub.error("keepdim", f"expected true: without it the mean's shape does not broadcast back over "
+                                       f"the dims it averaged ({spelled}); got {by.get('keepdim')!r}")
+        rank = len(ctx.in_shape)
+        value = by.get("dim")
+        values = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+        if (not isinstance(values, list) or not values
+                or any(isinstance(v, bool) or not isinstance(v, int) or not -rank <= v < rank for v in values)
+                or len({v % rank for v in values}) != len(values)):
+            raise sub.error("dim", f"expected a dim or a list of distinct dims of the rank-{rank} input "
+                                   f"(in [{-rank}, {rank - 1}]), got {value!r}")
+        return cls(dims=tuple(sorted(v % rank for v in values)), in_rank=rank)
+
+    def canonical(self) -> dict[str, Any]:
+        return {"kind": self.kind, "by": {"op": "mean", "dim": list(self.dims), "keepdim": True},
+                "in_rank": self.in_rank}
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        dims = self.dims[0] if len(self.dims) == 1 else self.dims
+        return f"({x} - {x}.mean(dim={dims}, keepdim=True))"

@@ -1,12 +1,23 @@
 """Window pooling: stride defaults to the kernel size, padding to none, floor mode (PyTorch's defaults).
 
-The kernels pool windows without padding; a padded pool runs in PyTorch (fusetune/regions.py)."""
+A padded pool is pooled by the cuDNN world's main kernels only (fusetune/worlds/facts.py). An adaptive
+pool (fusetune/ops/reduce.py's AdaptivePool) has a window per output index whose size varies with it and
+with the input's size: ``ADAPTIVE_BOUNDS`` is how the kernels compute it, at any shape."""
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, ClassVar, Mapping
 
 from fusetune.ops.base import Op, OpContext, Shape, reject_unknown, take_window
+
+
+#: PyTorch's adaptive windows (aten's adaptive pooling start_index / end_index): output ``i`` of ``out`` over
+#: an input of ``size`` spans [start, end), start = floor(i * size / out), end = ceil((i + 1) * size / out), so
+#: that neighbouring windows may share an input and their sizes differ where ``out`` does not divide ``size``
+#: (an average divides by its own window's count). C expressions over non-negative int64 operands, which
+#: templates/common.cuh.j2 emits as they are (tests/test_adaptive.py evaluates these very strings, ``/`` as
+#: Python's ``//``, against torch's adaptive pools).
+ADAPTIVE_BOUNDS = {"start": "({i} * {size}) / {out}", "end": "(({i} + 1) * {size} + {out} - 1) / {out}"}
 
 
 @dataclasses.dataclass(frozen=True)

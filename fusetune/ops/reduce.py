@@ -66,7 +66,8 @@ class SpatialReduce(Reduce):
 @dataclasses.dataclass(frozen=True)
 class AdaptivePool(Op):
     """``adaptive_avg_pool`` / ``adaptive_max_pool``: output_size 1 is a spatial reduction the kernels
-    take; any other size (windows that depend on the input's size) runs in PyTorch."""
+    take (regions.kernel_reductions); any other size is the region's pool, whose window per output index
+    the cuDNN world's main kernels compute at any input shape (ops/pool.py's ADAPTIVE_BOUNDS, pool.j2)."""
 
     role: ClassVar[str] = "adaptive"
     mode: ClassVar[str]

@@ -10,7 +10,7 @@ import abc
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from fusetune.dtypes import DEFAULT_DTYPE
-from fusetune.worlds.facts import element_affine_refusal, producer_refusal, reduce_mode_refusal
+from fusetune.worlds.facts import element_affine_refusal, input_refusal, producer_refusal, reduce_mode_refusal
 
 if TYPE_CHECKING:
     from fusetune.plan import Plan
@@ -63,10 +63,11 @@ class World(abc.ABC):
         reduction mode one of its stages does not compute (facts.STAGE_REDUCE_MODES), and a layer norm's
         per-element affine that one of its stages does not apply (facts.ELEMENT_AFFINE_STAGES), and an op
         after the norm that reads the convolution's output where one of its stages lacks it
-        (facts.PRODUCER_STAGES)."""
+        (facts.PRODUCER_STAGES), and an op that reads an extra input where one of its output stages does not
+        read it at the stored index (facts.INPUT_STAGES)."""
         return (self.region_refusal(plan) or self.numerics_refusal(plan) or self.why_not(plan)
                 or reduce_mode_refusal(plan, self.stages(plan)) or element_affine_refusal(plan, self.stages(plan))
-                or producer_refusal(plan, self.stages(plan)))
+                or producer_refusal(plan, self.stages(plan)) or input_refusal(plan, self.stages(plan)))
 
     def region_refusal(self, plan: Plan) -> str | None:
         """Why a world does not take a later region (fusetune/pipeline.py: its producer is the tensor an

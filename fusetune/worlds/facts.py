@@ -18,6 +18,14 @@ if TYPE_CHECKING:
 CONV_STAGES = ("direct_stats", "direct_main", "gemm_stats", "gemm_main", "gemm_cluster", "wide_stats", "wide_main")
 #: Why the worlds that compute the convolution inside the kernels refuse a padded pool.
 PADDED_POOL = "a padded pool (the kernels that compute the convolution pool whole unpadded windows of their boxes)"
+#: Why they refuse an adaptive pool whose windows differ in size at the config's shapes (ops/pool.py's
+#: ADAPTIVE_BOUNDS): where they are one window there, they take it as that window (Plan.adaptive_window).
+ADAPTIVE_POOL = ("an adaptive pool whose windows differ in size at the config's shapes (the kernels that compute "
+                 "the convolution pool fixed windows of their boxes; window_map and plane_reduce, on its output, "
+                 "pool PyTorch's windows at any shape)")
+#: The stages that pool fixed windows of their boxes (FT_KD.. of common.cuh.j2): a world with one of them takes an
+#: adaptive pool only as the one window it is at the config's shapes, exact there only (Plan.at_shapes_worlds).
+FIXED_WINDOW_STAGES = ("direct_main", "gemm_main", "gemm_cluster", "extrema_map", "wide_main")
 #: The dtypes of the whole-weights tensor-core kernels (gemm_stats, gemm_main, gemm_cluster) and so of the
 #: worlds built on them: float32 on TF32 MMAs, float16 and bfloat16 on FP16/BF16 MMAs (m16n8k16), the
 #: products accumulated, the statistics and the chain computed in float either way.
@@ -61,6 +69,15 @@ ELEMENT_AFFINE_STAGES = ("window_map", "plane_reduce", "direct_main", "gemm_main
 #: with a stage that applies a norm's map and is not here does not take such a chain (producer_refusal).
 PRODUCER_STAGES = ("window_map", "plane_reduce", "channel_reduce", "channel_softmax", "direct_main", "gemm_main",
                    "wide_main", "gemm_cluster")
+#: The stages that store the region's output, applying its last chain to each element there (ft_post where no
+#: reduction follows, ft_final after one; finalize where it computes the output from the statistics).
+OUTPUT_STAGES = NORM_MAP_STAGES + ("finalize",)
+#: Those that read an extra input (Plan.extra, ``by: NAME`` of ``inputs:``) at each element's stored index
+#: (``a.extra[o]`` beside ``a.out[o]``: post_call and final_call in codegen). Not wide_main: it applies the
+#: chain of an unpooled map to its accumulators (ft_wide_chain) before it knows where each value goes. A world
+#: with an output stage that is not here does not take such a region (input_refusal, World.refusal).
+INPUT_STAGES = ("window_map", "plane_reduce", "channel_reduce", "channel_softmax", "extrema_map", "finalize",
+                "direct_main", "gemm_main", "gemm_cluster")
 #: Largest convolution weight (floats) the direct kernels take: they keep it in constant memory (64 KB).
 DIRECT_MAX_WEIGHTS = 12288
 #: Channel counts a direct channel reduction takes: a thread holds every channel (ct == C), so C must
@@ -117,8 +134,24 @@ def producer_refusal(plan: Plan, stages: tuple[str, ...]) -> str | None:
         f"value's position (those that do: {', '.join(PRODUCER_STAGES)})")
 
 
-def padded_pool(plan: Plan) -> str | None:
-    """PADDED_POOL where the region's pool pads, else None."""
+def input_refusal(plan: Plan, stages: tuple[str, ...]) -> str | None:
+    """Why these stages do not read the region's extra input (Plan.extra) where they store, None where they do
+    (or where the region reads none): each output stage must be one of INPUT_STAGES."""
+    if getattr(plan, "extra", None) is None:
+        return None
+    stage = next((s for s in stages if s in OUTPUT_STAGES and s not in INPUT_STAGES), None)
+    return None if stage is None else (
+        f"an op that reads input '{plan.extra}' (by: {plan.extra}): {stage} does not read it where it stores the "
+        f"output (those that do: {', '.join(INPUT_STAGES)})")
+
+
+def fixed_window_refusal(plan: Plan) -> str | None:
+    """Why kernels that pool whole fixed windows of their boxes do not take the region's pool: PADDED_POOL
+    where it pads, ADAPTIVE_POOL where an adaptive pool's windows differ in size at the config's shapes;
+    None where it has none, a fixed unpadded one, or an adaptive one that is one window there
+    (Plan.adaptive_window: exact at those shapes only, Plan.at_shapes_worlds)."""
+    if plan.pool_output is not None and plan.adaptive_window is None:
+        return ADAPTIVE_POOL
     return PADDED_POOL if any(plan.pool_padding) else None
 
 
@@ -136,7 +169,7 @@ def direct_refusal(plan: Plan) -> str | None:
     for a channel reduction every channel of a position in one thread's registers; dilation 1, one
     group, symmetric padding (producers.geometry_refusal)."""
     producer = plan.spec.producer
-    refusal = padded_pool(plan) or unknown_family(plan, "the direct kernels") or producer.inside_refusal()
+    refusal = fixed_window_refusal(plan) or unknown_family(plan, "the direct kernels") or producer.inside_refusal()
     if refusal is not None:
         return refusal
     weights = producer.in_channels * producer.out_channels * math.prod(producer.kernel_size)
@@ -177,7 +210,7 @@ def gemm_refusal(plan: Plan) -> str | None:
     """Why the whole-weights tensor-core kernels (gemm_stats, gemm_main) do not take the region's
     convolution, None where they do (tiles.gemm_refusal: not transposed, channels in tiles of 8 and at
     most 64, weights and boxes within the shared memory); every world that builds on them asks."""
-    return (padded_pool(plan) or unknown_family(plan, "the tensor-core kernels")
+    return (fixed_window_refusal(plan) or unknown_family(plan, "the tensor-core kernels")
             or _gemm_geometry_refusal(plan.spec.producer.geometry(), gemm_windows(plan), gemm_elem(plan),
                                           gemm_terms(plan)))
 
@@ -242,8 +275,9 @@ def wide_main_refusal(plan: Plan) -> str | None:
     refusal = wide_refusal(plan)
     if refusal is not None:
         return refusal
-    if any(plan.pool_padding):
-        return PADDED_POOL
+    refusal = fixed_window_refusal(plan)
+    if refusal is not None:
+        return refusal
     if plan.family not in INSIDE_FAMILIES:
         return f"a chain that ends in {plan.family or 'finalize'}, not a map or a reduction it implements"
     return reduce_mode_refusal(plan, ("wide_main",))

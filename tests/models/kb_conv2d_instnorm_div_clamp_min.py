@@ -1,5 +1,5 @@
 """Conv2d, nn.InstanceNorm2d, x / 2.0, torch.clamp(x, min=0.0) (a lower bound only), then the spatial mean
-subtracted: x - x.mean(dim=(2, 3), keepdim=True) on a later value, read twice."""
+subtracted: x - x.mean(dim=(2, 3), keepdim=True) on a later value, read twice (a mean centring)."""
 import torch
 import torch.nn as nn
 

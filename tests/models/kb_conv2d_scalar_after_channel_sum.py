@@ -1,5 +1,6 @@
 """A 0-dim nn.Parameter applied after the channels are summed (torch.sum(x, dim=1, keepdim=True)): no longer
-one value per channel of the convolution, so it stays in PyTorch; a 0-dim buffer is a number."""
+one value per channel of the convolution, but one value: a scalar parameter (shape: scalar); a 0-dim buffer is a
+number."""
 import torch
 import torch.nn as nn
 

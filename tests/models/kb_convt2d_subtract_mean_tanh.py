@@ -1,6 +1,6 @@
 """KernelBench style: ConvTranspose2d -> x - x.mean(dim=(2, 3), keepdim=True) on the convolution's output ->
-tanh; then a second ConvTranspose2d's BatchNorm2d (train) whose output feeds both its mean and the subtraction
-(x - mean(x) on a later value: not in the vocabulary, the chain stops before the mean)."""
+tanh; then a second ConvTranspose2d's BatchNorm2d (train) whose output feeds both its mean and the subtraction:
+each a mean centring (the value read twice, by the mean and by the subtraction of it), one op of the chain."""
 import torch
 import torch.nn as nn
 

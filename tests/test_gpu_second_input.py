@@ -1,0 +1,93 @@
+"""GPU tests of a second input tensor of the model (``inputs: [identity]``, ``by: identity``; tests/test_second_input.py
+has the config, the plan, the rendering and the compile on the CPU): each chain of that file, in every world its
+plan offers (cuDNN's in both layouts; not torch.compile's), its default variant built and verified against float64
+through fusetune's own evaluation (fresh random inputs, the extra one among them, NaN-filled outputs, norms moved
+off their identity, shapes no tile divides), as scripts/verify-chains does; a later region that reads the input
+too. Between them they run every output stage of facts.INPUT_STAGES. And ModelNew called with the input in the
+other memory layout, and with a wrong one.
+
+Skipped without a CUDA GPU: python -m pytest -q -m gpu tests/test_gpu_second_input.py
+"""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+from fusetune.search import Machine  # noqa: E402
+from fusetune.worlds import WORLDS  # noqa: E402
+
+from conftest import import_script  # noqa: E402
+from test_second_input import CHAINS  # noqa: E402
+
+#: Worlds that need more than a CUDA GPU of compute capability 8.0 (gemm_cluster: thread-block clusters, sm_90):
+#: elsewhere their refusal (launch_error from the launcher's own check) is not required to be "ok".
+NEEDS_SM90 = ("gemm_cluster",)
+
+
+@pytest.mark.parametrize("folder, stem, extra, worlds", CHAINS, ids=[c[1] for c in CHAINS])
+def test_every_world_of_a_chain_reading_a_second_input_matches_float64(folder, stem, extra, worlds, cache, worker):
+    script = import_script("verify-chains")
+    compiled = tuple(name for name, world in WORLDS.items() if world.compile_mode)
+    records = script.verify_chain(folder / f"{stem}.yaml", cache, Machine.detect(), worker, 180.0, exclude=compiled)
+    for record in records:
+        print(script.format_line(record))
+    failed = [script.format_line(r) for r in records if script.failed(r)]
+    assert records and not failed, "\n".join(failed)
+    ran = {r["impl"] for r in records if r["name"] == stem and r["status"] in ("ok", "tf32_refused")}
+    must = {"cudnn", "cudnn/channels_last", *worlds}
+    if torch.cuda.get_device_capability() < (9, 0):
+        must -= set(NEEDS_SM90)
+    missing = sorted(must - ran)
+    assert not missing, (missing, sorted(ran))
+    if extra is None:  # the later region that reads the input was verified too
+        assert any(r["name"] == f"{stem}_r1" and r["status"] == "ok" for r in records), records
+
+
+def test_model_new_takes_the_input_in_either_layout_and_refuses_a_wrong_one(tmp_path):
+    """The kernels read the input at the output's offsets: one in the other memory layout is converted first, and
+    the result is the same; one of another shape, dtype or device is refused with its name."""
+    from fusetune.build import build_and_load
+    from fusetune.cache import Cache
+    from fusetune.codegen import render
+    from fusetune.config import load_config
+    from fusetune.plan import make_plan
+
+    from conftest import ROOT
+
+    plan = make_plan(load_config(ROOT / "tests" / "chains" / "conv2d_nobias_batchnorm_eval_add_input_relu.yaml"))
+    major, minor = torch.cuda.get_device_capability()
+    # the cuDNN world's stages alone (the direct and tensor-core ones are verify-chains' above): a quick build
+    rendered = render(plan, only={"direct_main": [], "gemm_main": []})
+    generated = build_and_load(rendered, Cache(tmp_path), f"{major}.{minor}")
+    torch.manual_seed(0)
+    reference = generated.Model().cuda().eval()
+    with torch.no_grad():
+        reference.batch_norm_0.running_mean.uniform_(-0.5, 0.5)
+        reference.batch_norm_0.running_var.uniform_(0.5, 2.0)
+    shape = plan.spec.shapes[0]
+    x = torch.rand(shape, device="cuda")
+    identity = torch.randn(generated.INPUT_SHAPES[tuple(shape)][0], device="cuda")
+    with torch.no_grad():
+        exact = reference.double()(x.double(), identity.double())
+        reference.float()
+        eager = reference(x, identity)
+    for layout in ("contiguous", "channels_last"):
+        for fmt in (torch.contiguous_format, torch.channels_last):
+            fused = generated.ModelNew(variant={"producer": {"layout": layout}}).cuda().eval()
+            fused.load_state_dict(reference.state_dict())
+            fused.fill_value = float("nan")
+            with torch.no_grad():
+                got = fused(x, identity.contiguous(memory_format=fmt))
+            error = ((got.double() - exact).norm() / exact.norm()).item()
+            bound = max(8 * ((eager.double() - exact).norm() / exact.norm()).item(), 1e-5)
+            assert not torch.isnan(got).any() and error <= bound, (layout, fmt, error, bound)
+    with pytest.raises(ValueError, match="input 'identity' has shape"):
+        fused(x, identity[..., :-1])
+    with pytest.raises(ValueError, match="input 'identity': expected torch.float32"):
+        fused(x, identity.double())
+    with pytest.raises(ValueError, match="input 'identity' is on cpu"):
+        fused(x, identity.cpu())

@@ -57,6 +57,22 @@ def import_script(name: str):
     return module
 
 
+def chain_files(folder: str) -> dict[str, Path]:
+    """The chain configs of a folder of test data under tests/ (``compile_chains``, ``gpu_chains``): name -> file,
+    in the files' name order. Each file is named after its chain (its ``name:``), so that a test id that names a
+    chain names its file; a file that is not says so here, at collection (read as plain YAML: the tests parse
+    them, and collection stays free of torch's import)."""
+    import yaml
+
+    files = {path.stem: path for path in sorted((ROOT / "tests" / folder).glob("*.yaml"))}
+    assert files, f"no chain configs in tests/{folder}/"
+    for stem, path in files.items():
+        raw = yaml.safe_load(path.read_text())
+        name = raw.get("name") if isinstance(raw, dict) else None
+        assert name == stem, f"{path}: name {name!r}, expected the file's own name {stem!r}"
+    return files
+
+
 @pytest.fixture(params=sorted(SEEDS), ids=sorted(SEEDS))
 def seed_path(request) -> Path:
     return SEEDS[request.param]

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 
 import pytest
+import yaml
 
 from fusetune.codegen import PER_VARIANT_UNITS, plan_facts, render
 from fusetune.config import load_config, parse_config
@@ -18,151 +19,22 @@ from fusetune.plan import make_plan
 from fusetune.worlds.facts import wide_main_refusal
 from fusetune.space import load_family
 
-from conftest import ROOT, SEEDS
+from conftest import ROOT, SEEDS, chain_files
 
 NVCC = shutil.which("nvcc")
 
-#: Chains the seed configs do not cover: avg_pool, relu, eval-mode batch norm, sum/mean/min over
-#: channels, a 2-D plane_reduce.
-EXTRA = {
-    "conv2d_bneval_relu_avgpool_gap": {  # 2-D plane_reduce after an avg pool; eval-mode batch norm
-        "name": "conv2d_bneval_relu_avgpool_gap",
-        "producer": {"op": "conv2d", "in_channels": 8, "out_channels": 32, "kernel_size": 3},
-        "epilogue": [{"op": "batch_norm", "training": False}, {"op": "relu"}, {"op": "avg_pool", "kernel_size": 2},
-                     {"op": "adaptive_avg_pool"}, {"op": "add", "by": 1.0}],
-        "shapes": [[4, 8, 34, 34]],
-    },
-    "conv3d_relu_sum_channels": {
-        "name": "conv3d_relu_sum_channels",
-        "producer": {"op": "conv3d", "in_channels": 3, "out_channels": 16, "kernel_size": 3},
-        "epilogue": [{"op": "relu"}, {"op": "sum", "dim": 1}],
-        "shapes": [[2, 3, 10, 18, 18]],
-    },
-    "conv2d_groupnorm_mean_channels": {
-        "name": "conv2d_groupnorm_mean_channels",
-        "producer": {"op": "conv2d", "in_channels": 8, "out_channels": 32, "kernel_size": 3},
-        "parameters": {"s": {"init": "randn"}},
-        "epilogue": [{"op": "group_norm", "groups": 4}, {"op": "mul", "by": "s"}, {"op": "mean", "dim": 1}],
-        "shapes": [[4, 8, 34, 34]],
-    },
-    "conv2d_bneval_clamp_min_channels": {
-        "name": "conv2d_bneval_clamp_min_channels",
-        "producer": {"op": "conv2d", "in_channels": 8, "out_channels": 32, "kernel_size": 3, "bias": False},
-        "epilogue": [{"op": "batch_norm", "training": False}, {"op": "clamp", "min": -0.5},
-                     {"op": "min", "dim": 1}, {"op": "relu"}],
-        "shapes": [[4, 8, 34, 34]],
-    },
-}
-# The K-tiled tensor-core kernel's statistics pass that also stores the convolution (a main kernel
-# follows), beside the seed's that does not.
-EXTRA["conv2d_wide_relu_groupnorm_sum_channels"] = {
-    "name": "conv2d_wide_relu_groupnorm_sum_channels",
-    "producer": {"op": "conv2d", "in_channels": 40, "out_channels": 96, "kernel_size": 5, "padding": 2},
-    "epilogue": [{"op": "relu"}, {"op": "group_norm", "groups": 8}, {"op": "sum", "dim": 1}],
-    "shapes": [[3, 40, 29, 36]],
-}
-# ... and a strided transposed convolution's, split into output classes (strides 1, 3 and 2, a class
-# with no taps along h), which also stores the convolution.
-EXTRA["convt3d_wide_mixed_strides_instancenorm_maxpool"] = {
-    "name": "convt3d_wide_mixed_strides_instancenorm_maxpool",
-    "producer": {"op": "conv_transpose3d", "in_channels": 32, "out_channels": 72, "kernel_size": [3, 2, 4],
-                 "stride": [1, 3, 2], "padding": [3, 0, 1], "output_padding": [0, 2, 1]},
-    "epilogue": [{"op": "relu"}, {"op": "instance_norm", "affine": True}, {"op": "max_pool", "kernel_size": 2},
-                 {"op": "clamp", "min": -1.0, "max": 1.0}],
-    "shapes": [[2, 32, 9, 5, 7]],
-}
-# The K-tiled kernel with the chain on its accumulators (wide_main), without a norm: a spatial mean after
-# a strided transposed convolution, and a map of a convolution with more channels than the whole-weights
-# kernels take (conv2d_wide_relu_groupnorm_sum_channels above: a sum over channels after group norm).
-EXTRA["convt3d_wide_stride2_relu_gap"] = {
-    "name": "convt3d_wide_stride2_relu_gap",
-    "producer": {"op": "conv_transpose3d", "in_channels": 24, "out_channels": 80, "kernel_size": 3, "stride": 2,
-                 "padding": 1, "output_padding": 1},
-    "epilogue": [{"op": "relu"}, {"op": "adaptive_avg_pool"}, {"op": "add", "by": 0.5}],
-    "shapes": [[2, 24, 5, 7, 9]],
-}
-EXTRA["conv3d_wide_scale_clamp"] = {
-    "name": "conv3d_wide_scale_clamp",
-    "producer": {"op": "conv3d", "in_channels": 20, "out_channels": 100, "kernel_size": 3, "padding": 1},
-    "parameters": {"s": {"init": "randn"}},
-    "epilogue": [{"op": "mul", "by": "s"}, {"op": "clamp", "min": -0.5, "max": 0.5}],
-    "shapes": [[2, 20, 6, 17, 23]],
-}
-# ... and where the chain pools after a convolution of one class (a box of whole windows): a 3-D max
-# pool written, an overlapping 2-D average pool then a spatial mean.
-EXTRA["conv3d_wide_relu_maxpool"] = {
-    "name": "conv3d_wide_relu_maxpool",
-    "producer": {"op": "conv3d", "in_channels": 20, "out_channels": 72, "kernel_size": 3, "padding": 1},
-    "epilogue": [{"op": "relu"}, {"op": "max_pool", "kernel_size": 2}],
-    "shapes": [[2, 20, 7, 11, 13]],
-}
-EXTRA["conv2d_wide_scale_avgpool_overlap_gap"] = {
-    "name": "conv2d_wide_scale_avgpool_overlap_gap",
-    "producer": {"op": "conv2d", "in_channels": 24, "out_channels": 80, "kernel_size": 3},
-    "epilogue": [{"op": "mul", "by": 0.5}, {"op": "avg_pool", "kernel_size": 3, "stride": 2}, {"op": "add", "by": 0.1},
-                 {"op": "adaptive_avg_pool"}],
-    "shapes": [[3, 24, 37, 41]],
-}
-# ... and after eval-mode batch norm (finalize's map from the running statistics, then wide_main).
-EXTRA["conv2d_wide_bneval_relu_maxpool"] = {
-    "name": "conv2d_wide_bneval_relu_maxpool",
-    "producer": {"op": "conv2d", "in_channels": 24, "out_channels": 72, "kernel_size": 3, "padding": 1, "bias": False},
-    "epilogue": [{"op": "batch_norm", "training": False}, {"op": "relu"}, {"op": "max_pool", "kernel_size": 2}],
-    "shapes": [[2, 24, 19, 23]],
-}
-# ... and where the chain pools after a strided transposed convolution (each class's outputs among a
-# brick's windows in turn, folded into the windows in shared memory): a max pool written, an
-# overlapping average pool then a spatial mean.
-EXTRA["convt3d_wide_stride2_relu_maxpool_scale"] = {
-    "name": "convt3d_wide_stride2_relu_maxpool_scale",
-    "producer": {"op": "conv_transpose3d", "in_channels": 24, "out_channels": 40, "kernel_size": 3, "stride": 2,
-                 "padding": 1, "output_padding": 1},
-    "parameters": {"s": {"init": "randn"}},
-    "epilogue": [{"op": "relu"}, {"op": "max_pool", "kernel_size": 2}, {"op": "mul", "by": "s"}],
-    "shapes": [[2, 24, 5, 6, 37]],
-}
-EXTRA["convt3d_wide_stride2_avgpool_overlap_gap"] = {
-    "name": "convt3d_wide_stride2_avgpool_overlap_gap",
-    "producer": {"op": "conv_transpose3d", "in_channels": 16, "out_channels": 72, "kernel_size": 4, "stride": 2,
-                 "padding": 1},
-    "epilogue": [{"op": "avg_pool", "kernel_size": 3, "stride": 2}, {"op": "adaptive_avg_pool"}, {"op": "add", "by": 0.1}],
-    "shapes": [[2, 16, 5, 7, 6]],
-}
-# logsumexp over channels: channel_reduce's two-float accumulator (20 channels: no world but cuDNN's, one unit).
-EXTRA["conv2d_logsumexp_channels_relu"] = {
-    "name": "conv2d_logsumexp_channels_relu",
-    "producer": {"op": "conv2d", "in_channels": 4, "out_channels": 20, "kernel_size": 3},
-    "epilogue": [{"op": "logsumexp", "dim": 1, "keepdim": True}, {"op": "relu"}],
-    "shapes": [[2, 4, 9, 11]],
-}
-# log_softmax over channels after eval-mode batch norm (its map): channel_softmax, the cuDNN world's alone
-# (20 channels, no statistics pass: finalize and one unit).
-EXTRA["conv2d_bneval_log_softmax_channels"] = {
-    "name": "conv2d_bneval_log_softmax_channels",
-    "producer": {"op": "conv2d", "in_channels": 4, "out_channels": 20, "kernel_size": 3},
-    "epilogue": [{"op": "batch_norm", "training": False}, {"op": "log_softmax", "dim": 1}, {"op": "mul", "by": 0.5}],
-    "shapes": [[2, 4, 9, 11]],
-}
-EXPECTED_EXTRA = {  # name: (stages, reduce mode or None, pool mode or None, norm scope or None)
-    "conv2d_bneval_relu_avgpool_gap": (("finalize", "plane_reduce"), "mean", "avg", "running"),
-    "conv3d_relu_sum_channels": (("channel_reduce",), "sum", None, None),
-    "conv2d_groupnorm_mean_channels": (("stats", "finalize", "channel_reduce"), "mean", None, "group"),
-    "conv2d_bneval_clamp_min_channels": (("finalize", "channel_reduce"), "min", None, "running"),
-    "conv2d_wide_relu_groupnorm_sum_channels": (("stats", "finalize", "channel_reduce"), "sum", None, "group"),
-    "convt3d_wide_mixed_strides_instancenorm_maxpool": (("stats", "finalize", "window_map"), None, "max", "instance"),
-    "convt3d_wide_stride2_relu_gap": (("plane_reduce",), "mean", None, None),
-    "conv3d_wide_scale_clamp": (("window_map",), None, None, None),
-    "conv3d_wide_relu_maxpool": (("window_map",), None, "max", None),
-    "conv2d_wide_scale_avgpool_overlap_gap": (("plane_reduce",), "mean", "avg", None),
-    "conv2d_wide_bneval_relu_maxpool": (("finalize", "window_map"), None, "max", "running"),
-    "convt3d_wide_stride2_relu_maxpool_scale": (("window_map",), None, "max", None),
-    "convt3d_wide_stride2_avgpool_overlap_gap": (("plane_reduce",), "mean", "avg", None),
-    "conv2d_logsumexp_channels_relu": (("channel_reduce",), "logsumexp", None, None),
-    "conv2d_bneval_log_softmax_channels": (("finalize", "channel_softmax"), None, None, "running"),
-}
+#: Chains the seed configs do not cover (tests/compile_chains/, each file's header says what it adds): avg_pool,
+#: relu, eval-mode batch norm, sum/mean/min over channels, a 2-D plane_reduce, the K-tiled kernels' statistics pass
+#: that also stores the convolution, wide_main's ways to end a chain, logsumexp and log_softmax over channels.
+EXTRA = chain_files("compile_chains")
+#: What each of them plans to in the cuDNN world: name -> {stages, reduce, pool, norm} (mode or scope, null if none).
+EXPECTED_EXTRA = yaml.safe_load((ROOT / "tests" / "compile_expected.yaml").read_text())
 #: Chains of the corpus (tests/chains/) compiled whole here: padded pools (window_map after a 1-D
-#: convolution's batch norm; plane_reduce after a grouped one), which only the cuDNN world's kernels take.
-CORPUS = ("conv1d_batchnorm_relu_maxpool_padded", "conv2d_grouped_strided_relu_maxpool_gap")
+#: convolution's batch norm; plane_reduce after a grouped one) and adaptive pools to a grid, whose windows
+#: vary (window_map averaging them in 2-D; plane_reduce after their max in 3-D), which only the kernels that
+#: read the convolution's output take.
+CORPUS = ("conv1d_batchnorm_relu_maxpool_padded", "conv2d_grouped_strided_relu_maxpool_gap",
+          "conv2d_relu6_adaptiveavgpool_grid_flatten", "conv3d_hardtanh_adaptivemaxpool_grid_mean_keepdim")
 #: Half precision (benchmarks/half/): the cuDNN world's kernels, each main family and norm scope once (window_map
 #: after group norm, channel_reduce after instance norm, finalize alone after batch norm, plane_reduce after a
 #: pool), both types; the direct world's where the weights fit in constant memory (a map after group norm in
@@ -197,7 +69,7 @@ def _spec(name: str):
         return load_config(ROOT / "tests" / "chains" / f"{name}.yaml")
     if name in HALF:
         return load_config(ROOT / "benchmarks" / "half" / f"{name}.yaml")
-    return parse_config(EXTRA[name], f"<{name}>")
+    return load_config(EXTRA[name])
 
 
 @pytest.fixture(scope="module")
@@ -262,7 +134,10 @@ def compiled(rendered, tmp_path_factory, request):
 
 def test_extra_configs_cover_what_they_claim(rendered):
     assert {rendered[name][0].family for name in CORPUS} == {"window_map", "plane_reduce"}
-    assert all(any(rendered[name][0].pool_padding) for name in CORPUS)
+    assert all(any(rendered[name][0].pool_padding) for name in CORPUS[:2])
+    adaptive = [rendered[name][0] for name in CORPUS[2:]]
+    assert all(plan.pool_output is not None for plan in adaptive)
+    assert {(plan.family, plan.pool.mode) for plan in adaptive} == {("window_map", "avg"), ("plane_reduce", "max")}
     half = [rendered[name][0] for name in HALF]
     assert {plan.spec.dtype for plan in half} == {"float16", "bfloat16"}
     assert {plan.family for plan in half} == {"window_map", "channel_reduce", "plane_reduce", None}
@@ -271,12 +146,13 @@ def test_extra_configs_cover_what_they_claim(rendered):
     assert {(plan.family, plan.spec.producer.transposed) for plan in half if "direct" in plan.impl_stages} == {
         ("window_map", False), ("channel_reduce", False), ("plane_reduce", True)}
     assert any("spectral" in plan.impl_stages for plan in half)
-    for name, (stages, reduce, pool, scope) in EXPECTED_EXTRA.items():
+    assert set(EXPECTED_EXTRA) == set(EXTRA), "one entry in compile_expected.yaml for each of compile_chains/"
+    for name, want in EXPECTED_EXTRA.items():
         plan = rendered[name][0]
-        assert plan.impl_stages["cudnn"] == stages, name
-        assert (plan.reduce.mode if plan.reduce else None) == reduce, name
-        assert (plan.pool.mode if plan.pool else None) == pool, name
-        assert (plan.norm.scope if plan.norm else None) == scope, name
+        assert plan.impl_stages["cudnn"] == tuple(want["stages"]), name
+        assert (plan.reduce.mode if plan.reduce else None) == want["reduce"], name
+        assert (plan.pool.mode if plan.pool else None) == want["pool"], name
+        assert (plan.norm.scope if plan.norm else None) == want["norm"], name
     # wide_main in each way a chain ends, with and without a pool: alone, and after group norm (a channel
     # reduction)
     assert {(rendered[name][0].family, rendered[name][0].pool is not None) for name in EXTRA

@@ -30,7 +30,8 @@ class GemmCluster(World):
         if not plan.needs_stats:
             return "no norm needs statistics (one cluster per sample holds a norm's)"
         if plan.norm.scope not in SAMPLE_SCOPES:
-            return f"a {plan.norm.kind}'s statistics span samples (one cluster per sample needs instance or group norm)"
+            what = "mean centring" if plan.norm.centres else plan.norm.kind
+            return f"a {what}'s statistics span samples (one cluster per sample needs instance or group statistics)"
         if plan.family == "channel_reduce" or (plan.family == "window_map" and windows_in_boxes(plan)):
             return None
         return (f"a chain that ends in {plan.family or 'finalize'}, not a channel reduction or a map whose pooling "

@@ -29,8 +29,10 @@ if shutil.which("nvcc") and CUDA_INCLUDE is None:
 FIELDS = ["y", "out", "partials", "ab", "stats", "bias", "x", "weight", "extra", "norm_weight", "norm_bias",
           "running_mean", "running_var", "p[0]", "p[1]", "N", "C", "D", "H", "W", "OD", "OH", "OW", "ID", "IH",
           "IW", "stats_splits", "splits", "layout", "(int)(a.momentum * 4)", "(int)(uintptr_t)stream"]
-#: A chain with a norm, parameters and a pool (four stages), and one of the K-tiled worlds (wide_workspace).
-CONFIGS = ["configs/conv2d_groupnorm_scale_maxpool_clamp.yaml", "tests/chains/conv3d_wide72_batchnorm_selu_maxpool.yaml"]
+#: A chain with a norm, parameters and a pool (four stages), one of the K-tiled worlds (wide_workspace), and a
+#: half one (where the workspace's float32 differs from the model's dtype).
+CONFIGS = ["configs/conv2d_groupnorm_scale_maxpool_clamp.yaml", "tests/chains/conv3d_wide72_batchnorm_selu_maxpool.yaml",
+           "benchmarks/half/convt3d_scale_batchnorm_gap_fp16.yaml"]
 
 
 def _stubs(stages: list[str]) -> str:
@@ -90,6 +92,7 @@ def test_launch_keywords_reach_their_fields(config, tmp_path, monkeypatch):
     asked = []
     monkeypatch.setattr(model, "_address", lambda t, dtype, what: asked.append((what, dtype)) or (0 if t is None else t.address))
     monkeypatch.setattr(model, "_stream", lambda device: 77)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # the fakes' device is the current one
     tensors = {name: _Fake(1000 + 16 * i) for i, name in enumerate(["y", "out", "partials", "ab", "stats", "bias", "x",
                                                                      "weight", "extra"])}
     norm = [_Fake(2000 + 16 * i) for i in range(4)]
@@ -106,8 +109,15 @@ def test_launch_keywords_reach_their_fields(config, tmp_path, monkeypatch):
     for variant, field in enumerate(FIELDS):
         status = kernels.launch(stage, variant, addresses, dims_sent, *rest)
         assert status == stage * 100000 + expected[field], field
-    # The workspace is float32 whatever the dtype; the model's own tensors are in its dtype.
-    assert dict(asked)["partials"] == torch.float32 and dict(asked)["out"] == model.DTYPE
+    # The workspace is float32 whatever the dtype; the model's own tensors are in its dtype, but for y as
+    # gemm_store's float words (layout 2) and x and weight as spectra (layout 3).
+    words, dtype = torch.float32, model.DTYPE
+    for layout, y, x in ((0, dtype, dtype), (1, dtype, dtype), (2, words, dtype), (3, dtype, words)):
+        asked.clear()
+        model._launch(_Recorder(), 0, 0, dims, **tensors, norm=norm, params=params, layout=layout)
+        wanted = {"y": y, "out": dtype, "partials": words, "ab": words, "stats": words, "the producer's bias": dtype,
+                  "x": x, "weight": x, "extra": dtype, "a norm tensor": dtype, "a parameter": dtype}
+        assert asked == [(what, wanted[what]) for what, _ in asked] and len(asked) == len(addresses), layout
     for stage in range(len(plan.stages)):  # each stage index reaches its own launcher
         assert kernels.launch(stage, FIELDS.index("N"), addresses, dims_sent, *rest) == stage * 100000 + 3
     assert kernels.launch(len(plan.stages), 0, addresses, dims_sent, *rest) == -4  # FT_BAD_STAGE

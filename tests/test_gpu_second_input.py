@@ -3,12 +3,15 @@ has the config, the plan, the rendering and the compile on the CPU): each chain 
 plan offers (cuDNN's in both layouts; not torch.compile's), its default variant built and verified against float64
 through fusetune's own evaluation (fresh random inputs, the extra one among them, NaN-filled outputs, norms moved
 off their identity, shapes no tile divides), as scripts/verify-chains does; a later region that reads the input
-too. Between them they run every output stage of facts.INPUT_STAGES. And ModelNew called with the input in the
+too. Between them they run every output stage of facts.INPUT_STAGES. wide_main's store paths again at one and two
+channel tiles of the output's 96 channels (its default variant has one). And ModelNew called with the input in the
 other memory layout, and with a wrong one.
 
 Skipped without a CUDA GPU: python -m pytest -q -m gpu tests/test_gpu_second_input.py
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -21,7 +24,7 @@ from fusetune.search import Machine  # noqa: E402
 from fusetune.worlds import WORLDS  # noqa: E402
 
 from conftest import import_script  # noqa: E402
-from test_second_input import CHAINS  # noqa: E402
+from test_second_input import CHAINS, MORE, WIDE_MAIN_READERS  # noqa: E402
 
 #: Worlds that need more than a CUDA GPU of compute capability 8.0 (gemm_cluster: thread-block clusters, sm_90):
 #: elsewhere their refusal (launch_error from the launcher's own check) is not required to be "ok".
@@ -47,6 +50,48 @@ def test_every_world_of_a_chain_reading_a_second_input_matches_float64(folder, s
         assert any(r["name"] == f"{stem}_r1" and r["status"] == "ok" for r in records), records
 
 
+#: wide_main's channel tiles beside the default variant's one of 128 (32 channels past C = 96): two of 64, the second
+#: half past C (a channel reduction's tiles folded by its combine kernel), two blocks a sample and tile; each at bm
+#: 128, which 437 outputs and the pooled bricks do not divide either.
+WIDE_TILES = ({"wide_main.bn": 64, "wide_main.bm": 128, "wide_main.split": 2},
+              {"wide_main.bn": 128, "wide_main.bm": 128})
+
+
+@pytest.mark.parametrize("stem", sorted(WIDE_MAIN_READERS))
+def test_wide_main_reads_the_input_in_each_tiling_and_matches_float64(stem, cache, worker):
+    """Each of wide_main's store paths that read the input (the unpooled map, the pooled map at float16, the channel
+    reduction and its combine kernel), in its world (WIDE_MAIN_READERS), at one and two channel tiles: verified
+    against float64 as verify-chains does (fresh inputs, NaN-filled outputs), the variants built in one module."""
+    from fusetune.codegen import plan_space
+    from fusetune.config import load_config
+    from fusetune.plan import make_plan
+    from fusetune.runner import GpuBenchmarker
+    from fusetune.search import _nearest, shape_facts
+
+    world = WIDE_MAIN_READERS[stem][0]
+    script = import_script("verify-chains")
+    plan = make_plan(load_config(MORE / f"{stem}.yaml"))
+    shape = plan.spec.shapes[0]
+    machine = Machine.detect()
+    space = plan_space(plan)
+    facts = shape_facts(plan.spec, plan, shape, machine.capability)
+    feasible = [c for c in space.all({"producer.impl": world}) if not space.violations(c, facts)]
+    start = space.canonical({**space.default(), "producer.impl": world})
+    chosen = []
+    for tile in WIDE_TILES:
+        same = [c for c in feasible if all(c[k] == v for k, v in tile.items())]
+        candidate = _nearest({**start, **tile}, same)
+        assert candidate is not None, (stem, tile)
+        chosen.append(candidate)
+    bench = GpuBenchmarker(plan, shape, cache, machine, worker, job_timeout=180.0, echo=lambda *a, **k: None)
+    bench.main = bench._build(script._variants_of(chosen, space, bench))
+    for candidate in chosen:
+        outcome = bench.verify(candidate)
+        record = {"name": stem, "impl": world, **outcome}
+        print(script.format_line(record), candidate)
+        assert outcome["status"] == "ok" or script.tf32_refused(record), (candidate, outcome.get("log", "")[-2000:])
+
+
 def test_model_new_takes_the_input_in_either_layout_and_refuses_a_wrong_one(tmp_path):
     """The kernels read the input at the output's offsets: one in the other memory layout is converted first, and
     the result is the same; one of another shape, dtype or device is refused with its name."""
@@ -63,7 +108,9 @@ def test_model_new_takes_the_input_in_either_layout_and_refuses_a_wrong_one(tmp_
     # the cuDNN world's stages alone (the direct and tensor-core ones are verify-chains' above): a quick build
     rendered = render(plan, only={"direct_main": [], "gemm_main": []})
     generated = build_and_load(rendered, Cache(tmp_path), f"{major}.{minor}")
-    torch.manual_seed(0)
+    seed = int.from_bytes(os.urandom(4), "little")  # fresh inputs each run; the seed printed to reproduce one
+    print(f"seed {seed}")
+    torch.manual_seed(seed)
     reference = generated.Model().cuda().eval()
     with torch.no_grad():
         reference.batch_norm_0.running_mean.uniform_(-0.5, 0.5)

@@ -23,7 +23,7 @@ from fusetune.codegen import render
 from fusetune.config import load_config, parse_config
 from fusetune.pipeline import later_segments
 from fusetune.plan import make_plan
-from fusetune.worlds import WORLDS, refusals
+from fusetune.worlds import WORLDS, facts, refusals
 from fusetune.worlds.facts import INPUT_STAGES, OUTPUT_STAGES, input_refusal
 
 from conftest import ROOT, import_file
@@ -43,7 +43,11 @@ CHAINS = [
     (MORE, "conv2d_relu_maxpool_groupnorm_add_input_relu", None, {"cudnn", "direct", "gemm"}),
     (MORE, "conv2d_relu_mean_spatial_add_input_sigmoid", "shift", {"cudnn", "direct", "gemm"}),
     (MORE, "conv2d_softmax_channels_mul_input", "weights", {"cudnn"}),
-    (MORE, "conv2d_wide96_relu_add_input_hardswish", "skip", {"cudnn"}),
+    (MORE, "conv2d_wide96_relu_add_input_hardswish", "skip", {"cudnn", "gemm_wide"}),
+    (MORE, "conv2d_wide96_nobias_batchnorm_eval_add_input_relu", "identity", {"cudnn", "gemm_wide"}),
+    (MORE, "conv2d_wide96_batchnorm_maxpool_mul_input_relu_half", "gate",
+     {"cudnn", "gemm_wide", "gemm_wide_recompute"}),
+    (MORE, "conv2d_wide96_relu_sum_channels_sub_input_tanh", "offset", {"cudnn", "gemm_wide"}),
     (MORE, "conv3d_relu_sum_channels_sub_input_tanh", "offset", {"cudnn", "direct", "gemm"}),
 ]
 IDS = [c[1] for c in CHAINS]
@@ -113,15 +117,30 @@ def test_region_zero_reads_the_input_where_it_stores(folder, stem, extra, worlds
         assert (plan.reduce is None and plan.softmax is None) == bool([op for op in plan.post if op.reads_input()])
 
 
-def test_every_output_stage_that_reads_it_is_exercised_and_wide_main_refuses():
+#: wide_main's store paths that read the input, each by a chain of MORE: the unpooled map (gemm_wide), the pooled
+#: map (gemm_wide_recompute, after the statistics pass) and the channel reduction's final chain (gemm_wide).
+WIDE_MAIN_READERS = {
+    "conv2d_wide96_nobias_batchnorm_eval_add_input_relu": ("gemm_wide", "window_map", False),
+    "conv2d_wide96_batchnorm_maxpool_mul_input_relu_half": ("gemm_wide_recompute", "window_map", True),
+    "conv2d_wide96_relu_sum_channels_sub_input_tanh": ("gemm_wide", "channel_reduce", False),
+}
+
+
+def test_every_output_stage_reads_it_and_is_exercised_and_a_stage_that_does_not_is_refused(monkeypatch):
     stages = {stage for folder, stem, extra, _ in CHAINS if extra for run in _plan(folder, stem).impl_stages.values()
               for stage in run}
     assert set(INPUT_STAGES) <= stages
-    assert set(OUTPUT_STAGES) - set(INPUT_STAGES) == {"wide_main"}
+    assert set(OUTPUT_STAGES) <= set(INPUT_STAGES)
+    for stem, (world, family, pooled) in WIDE_MAIN_READERS.items():
+        plan = _plan(MORE, stem)
+        assert plan.family == family and (plan.pool is not None) == pooled and refusals(plan).get(world) is None
+        assert plan.impl_stages[world][-1] == "wide_main"
     plan = _plan(MORE, "conv2d_wide96_relu_add_input_hardswish")
+    assert input_refusal(plan, ("wide_main",)) is None and input_refusal(plan, ("window_map",)) is None
+    # an output stage that does not read it (here as if wide_main did not) refuses the world, with the reason
+    monkeypatch.setattr(facts, "INPUT_STAGES", tuple(s for s in INPUT_STAGES if s != "wide_main"))
     why = refusals(plan)["gemm_wide"]
     assert "wide_main does not read it" in why and "'skip'" in why
-    assert input_refusal(plan, ("window_map",)) is None
     assert input_refusal(_plan(CORPUS, "conv2d_batchnorm_relu_add_producer"), ("wide_main",)) is None  # reads none
 
 
@@ -198,6 +217,26 @@ STORES = {
     "direct_main": (r"a\.out\[(.+)\] = ft_(post|final)\(.*, a, \1\);",),
     "gemm_main": (r"a\.out\[(.+)\] = ft_(post|final)\(.*, a, \1\);",),
     "gemm_cluster": (r"a\.out\[(.+)\] = ft_(post|final)\(.*, a, \1\);",),
+    # the unpooled map hands its chain the index, the pooled map and the channel reduction their stores'
+    "wide_main": (r"ft_wide_chain<BN>\(.*, a, o\);|= ft_post\(pool\(cp, k\), c, a, .+\);|"
+                  r"a\.out\[o\] = ft_final\(r, 0, a, o\);",),
+}
+#: wide_main's store of each path that reads the input (WIDE_MAIN_READERS): the index the unpooled map hands
+#: ft_wide_chain (its sample's, its channel's, the position clamped in bounds), the pooled map's own store, the
+#: channel reduction's (one channel tile) and its combine kernel's (several).
+WIDE_STORES = {
+    "conv2d_wide96_nobias_batchnorm_eval_add_input_relu": (
+        r"const int64_t sample = \(int64_t\)n \* FT_COUT \* volume;",
+        r"const int64_t o = sample \+ \(cc \* volume \+ max\(where\[i\]\[h\], 0\)\);",
+        r"ft_wide_chain<BN>\(acc\[i\]\[j\]\[2 \* h \+ e\], cc, cl, ab, a, o\);",
+        r"if \(where\[i\]\[h\] >= 0 && c < FT_COUT\) out\[c \* volume \+ where\[i\]\[h\]\] = v;"),
+    "conv2d_wide96_batchnorm_maxpool_mul_input_relu_half": (
+        r"out\[\(\(\(int64_t\)c \* OD \+ od\) \* OH \+ oh\) \* OW \+ ow\] = ft_post\(pool\(cp, k\), c, a, "
+        r"\(\(\(\(int64_t\)n \* FT_COUT \+ c\) \* OD \+ od\) \* OH \+ oh\) \* OW \+ ow\);",),
+    "conv2d_wide96_relu_sum_channels_sub_input_tanh": (
+        r"const int64_t o = \(int64_t\)n \* volume \+ ft_wide_output\(box\.k, p, H, W\);\n(.*\n){4}"
+        r"\s*a\.out\[o\] = ft_final\(r, 0, a, o\);",
+        r"for \(int64_t o = .*\n(.*\n){3}\s*a\.out\[o\] = ft_final\(r, 0, a, o\);"),
 }
 
 
@@ -217,6 +256,15 @@ def test_every_output_stage_reads_the_input_at_its_store(folder, stem, extra, wo
             assert "__ldg(a.extra + ft_o)" in text, stage
             for store in STORES[stage]:
                 assert re.search(store, text), (stage, store)
+
+
+@pytest.mark.parametrize("stem", sorted(WIDE_STORES))
+def test_wide_main_reads_the_input_where_each_path_stores(stem):
+    """Each of wide_main's store paths (WIDE_MAIN_READERS) reads the input at the index it stores at; a unit of
+    another variant is the same code at other tile sizes (its first one here)."""
+    text = render(_plan(MORE, stem)).files["wide_main_0.cu"]
+    for store in WIDE_STORES[stem]:
+        assert re.search(store, text), (stem, store)
 
 
 def test_a_chain_without_an_input_keeps_its_chains_as_they_were():
@@ -298,6 +346,7 @@ UNITS = [
     ("conv2d_instancenorm_mean_spatial_add_input_relu", "finalize.cu"),
     ("conv2d_relu_mean_spatial_add_input_sigmoid", "plane_reduce.cu"),
     ("conv2d_softmax_channels_mul_input", "channel_softmax.cu"),
+    ("conv2d_wide96_nobias_batchnorm_eval_add_input_relu", "wide_main_0.cu"),
 ]
 #: Units that spill a few bytes whether the op reads the input or a number (channel_softmax's VEC 4 variants after a
 #: softmax over 12 channels and a mul, 4 to 8 bytes): compiled, their spills not checked here.

@@ -73,11 +73,13 @@ PRODUCER_STAGES = ("window_map", "plane_reduce", "channel_reduce", "channel_soft
 #: reduction follows, ft_final after one; finalize where it computes the output from the statistics).
 OUTPUT_STAGES = NORM_MAP_STAGES + ("finalize",)
 #: Those that read an extra input (Plan.extra, ``by: NAME`` of ``inputs:``) at each element's stored index
-#: (``a.extra[o]`` beside ``a.out[o]``: post_call and final_call in codegen). Not wide_main: it applies the
-#: chain of an unpooled map to its accumulators (ft_wide_chain) before it knows where each value goes. A world
-#: with an output stage that is not here does not take such a region (input_refusal, World.refusal).
+#: (``a.extra[o]`` beside ``a.out[o]``: post_call and final_call in codegen). wide_main among them: its unpooled
+#: map hands ft_wide_chain each accumulator's stored index (clamped in bounds where the value is dropped), its
+#: pooled map and channel reduction their stores' (plan.INPUT_SLOTS keeps the op off its partials). Every output
+#: stage reads it today; a world with an output stage that is not here does not take such a region
+#: (input_refusal, World.refusal), so a new output stage must join this list once it reads the input.
 INPUT_STAGES = ("window_map", "plane_reduce", "channel_reduce", "channel_softmax", "extrema_map", "finalize",
-                "direct_main", "gemm_main", "gemm_cluster")
+                "direct_main", "gemm_main", "gemm_cluster", "wide_main")
 #: Largest convolution weight (floats) the direct kernels take: they keep it in constant memory (64 KB).
 DIRECT_MAX_WEIGHTS = 12288
 #: Channel counts a direct channel reduction takes: a thread holds every channel (ct == C), so C must

@@ -209,6 +209,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
     slots = {name: i for i, name in enumerate(plan.param_names)}
     scalars = frozenset(p.name for p in plan.spec.parameters if p.scalar)
     variants = {f.family: f.variants() if f.params else [] for f in space.families if f.family in plan.stages}
+    tunable = [stage for stage, values in variants.items() if values]  # [] in VARIANTS there: none compiled
     for stage, wanted in (only or {}).items():
         variants[stage] = [v for v in variants[stage] if v in wanted]
     norm = plan.norm
@@ -274,7 +275,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
     submodules, lines, norm_attr = _reference_code(plan)
     later = _later(plan)
     model = env.get_template("model.py.j2").render(
-        module_name=name, variants=variants, default_variant=space.stage_values(space.default()),
+        module_name=name, variants=variants, tunable=tunable, default_variant=space.stage_values(space.default()),
         submodules=submodules, forward_lines=lines, norm_attr=norm_attr, cuda_sources=list(sources),
         tail_lines=[step.op.forward_code("x", step.attr) for step in plan.tail], later=later,
         tail_why=_without_path(plan.ends, plan.spec.path),

@@ -240,6 +240,7 @@ class Session:
         model = self.generated.ModelNew(variant=variant).cuda()
         model.load_state_dict(self.initial_state)
         model.fill_value = fill_value
+        model.fall_back = False  # a variant a launcher refuses fails as itself, not timed as cuDNN's kernels
         return model
 
     def verify(self, variant: dict) -> dict[str, Any]:

@@ -245,11 +245,15 @@ def test_bench_profiles_each_epilogue_kernel(cache):
     assert {r["kernel"]: r["bytes"] is None for r in rows} == {"ft_stats_kernel": False, "ft_finalize_kernel": True}
 
 
-def test_a_shape_beyond_a_kernels_shared_memory_is_refused_by_name(cache):
+def test_a_shape_beyond_a_kernels_shared_memory_is_refused_by_name(cache, caplog):
     """A launcher that cannot take a shape says why (FT_TOO_BIG, described by the binding), not
     "invalid argument": spectral_stats' weights kernel holds its twiddle tables and one row of its
     second stage in 48 KB, which an output 1406 wide with 7 x 7 taps a plane exceeds (the tables and
-    first stage alone take 49.6 KB; at 1206 wide one row still fits, and the shape runs)."""
+    first stage alone take 49.6 KB; at 1206 wide one row still fits, and the shape runs). The model's
+    forward then runs the cuDNN world's default kernels instead (nothing ran before the refusal), and says
+    so in its log, once."""
+    import logging
+
     from fusetune.build import build_and_load
 
     spec = parse_config({"name": "wide_spectral", "producer": {"op": "conv_transpose3d", "in_channels": 1,
@@ -260,5 +264,12 @@ def test_a_shape_beyond_a_kernels_shared_memory_is_refused_by_name(cache):
     assert ("spectral" in plan.impl_stages)
     generated = build_and_load(render(plan), cache, Machine.detect().capability)
     fused = generated.ModelNew(variant={"producer": {"impl": "spectral"}}).cuda()
-    with pytest.raises(RuntimeError, match="more shared memory"):
-        fused(torch.rand(spec.shapes[0], device="cuda"))
+    x = torch.rand(spec.shapes[0], device="cuda")
+    reference = generated.Model().cuda()
+    reference.load_state_dict(fused.state_dict())
+    caplog.set_level(logging.WARNING)
+    out, expected = fused(x), reference(x)
+    torch.testing.assert_close(out, expected, rtol=1e-3, atol=1e-3)  # cuDNN's convolution in both
+    assert fused._refusals[tuple(x.shape)]["impl"] == "cudnn"
+    said = [r.getMessage() for r in caplog.records if r.name == f"fusetune.generated.{generated.MODULE_NAME}"]
+    assert len(said) == 1 and "more shared memory" in said[0] and "the cudnn world" in said[0], said

@@ -16,6 +16,7 @@ import math
 import re
 from typing import Any, Callable
 
+from fusetune import broadcast
 from fusetune.build import build_and_load
 from fusetune.cache import Cache
 from fusetune.codegen import render
@@ -43,12 +44,13 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
 def epilogue_bytes(spec: ProblemSpec, plan: Plan, shape: Shape) -> int:
     """The fewest bytes the fused epilogue must move: each pass reads the producer output once,
     the output is written once, and an extra input the kernels read (Plan.extra, of the output's size) read once
-    (per-(n, c) statistics and maps are negligible and left out)."""
+    (per-(n, c) statistics and maps, and an input that broadcasts per (n, c), are negligible and left out)."""
     word = DTYPES[spec.dtype].bytes
     y = math.prod(spec.producer.out_shape(shape)) * word
     out = math.prod(plan.fused_output_shape(shape)) * word
     passes = int(plan.needs_stats) + int(plan.family is not None)
-    return passes * y + out * (2 if getattr(plan, "extra", None) else 1)
+    full_input = getattr(plan, "extra", None) and broadcast.kind_of(spec, plan.extra) is None
+    return passes * y + out * (2 if full_input else 1)
 
 
 #: Kernels that read the producer output once (their pass's floor is those bytes), by base name;

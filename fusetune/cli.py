@@ -246,7 +246,8 @@ def _plan_document(spec, plan_, space) -> dict:
             "ends": plan_.ends, "worlds": {impl: list(stages) for impl, stages in plan_.impl_stages.items()},
             "not_offered": refusals(plan_), "not_on_this_machine": machine_refusals(plan_), "rules": list(plan_.rules),
             "exact_at_shapes_only": list(plan_.at_shapes_worlds), "candidates": sum(1 for _ in space.all()),
-            "inputs": list(spec.inputs), "kernel_input": plan_.extra}
+            "inputs": list(spec.inputs), "kernel_input": plan_.extra,
+            **({"input_kinds": dict(spec.input_kinds)} if spec.input_kinds else {})}  # the broadcast ones' kinds
 
 
 @main.command()

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from fusetune import __version__
+from fusetune import __version__, broadcast
 from fusetune.cache import atomic_write_text
 from fusetune.dtypes import DTYPES
 from fusetune.ops import Elementwise
@@ -237,6 +237,9 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         # either way, so other chains' code is unchanged. A site that does not store (a reduction's step)
         # calls them without it: the plan puts no such op there (plan.INPUT_SLOTS).
         "post_reads_input": post_reads, "final_reads_input": final_reads,
+        # A broadcast input (fusetune/broadcast.py): the chain reads it at this index of the stored one (ft_stored).
+        "input_index": {chain: broadcast.read_index(plan, chain) for chain in ("post", "final")},
+        "input_kind": getattr(broadcast.kind_of(plan.spec, plan.extra), "name", None),
         "post_call": lambda v, c, o: f"ft_post({v}, {c}, a, {o})" if post_reads else f"ft_post({v}, {c}, a)",
         "final_call": lambda v, c, o: f"ft_final({v}, {c}, a, {o})" if final_reads else f"ft_final({v}, {c}, a)",
         "channels_per_group": norm.groups_of(plan.spec.producer.out_channels) if norm else 1,

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from fusetune import broadcast
 from fusetune.dtypes import DEFAULT_DTYPE
 from fusetune.dtypes import DTYPES as ELEMENT_TYPES
 from fusetune.errors import ConfigError, did_you_mean
@@ -79,6 +80,9 @@ class ProblemSpec:
     #: The model's extra input tensors after x (``inputs:``), in forward order: each read at the element by
     #: binary ops (``by: NAME``), of the chain's shape where they read it.
     inputs: tuple[str, ...] = ()
+    #: The inputs that broadcast (``inputs: [{name: temb, shape: per_sample_channel}]``, fusetune/broadcast.py):
+    #: (name, kind) pairs; an input not here has the chain's shape.
+    input_kinds: tuple[tuple[str, str], ...] = ()
 
     def canonical(self) -> dict[str, Any]:
         """The problem's canonical form: everything that changes its result or what is accepted as
@@ -88,6 +92,8 @@ class ProblemSpec:
                "epilogue": [op.canonical() for op in self.epilogue]}
         if self.inputs:  # left out where none: the keys of every chain without them stay as they were
             out["inputs"] = list(self.inputs)
+        if self.input_kinds:  # likewise: full-shape inputs' keys stay as they were
+            out["input_kinds"] = dict(self.input_kinds)
         return out
 
     def numerics(self) -> dict[str, Any]:
@@ -123,7 +129,9 @@ class ProblemSpec:
         reads it (config validation made every reader of one input see the same)."""
         through = self.shapes_through(shape)
         readers = {op.reads_input(): i for i, op in reversed(list(enumerate(self.epilogue))) if op.reads_input()}
-        return [through[readers[name]] for name in self.inputs]
+        kinds = dict(self.input_kinds)
+        return [broadcast.KINDS[kinds[name]].shape(through[readers[name]]) if name in kinds else through[readers[name]]
+                for name in self.inputs]
 
 
 class _DuplicateKey(Exception):
@@ -216,13 +224,14 @@ def parse_config(raw: Any, path: str = "<config>") -> ProblemSpec:
         raise ConfigError(path, "producer", "missing; expected the convolution that feeds the chain")
     producer = Producer.parse(raw["producer"], path)
     parameters = _parse_parameters(raw.get("parameters", {}), path)
-    inputs = _parse_inputs(raw.get("inputs", []), parameters, path)
+    inputs, input_kinds = _parse_inputs(raw.get("inputs", []), parameters, path)
     shapes = _parse_shapes(raw.get("shapes"), producer, path)
     epilogue = _parse_epilogue(raw.get("epilogue"), producer, parameters, shapes, path, inputs)
     search = _parse_search(raw.get("search", {}), path)
     return ProblemSpec(name=name, path=path, dtype=dtype, producer=producer,
                        parameters=tuple(parameters.values()), epilogue=epilogue,
-                       shapes=shapes, search=search, precision=precision, tolerance=tolerance, inputs=inputs)
+                       shapes=shapes, search=search, precision=precision, tolerance=tolerance, inputs=inputs,
+                       input_kinds=input_kinds)
 
 
 def _check_keys(raw: Any, known: tuple[str, ...], path: str, where: str, expected: str) -> None:
@@ -298,28 +307,48 @@ def _parse_parameters(raw: Any, path: str) -> dict[str, ParamDecl]:
     return out
 
 
-def _parse_inputs(raw: Any, parameters: Mapping[str, ParamDecl], path: str) -> tuple[str, ...]:
-    """The model's extra input tensors: forward arguments after x, by name, in order."""
+def _parse_inputs(raw: Any, parameters: Mapping[str, ParamDecl],
+                  path: str) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """The model's extra input tensors: forward arguments after x, by name, in order; and the kinds of those
+    that broadcast (an entry ``{name: temb, shape: per_sample_channel}``; a bare name has the chain's shape)."""
     import keyword
 
     if raw is None:
-        return ()
+        return (), ()
     if not isinstance(raw, list):
         raise ConfigError(path, "inputs", f"expected a list of names of the model's extra input tensors (its forward "
                                           f"arguments after x), e.g. [identity], got {raw!r}")
-    for i, name in enumerate(raw):
+    names: list[str] = []
+    kinds: list[tuple[str, str]] = []
+    for i, entry in enumerate(raw):
         key = f"inputs[{i}]"
+        name = entry
+        if isinstance(entry, Mapping):
+            for k in entry:
+                if k not in ("name", "shape"):
+                    raise ConfigError(path, f"{key}.{k}", "unknown key; expected 'name' or 'shape'")
+            if "name" not in entry:
+                raise ConfigError(path, f"{key}.name", "missing; expected the input's name")
+            name, shape = entry["name"], entry.get("shape", broadcast.FULL)
+            if shape not in broadcast.SHAPES:
+                raise ConfigError(path, f"{key}.shape", f"expected one of {', '.join(broadcast.SHAPES)} (the chain's "
+                                                        f"shape where it is read, or "
+                                                        f"{'; '.join(k.what for k in broadcast.KINDS.values())}), "
+                                                        f"got {shape!r}")
+            if shape != broadcast.FULL:
+                kinds.append((name, shape))
         if not isinstance(name, str) or not name.isidentifier() or name.startswith("_") or keyword.iskeyword(name):
             raise ConfigError(path, key, f"expected a Python identifier not starting with '_' as the input's name, "
-                                         f"got {name!r}")
+                                         f"got {name!r} (an entry is a name or {{name: NAME, shape: KIND}})")
         if name in INPUT_RESERVED:
             raise ConfigError(path, key, f"'{name}' is taken by the generated forward ({', '.join(INPUT_RESERVED)}); "
                                          "choose another name")
         if name in parameters:
             raise ConfigError(path, key, f"'{name}' is also a declared parameter; `by: {name}` would be ambiguous")
-        if name in raw[:i]:
+        if name in names:
             raise ConfigError(path, key, f"input '{name}' is listed twice")
-    return tuple(raw)
+        names.append(name)
+    return tuple(names), tuple(kinds)
 
 
 #: Attributes the generated Model/ModelNew define beside nn.Module's own.

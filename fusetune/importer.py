@@ -36,6 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import yaml
 
+from fusetune import broadcast
 from fusetune.config import _reserved, load_config, parse_config
 from fusetune.errors import ConfigError, FusetuneError
 from fusetune.ops import Shape
@@ -340,6 +341,9 @@ class InputRef:
 
     node: str  # the graph node holding it
     name: str  # its name in the config: the forward's argument where it is one, else the node's
+    #: How it broadcasts against the chain's value (fusetune/broadcast.py): "full" (the chain's shape), or a kind
+    #: such as a UNet's ``temb[:, :, None, None]`` (per_sample_channel)
+    kind: str = "full"
 
 
 #: Names an extra input of the config may not take (config.INPUT_RESERVED); one that would is prefixed.
@@ -482,6 +486,12 @@ class Site:
         before = _computed_before(self.gm, arg, self.producer)
         if shape is not None and shape == self.shape_in and before and not _depends_on(arg, self.producer):
             return InputRef(arg.name, str(arg.target) if arg.op == "placeholder" else arg.name)
+        kind = broadcast.kind_of_shape(shape, self.shape_in) if shape is not None and self.shape_in else None
+        argument = _viewed_argument(arg)
+        if kind not in (None, broadcast.FULL) and (before or argument is not None) and not _depends_on(arg, self.producer):
+            # temb[:, :, None, None], t.view(N, C, 1, 1), a forward argument of shape (N, C, 1, 1) or (1, C, 1, 1):
+            # a view of a forward argument may come after the convolution (the fused call comes after the chain)
+            return InputRef(arg.name, str(argument.target) if argument is not None else arg.name, kind)
         what = (f"of shape {list(shape)}, not the chain value's {list(self.shape_in or ())}" if shape is not None
                 else "of unknown shape")
         if shape is not None and shape == self.shape_in:
@@ -490,6 +500,20 @@ class Site:
             what = "computed after the convolution" if not before else "computed from the convolution's output"
         return (f"the other operand ({arg.name}) is a tensor of the forward {what}: not a number, the "
                 "convolution's output, a per-channel parameter or an extra input of the chain's shape")
+
+
+def _viewed_argument(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The forward argument (placeholder) ``node`` is, or views (``temb[:, :, None, None]``,
+    ``temb.view(n, c, 1, 1)``): a broadcast input's name in the config; None where it is computed otherwise."""
+    current = node
+    while current.op != "placeholder":
+        sources = [n for n in current.all_input_nodes if n.op != "get_attr"]
+        viewing = (current.op == "call_method" and current.target in _VIEW_METHODS) or (
+            current.op == "call_function" and (current.target is operator.getitem or current.target in _VIEW_FUNCTIONS))
+        if not viewing or len(sources) != 1:
+            return None
+        current = sources[0]
+    return current
 
 
 def _computed_before(gm: torch.fx.GraphModule, node: torch.fx.Node, producer: set[torch.fx.Node]) -> bool:
@@ -1728,7 +1752,9 @@ def chain_config(chain: Chain, name: str, steps: int | None = None) -> tuple[dic
         raw["parameters"] = {p: {"shape": "scalar" if math.prod(sizes[p]) == 1 else "per_channel", "init": "randn"}
                              for p in params}
     if inputs:
-        raw["inputs"] = list(inputs)
+        kinds = {ref.node: ref.kind for step in chosen for e in step.entries if isinstance(ref := e.get("by"), InputRef)}
+        raw["inputs"] = [name if kinds.get(node, broadcast.FULL) == broadcast.FULL else {"name": name, "shape": kinds[node]}
+                         for name, node in inputs.items()]
     raw["epilogue"] = epilogue
     raw["shapes"] = [list(chain.input_shape)]
     return raw, weights

@@ -186,7 +186,8 @@ def region_spec(spec: ProblemSpec, steps: tuple[Step, ...], shapes: list[Shape],
     parameters = tuple(p for p in spec.parameters if p.name in names)
     inputs = tuple(name for name in spec.inputs if any(op.reads_input() == name for op in ops))
     return dataclasses.replace(spec, name=f"{spec.name}_r{index}", producer=producer, parameters=parameters,
-                               epilogue=ops, shapes=tuple(tuple(s) for s in shapes), inputs=inputs)
+                               epilogue=ops, shapes=tuple(tuple(s) for s in shapes), inputs=inputs,
+                               input_kinds=tuple((n, k) for n, k in spec.input_kinds if n in inputs))
 
 
 def problems(spec: ProblemSpec) -> list[ProblemSpec]:

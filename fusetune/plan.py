@@ -30,6 +30,7 @@ import dataclasses
 import functools
 from typing import Sequence
 
+from fusetune import broadcast
 from fusetune.config import ProblemSpec
 from fusetune.errors import PlanError
 from fusetune.ops import AdaptivePool, Add, DimReduce, Elementwise, LayerNorm, Norm, Op, Pool, Reduce
@@ -374,10 +375,12 @@ def _plan_region(spec: ProblemSpec, steps: Sequence[Step]) -> Plan:
         raise PlanError(f"{spec.path}: the chain reads {len(plan_params)} learnable parameters; the kernels take "
                         f"at most {MAX_PARAMS}")
     softmax = reduce.op if reduce and isinstance(reduce.op, Softmax) else None
-    return Plan(spec=spec, pre=ops["pre"], norm=norm.op if norm else None, mid=ops["mid"], pool=pool,
+    plan = Plan(spec=spec, pre=ops["pre"], norm=norm.op if norm else None, mid=ops["mid"], pool=pool,
                 post=ops["post"], reduce=reduce.op if reduce and not softmax else None, final=ops["final"],
                 family=family, drop_bias=norm is not None and CANCELS_BIAS in norm.marks, softmax=softmax,
                 extra=reader.op.reads_input() if reader else None)
+    broadcast.check_plan(plan)  # a broadcast input (inputs: shape:) read where the kernels know its (n, c)
+    return plan
 
 
 #: Why the kernels do not take an op of a role, where no kernel family computes that role at all.

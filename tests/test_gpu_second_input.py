@@ -138,3 +138,69 @@ def test_model_new_takes_the_input_in_either_layout_and_refuses_a_wrong_one(tmp_
         fused(x, identity.double())
     with pytest.raises(ValueError, match="input 'identity' is on cpu"):
         fused(x, identity.cpu())
+
+
+# ------------------------------------------------------------------------------------------------------
+# Inputs that broadcast (tests/test_broadcast_input.py): read at each stored element's (n, c)
+# ------------------------------------------------------------------------------------------------------
+
+from test_broadcast_input import CHAINS as BROADCAST_CHAINS  # noqa: E402
+from test_broadcast_input import FOLDER as BROADCAST  # noqa: E402
+
+
+@pytest.mark.parametrize("stem, extra, kind, chain, worlds", BROADCAST_CHAINS, ids=[c[0] for c in BROADCAST_CHAINS])
+def test_every_world_of_a_chain_reading_a_broadcast_input_matches_float64(stem, extra, kind, chain, worlds, cache,
+                                                                         worker):
+    """Each chain of tests/broadcast_input/ in every world its plan offers (cuDNN's in both layouts: the input is read
+    at (n, c) whatever the output's layout), verified against float64 as verify-chains does (fresh random inputs, the
+    broadcast one drawn at its own shape, NaN-filled outputs, shapes no tile divides)."""
+    script = import_script("verify-chains")
+    compiled = tuple(name for name, world in WORLDS.items() if world.compile_mode)
+    records = script.verify_chain(BROADCAST / f"{stem}.yaml", cache, Machine.detect(), worker, 180.0, exclude=compiled)
+    for record in records:
+        print(script.format_line(record))
+    failed = [script.format_line(r) for r in records if script.failed(r)]
+    assert records and not failed, "\n".join(failed)
+    ran = {r["impl"] for r in records if r["name"] == stem and r["status"] in ("ok", "tf32_refused")}
+    must = {"cudnn", "cudnn/channels_last", *worlds}
+    if torch.cuda.get_device_capability() < (9, 0):
+        must -= set(NEEDS_SM90)
+    missing = sorted(must - ran)
+    assert not missing, (missing, sorted(ran))
+
+
+def test_model_new_reads_temb_per_sample_and_channel_in_either_layout_against_float64(tmp_path):
+    """conv(x) + temb[:, :, None, None], then SiLU, in the cuDNN world (contiguous and channels-last output):
+    ModelNew against the float64 reference with fresh inputs (seed printed), its output NaN-filled first, temb a
+    (N, C) tensor's view; a temb of the output's full shape is refused with its name and kind."""
+    from fusetune.build import build_and_load
+    from fusetune.cache import Cache
+    from fusetune.codegen import render
+    from fusetune.config import load_config
+    from fusetune.plan import make_plan
+
+    plan = make_plan(load_config(BROADCAST / "conv2d_add_temb_silu.yaml"))
+    major, minor = torch.cuda.get_device_capability()
+    generated = build_and_load(render(plan, only={"direct_main": []}), Cache(tmp_path), f"{major}.{minor}")
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"seed {seed}")
+    torch.manual_seed(seed)
+    reference = generated.Model().cuda().eval()
+    shape = tuple(plan.spec.shapes[0])
+    x = torch.rand(shape, device="cuda")
+    temb = torch.randn(shape[0], 12, device="cuda")[:, :, None, None]
+    with torch.no_grad():
+        exact = reference.double()(x.double(), temb.double())
+        reference.float()
+        eager = reference(x, temb)
+    for layout in ("contiguous", "channels_last"):
+        fused = generated.ModelNew(variant={"producer": {"layout": layout}}).cuda().eval()
+        fused.load_state_dict(reference.state_dict())
+        fused.fill_value = float("nan")
+        with torch.no_grad():
+            got = fused(x, temb)
+        error = ((got.double() - exact).norm() / exact.norm()).item()
+        bound = max(8 * ((eager.double() - exact).norm() / exact.norm()).item(), 1e-5)
+        assert not torch.isnan(got).any() and error <= bound, (layout, error, bound)
+    with pytest.raises(ValueError, match=r"input 'temb' \(per_sample_channel\) has shape"):
+        fused(x, torch.randn(got.shape, device="cuda"))

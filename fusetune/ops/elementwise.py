@@ -55,7 +55,8 @@ PRODUCER_PY = "y"
 PRODUCER_CUDA = "ft_y"
 #: An extra input tensor of the model (``inputs:``, read ``by: NAME``) at the element, in the kernels: read at
 #: the index the kernel stores the element at (``ft_o``, an argument of the chains ft_post and ft_final), the
-#: tensor having the output's shape and memory layout there (fusetune/plan.py places such ops so).
+#: tensor having the output's shape and memory layout there (fusetune/plan.py places such ops so). Where the input
+#: broadcasts (inputs: shape:), the chain derives ft_o from the stored index instead (fusetune/broadcast.py).
 INPUT_CUDA = "__ldg(a.extra + ft_o)"
 
 

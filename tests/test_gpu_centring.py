@@ -34,7 +34,8 @@ MUST_RUN = {"convt2d_centre_spatial_tanh_maxpool": ("cudnn", "cudnn/channels_las
             "centre_chw_gelu": ("cudnn", "cudnn/channels_last", "direct", "gemm", "gemm_store"),
             "centre_batch_scope_relu": ("cudnn", "cudnn/channels_last", "direct", "gemm", "gemm_store"),
             "centre_chw_spatial_mean": ("cudnn", "direct", "gemm"),
-            "conv2d_min_channels_keepdim_scalar_bias_tanh": ("cudnn", "direct")}
+            # 10 channels: no direct world (its channel reductions take 2 to 32 in powers of two)
+            "conv2d_min_channels_keepdim_scalar_bias_tanh": ("cudnn", "cudnn/channels_last", "gemm_wide")}
 #: The later regions each config must have verified.
 LATER = {"centre_spatial_groupnorm": ["centre_spatial_groupnorm_r1"],
          "convt3d_batchnorm_centre_spatial": ["convt3d_batchnorm_centre_spatial_r1"],

@@ -383,12 +383,17 @@ def test_the_fused_chains_run_their_kernels_on_a_gpu(stem: str, tmp_path: Path) 
     with torch.no_grad():
         exact = copy.deepcopy(model).double()(*(x.double() for x in inputs))
         want, got = model(*inputs), opt(*inputs)
+        # Eager's error in the other layout too: verification takes the larger (fusetune.evaluate: cuDNN's
+        # channels-last convolution may be TF32's where the contiguous one is not, and a winner in that layout
+        # may carry it)
+        last = model(*(x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in inputs))
 
     def error(y: torch.Tensor) -> float:
         return ((y.double() - exact).norm() / exact.norm()).item()
-    print(f"\n{stem}: error vs float64: eager {error(want):.2e}, optimized {error(got):.2e}")
+    print(f"\n{stem}: error vs float64: eager {error(want):.2e} (channels last {error(last):.2e}), "
+          f"optimized {error(got):.2e}")
     assert all(c.kernel_calls == 1 for c in chains)
-    assert error(got) <= max(8 * error(want), 1e-5)
+    assert error(got) <= max(8 * error(want), 8 * error(last), 1e-5)
     other = tuple(torch.randn(x.shape[0] + 1, *x.shape[1:], device="cuda") for x in inputs)
     with torch.no_grad():  # a shape not tuned: eager, exactly the model's
         assert torch.equal(opt(*other), model(*other))

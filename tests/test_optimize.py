@@ -486,3 +486,59 @@ def test_cuda_on_either_model_moves_both(moved: str, cache_dir: Path) -> None:
         assert torch.equal(opt(x), model(x))
     ours = [t for name, t in opt.named_buffers() if not name.startswith("_tensor_constant")]  # the trace's own
     assert all(t.is_cuda for t in [*model.parameters(), *model.buffers(), *opt.parameters(), *ours])
+
+
+def test_the_whole_model_check_gives_back_the_ops_of_chains_that_cost_it_time(cache_dir: Path, caplog) -> None:
+    """optimize's check (keep_what_pays) times the optimized model against the user's: where it is slower, a
+    chain whose own ops make the whole model faster gets them back, the others keep their kernels; where the
+    model is still slower, every chain runs its own ops; where it is faster, nothing changes. Timed here by a
+    fake clock that charges each chain's kernels what they cost the model in place."""
+    from fusetune.optimizer import keep_what_pays
+
+    model, inputs = _model("two_chains_matmul")
+    opt = _optimize(model, inputs, cache_dir)
+    first, second = chains = list(fused_chains(opt))
+
+    def timing(effect: dict[str, float], shared: float = 0.0):
+        """The model's time: 10 ms at the first call (the user's model), then 10 ms plus what each chain's
+        kernels cost the model in place (negative: saved), for the chains that run them, plus ``shared`` where
+        any does (a cost no one chain's ops remove)."""
+        calls = []
+
+        def time_ms(fn) -> float:
+            fn()  # the model really runs (on the CPU: every chain's own ops)
+            calls.append(fn)
+            paying = [c for c in chains if c.pays]
+            return 10.0 if len(calls) == 1 else 10.0 + sum(effect[c.name] for c in paying) + (shared if paying else 0)
+        return time_ms, calls
+
+    # the second chain's kernels cost the model 1.5 ms in place, the first's save 1 ms: the second gets its ops back
+    caplog.set_level(logging.INFO, logger="fusetune.optimize")
+    time_ms, calls = timing({first.name: -1.0, second.name: 1.5})
+    assert keep_what_pays(model, opt, inputs, chains, time_ms) == [second.name]
+    assert first.pays and not second.pays and first.kernel_calls == second.kernel_calls == 0
+    assert second._why_eager(inputs[0])[0] == "slower" and first._why_eager(inputs[0])[0] != "slower"
+    assert any(second.name in r.getMessage() and "own ops again" in r.getMessage() for r in caplog.records)
+    # both cost it time: both get their ops back (the model is no slower than the user's)
+    for c in chains:
+        c.pays = True
+    time_ms, calls = timing({first.name: 0.5, second.name: 0.5})
+    assert sorted(keep_what_pays(model, opt, inputs, chains, time_ms)) == sorted([first.name, second.name])
+    assert not first.pays and not second.pays
+    # one costs, one saves: only the one that costs goes
+    for c in chains:
+        c.pays = True
+    time_ms, calls = timing({first.name: 0.6, second.name: -0.1})
+    assert keep_what_pays(model, opt, inputs, chains, time_ms) == [first.name] and second.pays
+    # a cost no one chain's ops remove: still slower after the greedy pass, so every chain runs its own ops
+    for c in chains:
+        c.pays = True
+    time_ms, calls = timing({first.name: -0.1, second.name: -0.1}, shared=0.5)
+    assert sorted(keep_what_pays(model, opt, inputs, chains, time_ms)) == sorted([first.name, second.name])
+    assert not first.pays and not second.pays
+    # faster as it is: two timings, nothing changes
+    for c in chains:
+        c.pays = True
+    time_ms, calls = timing({first.name: -1.0, second.name: -0.5})
+    assert keep_what_pays(model, opt, inputs, chains, time_ms) == [] and first.pays and second.pays
+    assert len(calls) == 2

@@ -177,18 +177,10 @@ def keep_what_pays(model: nn.Module, optimized: nn.Module, inputs: Sequence[Any]
 
 
 def _median_ms(fn: Callable[[], Any]) -> float:
-    """The median of WHOLE_REPS runs of ``fn`` on the GPU (CUDA events), after WHOLE_WARMUP."""
-    for _ in range(WHOLE_WARMUP):
-        fn()
-    times = []
-    for _ in range(WHOLE_REPS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    """The median of WHOLE_REPS runs of ``fn`` on the GPU, as verification times (CUDA events, L2 flushed)."""
+    from fusetune.evaluate import median_ms
+
+    return median_ms(fn, reps=WHOLE_REPS, warmup=WHOLE_WARMUP)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -57,6 +57,21 @@ def import_script(name: str):
     return module
 
 
+def verify_worlds(path: Path, cache, worker) -> tuple[list[dict], list[str]]:
+    """scripts/verify-chains' records for a config (each world its plan offers, each region, against float64) and
+    the lines of those that failed, every record printed; torch.compile's worlds left out (a max-autotune
+    compile each: minutes, and nothing of fusetune's kernels under test). The GPU tests' shared check."""
+    from fusetune.search import Machine
+    from fusetune.worlds import WORLDS
+
+    script = import_script("verify-chains")
+    compiled = tuple(name for name, world in WORLDS.items() if world.compile_mode)
+    records = script.verify_chain(path, cache, Machine.detect(), worker, 180.0, exclude=compiled)
+    for record in records:
+        print(script.format_line(record))
+    return records, [script.format_line(r) for r in records if script.failed(r)]
+
+
 def chain_files(folder: str) -> dict[str, Path]:
     """The chain configs of a folder of test data under tests/ (``compile_chains``, ``gpu_chains``): name -> file,
     in the files' name order. Each file is named after its chain (its ``name:``), so that a test id that names a

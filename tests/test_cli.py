@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from fusetune.cache import Cache
 from fusetune.cli import main
-from fusetune.codegen import plan_space, render
+from fusetune.codegen import plan_space
 from fusetune.worlds import refusals
 from fusetune.config import load_config
 from fusetune.plan import make_plan

@@ -29,9 +29,8 @@ from fusetune.plan import make_plan  # noqa: E402
 from fusetune.runner import GpuBenchmarker  # noqa: E402
 from fusetune.search import Machine, shape_facts  # noqa: E402
 from fusetune.space import candidate_key  # noqa: E402
-from fusetune.worlds import WORLDS  # noqa: E402
 
-from conftest import ROOT, import_script  # noqa: E402
+from conftest import ROOT, verify_worlds  # noqa: E402
 
 CHAINS = ROOT / "tests" / "chains"
 GRID_CHAINS = sorted(p.stem for p in CHAINS.glob("*adaptive*grid*.yaml"))
@@ -49,12 +48,7 @@ VARIANT_SHAPES = {"conv2d_relu6_adaptiveavgpool_grid_flatten": [(2, 8, 19, 26)],
 
 @pytest.mark.parametrize("name", GRID_CHAINS)
 def test_every_world_of_an_adaptive_grid_chain_matches_float64(name, cache, worker):
-    script = import_script("verify-chains")
-    compiled = tuple(world for world, spec in WORLDS.items() if spec.compile_mode)
-    records = script.verify_chain(CHAINS / f"{name}.yaml", cache, Machine.detect(), worker, 180.0, exclude=compiled)
-    for record in records:
-        print(script.format_line(record))
-    failed = [script.format_line(r) for r in records if script.failed(r)]
+    records, failed = verify_worlds(CHAINS / f"{name}.yaml", cache, worker)
     assert records and not failed, "\n".join(failed)
     ok = {r["impl"] for r in records if r["name"] == name and r["status"] in ("ok", "tf32_refused")}
     missing = [impl for impl in MUST_RUN.get(name, ("cudnn", "cudnn/channels_last")) if impl not in ok]

@@ -15,10 +15,8 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-from fusetune.search import Machine  # noqa: E402
-from fusetune.worlds import WORLDS  # noqa: E402
 
-from conftest import ROOT, import_script  # noqa: E402
+from conftest import ROOT, verify_worlds  # noqa: E402
 
 #: The configs: a centring in region 0 over each scope (a plane after a transposed convolution, before a max
 #: pool; a sample; a channel over the batch), one finalize computes a spatial mean after, one a group norm
@@ -42,22 +40,10 @@ LATER = {"centre_spatial_groupnorm": ["centre_spatial_groupnorm_r1"],
          "centre_last_dims_tanh": ["views_centre_last_dims_tanh_r1"]}
 
 
-def _verify(path, cache, worker):
-    """scripts/verify-chains' records for the config, but torch.compile's worlds (a max-autotune compile each:
-    minutes, and nothing of the kernels under test)."""
-    script = import_script("verify-chains")
-    compiled = tuple(name for name, world in WORLDS.items() if world.compile_mode)
-    records = script.verify_chain(path, cache, Machine.detect(), worker, 180.0, exclude=compiled)
-    for record in records:
-        print(script.format_line(record))
-    failed = [script.format_line(r) for r in records if script.failed(r)]
-    return records, failed
-
-
 @pytest.mark.parametrize("config", CONFIGS)
 def test_every_world_matches_float64(config, cache, worker):
     path = ROOT / "tests" / f"{config}.yaml"
-    records, failed = _verify(path, cache, worker)
+    records, failed = verify_worlds(path, cache, worker)
     assert records and not failed, "\n".join(failed)
     regions = {r["name"] for r in records}
     assert set(LATER.get(path.stem, [])) <= regions, sorted(regions)

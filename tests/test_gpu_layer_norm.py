@@ -17,10 +17,8 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-from fusetune.search import Machine  # noqa: E402
-from fusetune.worlds import WORLDS  # noqa: E402
 
-from conftest import ROOT, import_script  # noqa: E402
+from conftest import ROOT, verify_worlds  # noqa: E402
 
 CHAINS = ROOT / "tests" / "chains"
 #: The layer norm chains: over (C, H, W) with its affine, over the spatial dims (3-D, and 1-D after a transposed
@@ -45,21 +43,9 @@ MUST_RUN = {"conv2d_layernorm_chw_gelu": ("cudnn", "cudnn/channels_last", "direc
             "conv3d_layernorm_hw_gelu_r1": ("cudnn",)}
 
 
-def _verify(path, cache, worker):
-    """scripts/verify-chains' records for the chain, but torch.compile's worlds (a max-autotune compile each:
-    minutes, and nothing of the kernels under test)."""
-    script = import_script("verify-chains")
-    compiled = tuple(name for name, world in WORLDS.items() if world.compile_mode)
-    records = script.verify_chain(path, cache, Machine.detect(), worker, 180.0, exclude=compiled)
-    for record in records:
-        print(script.format_line(record))
-    failed = [script.format_line(r) for r in records if script.failed(r)]
-    return records, failed
-
-
 @pytest.mark.parametrize("name", LAYER_NORM_CHAINS)
 def test_every_world_of_a_layer_norm_chain_matches_float64(name, cache, worker):
-    records, failed = _verify(CHAINS / f"{name}.yaml", cache, worker)
+    records, failed = verify_worlds(CHAINS / f"{name}.yaml", cache, worker)
     assert records and not failed, "\n".join(failed)
     for region in {r["name"] for r in records}:
         ok = {r["impl"] for r in records if r["name"] == region and r["status"] in ("ok", "tf32_refused")}
@@ -75,7 +61,7 @@ def test_the_per_element_affine_at_float16(name, cache, worker, tmp_path):
     raw["dtype"] = "float16"
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    records, failed = _verify(path, cache, worker)
+    records, failed = verify_worlds(path, cache, worker)
     assert records and not failed, "\n".join(failed)
     ran = {r["impl"] for r in records if r["status"] in ("ok", "tf32_refused")}
     assert {"cudnn", "cudnn/channels_last", "direct"} <= ran and ("gemm" in ran or "gemm" not in MUST_RUN[name])

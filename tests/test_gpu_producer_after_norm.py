@@ -16,10 +16,8 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-from fusetune.search import Machine  # noqa: E402
-from fusetune.worlds import WORLDS  # noqa: E402
 
-from conftest import import_script  # noqa: E402
+from conftest import verify_worlds  # noqa: E402
 from test_producer_after_norm import CHAINS  # noqa: E402
 
 #: Worlds that need more than a CUDA GPU of compute capability 8.0 (gemm_cluster: thread-block clusters, sm_90):
@@ -30,12 +28,7 @@ NEEDS_SM90 = ("gemm_cluster",)
 @pytest.mark.parametrize("folder, stem, worlds", CHAINS, ids=[c[1] for c in CHAINS])
 def test_every_world_of_a_chain_reading_the_output_after_its_norm_matches_float64(folder, stem, worlds, cache,
                                                                                   worker):
-    script = import_script("verify-chains")
-    compiled = tuple(name for name, world in WORLDS.items() if world.compile_mode)
-    records = script.verify_chain(folder / f"{stem}.yaml", cache, Machine.detect(), worker, 180.0, exclude=compiled)
-    for record in records:
-        print(script.format_line(record))
-    failed = [script.format_line(r) for r in records if script.failed(r)]
+    records, failed = verify_worlds(folder / f"{stem}.yaml", cache, worker)
     assert records and not failed, "\n".join(failed)
     assert {r["name"] for r in records} == {stem}  # one region: the kernels take the whole chain
     ran = {r["impl"] for r in records if r["status"] in ("ok", "tf32_refused")}

@@ -21,9 +21,8 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 from fusetune.search import Machine  # noqa: E402
-from fusetune.worlds import WORLDS  # noqa: E402
 
-from conftest import import_script  # noqa: E402
+from conftest import import_script, verify_worlds  # noqa: E402
 from test_second_input import CHAINS, MORE, WIDE_MAIN_READERS  # noqa: E402
 
 #: Worlds that need more than a CUDA GPU of compute capability 8.0 (gemm_cluster: thread-block clusters, sm_90):
@@ -33,12 +32,7 @@ NEEDS_SM90 = ("gemm_cluster",)
 
 @pytest.mark.parametrize("folder, stem, extra, worlds", CHAINS, ids=[c[1] for c in CHAINS])
 def test_every_world_of_a_chain_reading_a_second_input_matches_float64(folder, stem, extra, worlds, cache, worker):
-    script = import_script("verify-chains")
-    compiled = tuple(name for name, world in WORLDS.items() if world.compile_mode)
-    records = script.verify_chain(folder / f"{stem}.yaml", cache, Machine.detect(), worker, 180.0, exclude=compiled)
-    for record in records:
-        print(script.format_line(record))
-    failed = [script.format_line(r) for r in records if script.failed(r)]
+    records, failed = verify_worlds(folder / f"{stem}.yaml", cache, worker)
     assert records and not failed, "\n".join(failed)
     ran = {r["impl"] for r in records if r["name"] == stem and r["status"] in ("ok", "tf32_refused")}
     must = {"cudnn", "cudnn/channels_last", *worlds}
@@ -157,12 +151,7 @@ def test_every_world_of_a_chain_reading_a_broadcast_input_matches_float64(stem, 
     """Each chain of tests/broadcast_input/ in every world its plan offers (cuDNN's in both layouts: the input is read
     at (n, c) whatever the output's layout), verified against float64 as verify-chains does (fresh random inputs, the
     broadcast one drawn at its own shape, NaN-filled outputs, shapes no tile divides)."""
-    script = import_script("verify-chains")
-    compiled = tuple(name for name, world in WORLDS.items() if world.compile_mode)
-    records = script.verify_chain(BROADCAST / f"{stem}.yaml", cache, Machine.detect(), worker, 180.0, exclude=compiled)
-    for record in records:
-        print(script.format_line(record))
-    failed = [script.format_line(r) for r in records if script.failed(r)]
+    records, failed = verify_worlds(BROADCAST / f"{stem}.yaml", cache, worker)
     assert records and not failed, "\n".join(failed)
     ran = {r["impl"] for r in records if r["name"] == stem and r["status"] in ("ok", "tf32_refused")}
     must = {"cudnn", "cudnn/channels_last", *worlds}

@@ -323,15 +323,9 @@ GPU_BUDGET_S = float(os.environ.get("FUSETUNE_TEST_BUDGET_S", "300"))
 
 
 def _median_ms(fn, reps: int = 20) -> float:
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    from fusetune.evaluate import median_ms
+
+    return median_ms(fn, reps=reps, warmup=0)
 
 
 class _NoEager:

@@ -8,7 +8,6 @@ import pytest
 import yaml
 
 from fusetune.config import load_config, parse_config
-from fusetune.errors import PlanError
 from fusetune.plan import make_plan
 from fusetune.tiles import gemm_refusal
 from fusetune.worlds import WORLDS, conv_passes, refusals

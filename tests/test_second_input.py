@@ -429,3 +429,22 @@ def test_the_optimized_model_calls_the_fused_block_with_its_shortcut(stem, block
     fresh = tuple(torch.randn_like(x) for x in inputs)
     with torch.no_grad():
         assert torch.equal(opt(*fresh), model(*fresh))
+
+
+def test_a_chain_without_inputs_keys_its_winners_whatever_its_list_of_shapes(tmp_path):
+    """The module's sources (part of every cache key) must not depend on the config's list of shapes, or a
+    config naming fewer of them (a deploy's) misses the winners of the same problem at the same shape (the
+    inputs' table of shapes once put that list into every model.py)."""
+    import yaml
+
+    from fusetune.codegen import render
+    from fusetune.config import load_config
+    from fusetune.plan import make_plan
+
+    from conftest import ROOT
+
+    raw = yaml.safe_load((ROOT / "tests" / "fleet" / "convt3d_small_shapes.yaml").read_text())
+    one = tmp_path / "one.yaml"
+    one.write_text(yaml.safe_dump({**raw, "shapes": raw["shapes"][:1]}, sort_keys=False))
+    every = render(make_plan(load_config(ROOT / "tests" / "fleet" / "convt3d_small_shapes.yaml")))
+    assert len(raw["shapes"]) > 1 and render(make_plan(load_config(one))).source_hash == every.source_hash

@@ -30,9 +30,10 @@ from test_second_input import CHAINS, MORE, WIDE_MAIN_READERS  # noqa: E402
 NEEDS_SM90 = ("gemm_cluster",)
 
 
-@pytest.mark.parametrize("folder, stem, extra, worlds", CHAINS, ids=[c[1] for c in CHAINS])
-def test_every_world_of_a_chain_reading_a_second_input_matches_float64(folder, stem, extra, worlds, cache, worker):
-    records, failed = verify_worlds(folder / f"{stem}.yaml", cache, worker)
+def _verified_in_every_world(path, stem: str, worlds, cache, worker) -> list[dict]:
+    """verify-chains' records for the config, none failed, and the chain's first region run (ok, or TF32-refused)
+    in cuDNN's world in both layouts and in each of ``worlds`` (gemm_cluster only from sm_90)."""
+    records, failed = verify_worlds(path, cache, worker)
     assert records and not failed, "\n".join(failed)
     ran = {r["impl"] for r in records if r["name"] == stem and r["status"] in ("ok", "tf32_refused")}
     must = {"cudnn", "cudnn/channels_last", *worlds}
@@ -40,6 +41,12 @@ def test_every_world_of_a_chain_reading_a_second_input_matches_float64(folder, s
         must -= set(NEEDS_SM90)
     missing = sorted(must - ran)
     assert not missing, (missing, sorted(ran))
+    return records
+
+
+@pytest.mark.parametrize("folder, stem, extra, worlds", CHAINS, ids=[c[1] for c in CHAINS])
+def test_every_world_of_a_chain_reading_a_second_input_matches_float64(folder, stem, extra, worlds, cache, worker):
+    records = _verified_in_every_world(folder / f"{stem}.yaml", stem, worlds, cache, worker)
     if extra is None:  # the later region that reads the input was verified too
         assert any(r["name"] == f"{stem}_r1" and r["status"] == "ok" for r in records), records
 
@@ -151,14 +158,7 @@ def test_every_world_of_a_chain_reading_a_broadcast_input_matches_float64(stem, 
     """Each chain of tests/broadcast_input/ in every world its plan offers (cuDNN's in both layouts: the input is read
     at (n, c) whatever the output's layout), verified against float64 as verify-chains does (fresh random inputs, the
     broadcast one drawn at its own shape, NaN-filled outputs, shapes no tile divides)."""
-    records, failed = verify_worlds(BROADCAST / f"{stem}.yaml", cache, worker)
-    assert records and not failed, "\n".join(failed)
-    ran = {r["impl"] for r in records if r["name"] == stem and r["status"] in ("ok", "tf32_refused")}
-    must = {"cudnn", "cudnn/channels_last", *worlds}
-    if torch.cuda.get_device_capability() < (9, 0):
-        must -= set(NEEDS_SM90)
-    missing = sorted(must - ran)
-    assert not missing, (missing, sorted(ran))
+    _verified_in_every_world(BROADCAST / f"{stem}.yaml", stem, worlds, cache, worker)
 
 
 def test_model_new_reads_temb_per_sample_and_channel_in_either_layout_against_float64(tmp_path):

@@ -273,3 +273,22 @@ def test_a_shape_beyond_a_kernels_shared_memory_is_refused_by_name(cache, caplog
     assert fused._refusals[tuple(x.shape)]["impl"] == "cudnn"
     said = [r.getMessage() for r in caplog.records if r.name == f"fusetune.generated.{generated.MODULE_NAME}"]
     assert len(said) == 1 and "more shared memory" in said[0] and "the cudnn world" in said[0], said
+
+
+@pytest.mark.parametrize("impl", ["cudnn", "gemm"])
+def test_the_output_has_the_inputs_memory_layout_whatever_the_variant_runs_in(impl, cache):
+    """eager PyTorch's output follows its input's layout; so does ModelNew's, whether the variant convolves in
+    channels last or not: a contiguous input gives a contiguous output (a .view() after it works, the next
+    layer reads what it expects), a channels-last input a channels-last output, the values the same."""
+    from fusetune.build import build_and_load
+
+    spec = load_config(ROOT / "configs" / "conv2d_groupnorm_scale_maxpool_clamp.yaml")
+    generated = build_and_load(render(make_plan(spec)), cache, Machine.detect().capability)
+    variant = {"producer": {"impl": impl, "layout": "channels_last" if impl == "cudnn" else "contiguous"}}
+    model = generated.ModelNew(variant=variant).cuda().eval()
+    x = torch.randn(3, spec.shapes[0][1], 37, 29, device="cuda")
+    with torch.no_grad():
+        flat, last = model(x), model(x.contiguous(memory_format=torch.channels_last))
+    assert flat.is_contiguous() and flat.view(-1).numel() == flat.numel()
+    assert last.is_contiguous(memory_format=torch.channels_last) and not last.is_contiguous()
+    assert torch.allclose(flat, last, rtol=1e-4, atol=1e-4)

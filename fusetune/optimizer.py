@@ -54,7 +54,7 @@ DEFAULT_BUDGET_S = 900.0
 
 def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT_BUDGET_S,
              cache_dir: str | Path | None = None, trials: int | None = None,
-             benchmarker: Callable | None = None, machine: Any = None) -> nn.Module:
+             benchmarker: Callable | None = None, machine: Any = None, cuda_graphs: bool = True) -> nn.Module:
     """A copy of ``model`` with every convolution chain tuned and fused (see the module's docstring).
 
     ``example_inputs``: a tensor or a sequence of the forward's arguments; each chain is tuned at the
@@ -73,7 +73,10 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
     model on the example inputs (``keep_what_pays``): a chain whose own ops make the whole model faster gets
     them back, and a model still slower than the user's runs every chain's own ops. Without a
     CUDA device (and no benchmarker), the copy keeps every chain on its eager path, and the log says
-    why once. A model that neither torch.fx nor torch.export traces (control flow on tensor values) is
+    why once. ``cuda_graphs``: replay the forward as a CUDA graph per input signature where it runs on the
+    GPU without autograd in eval mode (fusetune/graphs.py: a model of many small chains otherwise spends
+    longer issuing its forward than the GPU running it); the outputs are the caller's own, cloned out of the
+    graph's memory. A model that neither torch.fx nor torch.export traces (control flow on tensor values) is
     returned as it is, the very object, with one warning saying why.
     """
     from fusetune.cache import Cache
@@ -125,6 +128,10 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
         fused.append(chain)
     optimized = _finish(model, root, gm, fused)
     on_gpu = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)  # else the kernels never run
+    if cuda_graphs and fused and torch.cuda.is_available():
+        from fusetune.graphs import GraphedForward
+
+        optimized._graphs = GraphedForward()
     if build_now and fused and on_gpu and not model.training:
         try:
             keep_what_pays(model, optimized, inputs, fused)
@@ -259,6 +266,9 @@ class SharedGraphModule(torch.fx.GraphModule):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         _pull(self.__dict__.get("_shared", ()))
+        graphs = self.__dict__.get("_graphs")
+        if graphs is not None:  # optimize's cuda_graphs: fusetune/graphs.py
+            return graphs(self, super().__call__, args, kwargs)
         return super().__call__(*args, **kwargs)
 
     def _apply(self, *args: Any, **kwargs: Any) -> Any:

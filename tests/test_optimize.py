@@ -538,3 +538,67 @@ def test_the_whole_model_check_gives_back_the_ops_of_chains_that_cost_it_time(ca
     time_ms, calls = timing({first.name: -1.0, second.name: -0.5})
     assert keep_what_pays(model, opt, inputs, chains, time_ms) == [] and first.pays and second.pays
     assert len(calls) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_forward_replayed_from_a_cuda_graph_is_the_plain_forwards(tmp_path: Path) -> None:
+    """optimize's CUDA graphs (fusetune/graphs.py): the first call at a signature runs plainly, the second
+    captures, later ones replay; each output equals the plain forward's on that call's own input (the input is
+    copied in), is the caller's to keep (not overwritten by the next call), follows an in-place change of a
+    weight, and each call counts once for every chain."""
+    from fusetune.runner import GpuBenchmarker
+    from fusetune.worker import Worker
+
+    model, inputs = _model("resnet_blocks")
+    model = model.cuda().eval()
+    x = inputs[0].cuda()
+    machine = Machine.detect()
+    with Worker() as worker:
+        def factory(plan, shape):
+            return _NoEager(GpuBenchmarker(plan, shape, Cache(tmp_path), machine, worker, echo=print))
+        opt = optimize(model, (x,), budget_s=240, trials=4, cache_dir=tmp_path, benchmarker=factory, machine=machine)
+    chains = list(fused_chains(opt))
+    assert chains and opt._graphs is not None
+    plain = copy.copy(opt)  # the same modules and tensors, without graphs
+    plain.__dict__["_graphs"] = None
+    outs = []
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> bool:  # the same kernels; a split sum's atomics may reorder
+        return torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        for call in range(4):
+            y = torch.randn_like(x)
+            got = opt(y)
+            assert same(got, plain(y)), f"call {call}"
+            outs.append((got, got.clone()))
+            if call == 0:
+                per_call = [c.kernel_calls // 2 for c in chains]  # opt's call and plain's
+        assert opt._graphs.replays == 2 and min(per_call) >= 1
+        assert [c.kernel_calls for c in chains] == [8 * n for n in per_call]  # opt's four and plain's four
+        assert all(torch.equal(kept, copied) for kept, copied in outs)
+        first = next(m for m in opt.modules() if isinstance(m, torch.nn.Conv2d))
+        first.weight.mul_(1.5)
+        y = torch.randn_like(x)
+        assert same(opt(y), plain(y))
+    assert opt._graphs.replays == 3
+
+
+def test_cuda_graphs_are_made_of_cuda_calls_alone_and_never_copied() -> None:
+    """A call on CPU tensors (or under autograd) runs plainly and leaves nothing behind; a deep copy or a
+    pickle of the replayer holds no graph (a graph belongs to the memory it was captured in)."""
+    import pickle
+
+    from fusetune.graphs import GraphedForward
+
+    graphs, model, calls = GraphedForward(), torch.nn.Conv2d(3, 3, 1).eval(), []
+
+    def run(x):
+        calls.append(x)
+        return model(x)
+    with torch.no_grad():
+        graphs(model, run, (torch.randn(1, 3, 4, 4),), {})
+    graphs(model, run, (torch.randn(1, 3, 4, 4),), {})
+    assert len(calls) == 2 and not graphs.graphs and not graphs.seen
+    graphs.seen.add("a signature")
+    assert not copy.deepcopy(graphs).seen and not pickle.loads(pickle.dumps(graphs)).seen

@@ -8,7 +8,8 @@ submodules, parameters and buffers (the same tensor objects: nothing is copied, 
 state, not the model's other methods (it is not an instance of the model's class).
 
 A ``FusedChain`` runs its tuned kernels only where they compute what the model would: eval mode,
-inference (no autograd), a CUDA float32 input of a tuned shape. Everything else runs the chain's
+inference (no autograd), a CUDA input of a tuned shape and of the dtype the chain was traced in (float32,
+float16 or bfloat16: a model in half precision is tuned in it). Everything else runs the chain's
 reference path, the user's own ops from the traced graph, exactly as the model would run them:
 
 * training mode: the reference path, so batch norm updates its running statistics (eval-mode
@@ -44,6 +45,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 import torch
 import torch.nn as nn
 
+from fusetune.dtypes import DEFAULT_DTYPE
 from fusetune.errors import FusetuneError
 
 log = logging.getLogger("fusetune.optimize")
@@ -66,7 +68,8 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
     (a ``fusetune.search.Machine``) names the machine the results are cached for.
 
     The kernels run in eval mode, without autograd (``torch.no_grad()``, ``torch.inference_mode()``),
-    on CUDA float32 inputs of a tuned shape; otherwise each chain runs its own eager ops (training
+    on CUDA inputs of a tuned shape, in the dtype each chain was traced in (float32, float16 or bfloat16: the
+    configs take it, so a half model's chains are tuned and verified in half); otherwise each chain runs its own eager ops (training
     mode updates batch norm's running statistics; backward works), said once in the log. A chain left
     without tuned kernels (out of budget, or eager won its search) is not replaced at all: it keeps the
     model's own ops, so it costs nothing per call. On a GPU the optimized model is then timed against the
@@ -98,9 +101,9 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
             log.warning("fusetune.optimize: %s; every chain of %s runs eagerly", exc, type(model).__name__)
             return _finish(model, root, gm, [])
     dtypes = {x.dtype for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point()}
-    if dtypes - {torch.float32}:
-        log.warning("fusetune.optimize: the chains are tuned in float32, the inputs are %s; every chain runs "
-                    "eagerly", ", ".join(sorted(map(str, dtypes))))
+    if dtypes - set(TRACED_DTYPES):
+        log.warning("fusetune.optimize: the chains are tuned in %s, the inputs are %s; every chain runs eagerly",
+                    ", ".join(TRACED_DTYPES.values()), ", ".join(sorted(map(str, dtypes))))
         return _finish(model, root, gm, [])
     cache = Cache(cache_dir)
     winners = _tune(found, cache, machine, budget_s, trials, benchmarker)
@@ -349,7 +352,10 @@ def _configs(gm: torch.fx.GraphModule, model_name: str) -> list[Found]:
             fitted = fit_chain(chain, name, Path(where))
             if not isinstance(fitted, str):
                 steps, raw, weights = fitted
-                if raw.get("dtype", "float32") == "float32":  # as the user's own convolutions multiply
+                dtype = _traced_dtype(gm, chain)
+                if dtype != DEFAULT_DTYPE:  # the chain computes in it, as traced: so do its kernels
+                    raw = {**raw, "dtype": dtype}
+                elif raw.get("dtype", DEFAULT_DTYPE) == DEFAULT_DTYPE:  # as the user's own convolutions multiply
                     raw = {**raw, "precision": precision}
                 found.append(Found(chain, parse_config(raw, where), weights, inputs=chain_inputs(chain, steps)))
                 continue
@@ -357,6 +363,18 @@ def _configs(gm: torch.fx.GraphModule, model_name: str) -> list[Found]:
             fitted = f"{type(exc).__name__}: {exc}"
         log.info("fusetune.optimize: no chain at %s: %s", chain.producer_node, fitted)
     return found
+
+
+#: The dtypes a chain may be traced in, as torch and the configs spell them (fusetune.dtypes.DTYPES).
+TRACED_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def _traced_dtype(gm: torch.fx.GraphModule, chain: Any) -> str:
+    """The config dtype of a chain: its convolution's output as traced (float32 where the trace says nothing,
+    or a dtype the kernels do not take, which the config then refuses as any other)."""
+    node = next((n for n in gm.graph.nodes if n.name == chain.producer_node), None)
+    meta = node.meta.get("tensor_meta", node.meta.get("val")) if node is not None else None
+    return TRACED_DTYPES.get(getattr(meta, "dtype", None), DEFAULT_DTYPE)
 
 
 def conv_precision() -> str:
@@ -716,6 +734,11 @@ class FusedChain(nn.Module):
     def shapes(self) -> frozenset[tuple[int, ...]]:
         return self.state.shapes
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype its kernels take: its config's."""
+        return getattr(torch, self.state.spec.dtype)
+
     # -- construction ---------------------------------------------------------------------------
 
     @classmethod
@@ -823,16 +846,17 @@ class FusedChain(nn.Module):
                                                f"{sorted(map(list, self.shapes))}): eager")
         if not x.is_cuda:
             return ("device", f"input on {x.device}: the kernels run on CUDA; eager")
-        if x.dtype != torch.float32:
-            return ("dtype", f"input of {x.dtype}: the kernels were tuned for float32; eager")
+        dtype = self.dtype
+        if x.dtype != dtype:
+            return ("dtype", f"input of {x.dtype}: the kernels were tuned for {dtype}; eager")
         for t in inputs:
             if not isinstance(t, torch.Tensor):
                 return ("type", f"an extra input of type {type(t).__name__}: eager")
             if torch.is_grad_enabled() and t.requires_grad:
                 return ("autograd", "autograd is recording (an extra input requires grad): eager, so backward "
                                     "works; run under torch.no_grad() or torch.inference_mode() for the kernels")
-            if not t.is_cuda or t.dtype != torch.float32:
-                return ("device", f"an extra input of {t.dtype} on {t.device}: the kernels take float32 on CUDA; "
+            if not t.is_cuda or t.dtype != dtype:
+                return ("device", f"an extra input of {t.dtype} on {t.device}: the kernels take {dtype} on CUDA; "
                                   "eager")
         failed = self.load()
         if failed:

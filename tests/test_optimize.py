@@ -602,3 +602,50 @@ def test_cuda_graphs_are_made_of_cuda_calls_alone_and_never_copied() -> None:
     assert len(calls) == 2 and not graphs.graphs and not graphs.seen
     graphs.seen.add("a signature")
     assert not copy.deepcopy(graphs).seen and not pickle.loads(pickle.dumps(graphs)).seen
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_half_precision_models_chains_are_tuned_in_its_dtype(dtype: str, cache_dir: Path) -> None:
+    """A model in float16 or bfloat16 is traced in it, so its chains' configs name it (their kernels, their
+    verification and their cache keys are that dtype's), and a chain's kernels take inputs of it alone."""
+    model, inputs = _model("resnet_blocks")
+    model = model.to(getattr(torch, dtype)).eval()
+    inputs = tuple(x.to(getattr(torch, dtype)) for x in inputs)
+    opt = _optimize(model, inputs, cache_dir)
+    chains = list(fused_chains(opt))
+    assert chains and all(c.state.spec.dtype == dtype and c.state.spec.precision is None for c in chains)
+    assert all(c.dtype == getattr(torch, dtype) and c.kernel_model is not None for c in chains)
+    with torch.no_grad():
+        assert torch.equal(opt(*inputs), model(*inputs))  # on the CPU: each chain's own ops, exactly
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_half_precision_model_runs_its_kernels_on_a_gpu(dtype: str, tmp_path: Path) -> None:
+    """resnet's blocks in float16 and bfloat16: each chain searched and verified in the dtype, run on its
+    kernels, the model within 8x eager's own error at that dtype against float64; a float32 input takes its own ops."""
+    from fusetune.runner import GpuBenchmarker
+    from fusetune.worker import Worker
+
+    model, inputs = _model("resnet_blocks")
+    model = model.cuda().to(getattr(torch, dtype)).eval()
+    x = inputs[0].cuda().to(getattr(torch, dtype))
+    machine = Machine.detect()
+    with Worker() as worker:
+        def factory(plan, shape):
+            return _NoEager(GpuBenchmarker(plan, shape, Cache(tmp_path), machine, worker, echo=print))
+        opt = optimize(model, (x,), budget_s=240, trials=4, cache_dir=tmp_path, benchmarker=factory, machine=machine,
+                       cuda_graphs=False)
+    chains = list(fused_chains(opt))
+    assert chains and all(c.kernel_model is not None and c.state.spec.dtype == dtype for c in chains)
+    with torch.no_grad():
+        exact = copy.deepcopy(model).double()(x.double())
+        want, got = model(x), opt(x)
+        assert all(c.kernel_calls == 1 for c in chains)
+        assert chains[0]._why_eager(x.float())[0] == "dtype"  # another dtype: the chain's own ops
+
+    def error(y: torch.Tensor) -> float:
+        return ((y.double() - exact).norm() / exact.norm()).item()
+    print(f"\nresnet_blocks {dtype}: error vs float64: eager {error(want):.2e}, optimized {error(got):.2e}")
+    assert got.dtype == want.dtype and error(got) <= 8 * error(want)

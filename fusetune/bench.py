@@ -207,7 +207,7 @@ def _run_bench(spec: ProblemSpec, shape: Shape, plan: Plan, generated: Any, entr
     fused.load_state_dict(reference.state_dict())
     later = attach_later(fused, plan, cache, machine.gpu, machine.capability)  # the later regions' tuned kernels
     x = torch.rand(shape, device="cuda", dtype=generated.DTYPE)  # every column at the config's dtype
-    inputs = draw_extra_inputs(generated, shape)  # the forward's arguments after x (config inputs:), if any
+    inputs = draw_extra_inputs(generated, plan.spec.input_shapes(shape))  # the forward's arguments after x, if any
     kernel_extra = dict(zip(getattr(generated, "INPUTS", []), inputs)).get(getattr(generated, "KERNEL_INPUT", None))
     with torch.no_grad():
         ref64 = copy.deepcopy(reference).double()(x.double(), *(t.double() for t in inputs))

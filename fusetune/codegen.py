@@ -286,11 +286,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         reads_producer=any(op.uses_producer() for op in plan.spec.epilogue),
         tail_reads_producer=any(step.op.uses_producer() for step in plan.tail), worlds=launches(plan),
         default_world=DEFAULT, input_params="".join(f", {name}: torch.Tensor" for name in plan.spec.inputs),
-        input_args="".join(f", {name}" for name in plan.spec.inputs),
-        # (none without inputs: the module's sources, and so the cache keys, must not depend on the config's list of
-        # shapes, or a config with fewer shapes, a deploy's, would miss the winners of the same problem)
-        input_shapes={tuple(shape): plan.spec.input_shapes(shape) for shape in plan.spec.shapes} if plan.spec.inputs
-        else {}, **context)
+        input_args="".join(f", {name}" for name in plan.spec.inputs), **context)
     files = {**sources, "binding.cpp": binding, "model.py": model}
     full = hashlib.sha256("".join(files[k] for k in sorted(files)).encode()).hexdigest()[:16]
     return RenderedModule(name=name, files=files, source_hash=full)

@@ -21,7 +21,7 @@ import os
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 #: Raised whenever verification gets stricter: part of the cache key (search.key_fields), so winners
 #: verified the weaker way are searched again rather than trusted. 2: norm layers moved off their
@@ -133,13 +133,13 @@ def _allclose_refusal(out, eager, tolerance: dict) -> str | None:
             f"worst {got.flatten()[worst].item():.6g} against {want.flatten()[worst].item():.6g}")
 
 
-def draw_extra_inputs(generated: Any, shape: tuple[int, ...], generator: Any = None) -> list:
+def draw_extra_inputs(generated: Any, shapes: Sequence[Sequence[int]], generator: Any = None) -> list:
     """Fresh random values (standard normal: both signs, never all zeros) for each extra input of a generated
-    module (its INPUTS, the forward arguments after x) at input shape ``shape``, at the module's dtype on the
-    GPU; none for a module without them (or rendered before they existed)."""
+    module (its INPUTS, the forward arguments after x), of ``shapes`` (the config's ``input_shapes`` at the
+    input shape: the job carries them, so the module's sources, part of every cache key, never hold the
+    config's list of shapes), at the module's dtype on the GPU."""
     import torch
 
-    shapes = getattr(generated, "INPUT_SHAPES", {}).get(tuple(shape), [])
     dtype = getattr(generated, "DTYPE", torch.float32)
     return [torch.randn(tuple(s), device="cuda", generator=generator, dtype=dtype) for s in shapes]
 
@@ -156,7 +156,8 @@ class Session:
     """One generated module at one input shape: the reference, fresh inputs, the eager error."""
 
     def __init__(self, module_dir: str, build_dir: str, shape: tuple[int, ...], seed: int,
-                 arch: str | None = None, problem: str | None = None) -> None:
+                 arch: str | None = None, problem: str | None = None,
+                 input_shapes: Sequence[Sequence[int]] = ()) -> None:
         import torch
 
         from fusetune.build import load_generated, load_kernels
@@ -173,6 +174,7 @@ class Session:
         _perturb_norms(self.reference)
         self.initial_state = copy.deepcopy(self.reference.state_dict())
         self.shape = shape
+        self.input_shapes = [tuple(s) for s in input_shapes]  # the extra inputs' (config inputs:), if any
         self.draw_inputs()
 
     def rebound(self, module_dir: str, build_dir: str, arch: str | None) -> "Session":
@@ -197,7 +199,7 @@ class Session:
         torch = self.torch
         generator = torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))
         self.x = torch.rand(self.shape, device="cuda", generator=generator, dtype=self.dtype)
-        self.inputs = draw_extra_inputs(self.generated, self.shape, generator)  # forward arguments after x
+        self.inputs = draw_extra_inputs(self.generated, self.input_shapes, generator)  # forward arguments after x
         with torch.no_grad():
             ref64 = self._fresh_reference().double()
             self.stats_before = [b.double().clone() for b in _stat_buffers(ref64)]
@@ -294,7 +296,7 @@ def _session(job: dict[str, Any]) -> Session:
         else:
             del current
             _sessions[key] = Session(job["module_dir"], job["build_dir"], tuple(job["shape"]), job.get("seed", 0),
-                                     job.get("arch"), problem)
+                                     job.get("arch"), problem, job.get("input_shapes", ()))
     return _sessions[key]
 
 

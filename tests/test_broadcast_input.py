@@ -141,7 +141,7 @@ def test_the_reference_broadcasts_the_input_and_model_new_checks_its_shape(stem,
     generated = import_file(render(plan).write(tmp_path / "module") / "model.py")
     shape = tuple(plan.spec.shapes[0])
     assert generated.KERNEL_INPUT == extra and generated.KERNEL_INPUT_KIND == kind
-    (wanted,) = generated.INPUT_SHAPES[shape]
+    (wanted,) = plan.spec.input_shapes(shape)
     assert wanted == broadcast.KINDS[kind].shape(tuple(plan.spec.shapes_through(shape)[-1]))[:len(wanted)]
     torch.manual_seed(0)
     model = generated.Model().double()

@@ -276,7 +276,7 @@ def test_a_chain_without_an_input_keeps_its_chains_as_they_were():
 @pytest.mark.parametrize("folder, stem, extra, worlds", CHAINS, ids=IDS)
 def test_the_generated_models_take_the_input_after_x(folder, stem, extra, worlds, tmp_path):
     """Model and ModelNew take the input as a forward argument; the reference in float64 is the chain written out
-    in PyTorch; INPUT_SHAPES gives verification each input's shape at the config's shapes."""
+    in PyTorch; the module holds no table of the inputs' shapes (the evaluation's job carries them)."""
     import inspect
 
     import torch
@@ -288,11 +288,11 @@ def test_the_generated_models_take_the_input_after_x(folder, stem, extra, worlds
         assert list(inspect.signature(cls.forward).parameters) == ["self", "x", name]
     assert generated.INPUTS == [name] and generated.KERNEL_INPUT == extra
     shape = plan.spec.shapes[0]
-    assert generated.INPUT_SHAPES == {tuple(s): plan.spec.input_shapes(s) for s in plan.spec.shapes}
+    assert not hasattr(generated, "INPUT_SHAPES")
     torch.manual_seed(0)
     model = generated.Model().double()
     x = torch.rand(shape, dtype=torch.float64)
-    other = torch.randn(generated.INPUT_SHAPES[tuple(shape)][0], dtype=torch.float64)
+    other = torch.randn(plan.spec.input_shapes(tuple(shape))[0], dtype=torch.float64)
     with torch.no_grad():
         want = model(x, other)
         v = model.producer(x)
@@ -431,10 +431,12 @@ def test_the_optimized_model_calls_the_fused_block_with_its_shortcut(stem, block
         assert torch.equal(opt(*fresh), model(*fresh))
 
 
-def test_a_chain_without_inputs_keys_its_winners_whatever_its_list_of_shapes(tmp_path):
+@pytest.mark.parametrize("config", ["tests/fleet/convt3d_small_shapes.yaml",
+                                    "tests/chains/conv2d_nobias_batchnorm_eval_add_input_relu.yaml"])
+def test_a_chain_keys_its_winners_whatever_its_list_of_shapes(config, tmp_path):
     """The module's sources (part of every cache key) must not depend on the config's list of shapes, or a
-    config naming fewer of them (a deploy's) misses the winners of the same problem at the same shape (the
-    inputs' table of shapes once put that list into every model.py)."""
+    config naming fewer of them (a deploy's) misses the winners of the same problem at the same shape: a
+    chain reading an input too (its inputs' shapes travel in the evaluation's job, not in model.py)."""
     import yaml
 
     from fusetune.codegen import render
@@ -443,8 +445,8 @@ def test_a_chain_without_inputs_keys_its_winners_whatever_its_list_of_shapes(tmp
 
     from conftest import ROOT
 
-    raw = yaml.safe_load((ROOT / "tests" / "fleet" / "convt3d_small_shapes.yaml").read_text())
+    raw = yaml.safe_load((ROOT / config).read_text())
     one = tmp_path / "one.yaml"
     one.write_text(yaml.safe_dump({**raw, "shapes": raw["shapes"][:1]}, sort_keys=False))
-    every = render(make_plan(load_config(ROOT / "tests" / "fleet" / "convt3d_small_shapes.yaml")))
+    every = render(make_plan(load_config(ROOT / config)))
     assert len(raw["shapes"]) > 1 and render(make_plan(load_config(one))).source_hash == every.source_hash

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 from fusetune import __version__, broadcast
 from fusetune.cache import atomic_write_text
 from fusetune.dtypes import DTYPES
+from fusetune.launch_abi import SLOTS, STATUSES
 from fusetune.ops import Elementwise
 from fusetune.ops.pool import ADAPTIVE_BOUNDS
 from fusetune.plan import Plan
@@ -191,7 +192,8 @@ def _units(env, plan: Plan, variants: dict[str, list[dict[str, Any]]], context: 
         names = {"C": plan.spec.producer.out_channels, **plan_facts(plan)}
         compiled = [family.compiles(variant, names) for variant in variants[stage]]
         units[f"{stage}.cu"] = env.get_template("dispatch.cu.j2").render(stage=stage, variants=variants[stage],
-                                                                         compiled=compiled, dtype=context["dtype"])
+                                                                         compiled=compiled, dtype=context["dtype"],
+                                                                         statuses=context["statuses"])
         for i, variant in enumerate(variants[stage]):
             if compiled[i]:
                 units[f"{stage}_{i}.cu"] = header + template.render(variants=[variant], unit=i, stage=stage, **context)
@@ -221,6 +223,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
     final_reads = any(op.reads_input() for op in plan.final)
     context: dict[str, Any] = {
         "plan": plan, "spec": plan.spec, "version": __version__, "py": repr,
+        "abi_slots": SLOTS, "statuses": STATUSES,  # what _launch and the binding agree on (fusetune/launch_abi.py)
         "facts": facts,  # what the worlds offer (codegen.plan_facts): the templates' world-specific branches
         "dtype": DTYPES[plan.spec.dtype],  # the tensors' element type in the kernels, the binding and model.py
         "chain": lambda ops, v: _chain(ops, v, slots, scalars=scalars),

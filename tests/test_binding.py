@@ -116,7 +116,8 @@ def test_launch_keywords_reach_their_fields(config, tmp_path, monkeypatch):
         asked.clear()
         model._launch(_Recorder(), 0, 0, dims, **tensors, norm=norm, params=params, layout=layout)
         wanted = {"y": y, "out": dtype, "partials": words, "ab": words, "stats": words, "the producer's bias": dtype,
-                  "x": x, "weight": x, "extra": dtype, "a norm tensor": dtype, "a parameter": dtype}
+                  "x": x, "weight": x, "extra": dtype, "the norm's weight": dtype, "the norm's bias": dtype,
+                  "the norm's running mean": dtype, "the norm's running variance": dtype, "a parameter": dtype}
         assert asked == [(what, wanted[what]) for what, _ in asked] and len(asked) == len(addresses), layout
     for stage in range(len(plan.stages)):  # each stage index reaches its own launcher
         assert kernels.launch(stage, FIELDS.index("N"), addresses, dims_sent, *rest) == stage * 100000 + 3

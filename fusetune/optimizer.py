@@ -143,6 +143,8 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
                 chain.pays, chain.kernel_calls = True, 0
             log.warning("fusetune.optimize: the whole-model check did not run (%s: %s); every tuned chain keeps "
                         "its kernels", type(exc).__name__, exc)
+        if cuda_graphs:  # the check's graphs (one per set of chains it tried) go, and their memory with them
+            optimized._graphs = GraphedForward()
     return optimized
 
 

@@ -422,10 +422,12 @@ def test_torchvision_resnet_eval(arch: str, tmp_path: Path) -> None:
         return ((y.double() - exact).norm() / exact.norm()).item()
     print(f"\n{arch}: {len(chains)} chains, {len(tuned)} tuned in {seconds:.1f} s; eager {eager_ms:.3f} ms, "
           f"optimized {fused_ms:.3f} ms; error vs float64: eager {error(want):.2e}, optimized {error(got):.2e}")
-    assert len(chains) == sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+    # A chain is replaced where its kernels beat its own ops (a search always times those): at most every conv's.
+    assert 0 < len(chains) <= sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
     assert tuned, "no chain was tuned within the budget"
     # Eager PyTorch's own error (TF32 convolutions by default) sets the scale, as in verification.
     assert error(got) <= max(8 * error(want), 1e-5)
+    assert fused_ms < eager_ms  # the whole model, replayed from its CUDA graph
 
 
 @pytest.mark.gpu
@@ -582,6 +584,27 @@ def test_a_forward_replayed_from_a_cuda_graph_is_the_plain_forwards(tmp_path: Pa
         y = torch.randn_like(x)
         assert same(opt(y), plain(y))
     assert opt._graphs.replays == 3
+
+
+def test_a_graph_is_replayed_only_while_the_module_tree_is_the_captured_one() -> None:
+    """What a replay would skip or keep stale makes the call run plainly: a forward hook or pre-hook on any
+    module, a module in training mode, a replaced submodule (the call after it; the new tree is then plain)."""
+    from fusetune.graphs import _plain_structure
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.Sequential(torch.nn.ReLU())).eval()
+    assert not _plain_structure(model) and _plain_structure(model)  # listed at the first call, then the same
+    handle = model[1][0].register_forward_hook(lambda *_: None)
+    assert not _plain_structure(model)
+    handle.remove()
+    handle = model[0].register_forward_pre_hook(lambda *_: None)
+    assert not _plain_structure(model)
+    handle.remove()
+    model[1].train()
+    assert not _plain_structure(model)
+    model.eval()
+    assert _plain_structure(model)
+    model[1][0] = torch.nn.GELU().eval()
+    assert not _plain_structure(model) and _plain_structure(model)
 
 
 def test_cuda_graphs_are_made_of_cuda_calls_alone_and_never_copied() -> None:

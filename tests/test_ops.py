@@ -43,6 +43,7 @@ SAMPLES: dict[str, list[dict[str, Any]]] = {
     "maximum": [{"by": 0.5}, {"by": -2.0}, {"by": PARAM}, {"by": "producer"}],
     "pow": [{"by": e} for e in (0, 1, 2.0, 3, 4, 5, 6, -1, -2, -3, 0.5, -0.5, 1.5, 2.5, 0.75, -1.25)]
            + [{"by": PARAM}, {"by": "producer"}],
+    "prelu": [{"by": 0.25}, {"by": 0}, {"by": -0.5}, {"by": PARAM}],
     "clamp": [{"min": -1.0, "max": 2.0}, {"min": 0.0}, {"max": -0.5}],
     "relu": [{}],
     "relu6": [{}],
@@ -75,6 +76,8 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("maximum", {"by": True}, "by"),
     ("pow", {"by": float("nan")}, "by"),
     ("div", {"by": 0}, "by"),
+    ("prelu", {"by": "producer"}, "by"),
+    ("prelu", {}, "by"),
     ("leaky_relu", {"negative_slope": "0.2"}, "negative_slope"),
     ("elu", {"alpha": True}, "alpha"),
     ("celu", {"alpha": 0}, "alpha"),

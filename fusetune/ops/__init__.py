@@ -4,7 +4,7 @@ from __future__ import annotations
 from fusetune.ops.base import Op, OpContext, ParamDecl, Shape
 from fusetune.ops.activations import (Abs, Celu, Elu, Exp, Gelu, Hardsigmoid, Hardswish, Hardtanh, LeakyRelu, Log,
                                       Mish, Neg, Relu6, Selu, Sigmoid, Silu, Softplus, Sqrt, Tanh)
-from fusetune.ops.elementwise import Add, Clamp, Div, Elementwise, Maximum, Minimum, Mul, Pow, Relu, Sub
+from fusetune.ops.elementwise import Add, Clamp, Div, Elementwise, Maximum, Minimum, Mul, Pow, Prelu, Relu, Sub
 from fusetune.ops.dropout import Dropout
 from fusetune.ops.norm import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, MeanCentre, Norm
 from fusetune.ops.pool import AvgPool, MaxPool, Pool
@@ -23,6 +23,7 @@ REGISTRY: dict[str, type[Op]] = {
     "minimum": Minimum,
     "maximum": Maximum,
     "pow": Pow,
+    "prelu": Prelu,
     "relu6": Relu6,
     "leaky_relu": LeakyRelu,
     "elu": Elu,

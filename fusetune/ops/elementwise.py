@@ -220,6 +220,38 @@ class Maximum(_Extremum):
     clamp_key: ClassVar[str] = "min"
 
 
+@dataclasses.dataclass(frozen=True)
+class Prelu(_Binary):
+    """F.prelu(x, weight): x where x > 0, else weight * x (as torch computes it, NaN kept NaN); the weight a
+    number, or a declared parameter: nn.PReLU(C)'s one per channel, nn.PReLU()'s single value (shape: scalar).
+    Not the producer's value nor an extra input: a PReLU's weight is learnt."""
+
+    kind: ClassVar[str] = "prelu"
+    symbol: ClassVar[str] = "prelu"  # not an infix operator: forward_code and cuda below
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        op = super().parse(raw, ctx)
+        if op.producer or op.input is not None:  # type: ignore[attr-defined]
+            raise ctx.error("by", "expected a number or the name of a declared parameter (PReLU's weight), got "
+                                  f"{raw['by']!r}")
+        return op
+
+    def monotone(self) -> bool:
+        # as leaky_relu's slope: a non-negative one is monotone, a negative one falls then rises, a parameter may
+        # be either; a slope of 0 gives NaN at -inf (-inf * 0), at the low end: monotone, not increasing
+        return self.scalar is not None and self.scalar >= 0
+
+    def increasing(self) -> bool:
+        return self.scalar is not None and self.scalar > 0
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        return f"torch.where({x} > 0, {x}, {x} * {self._operand_py()})"
+
+    def cuda(self, v: str, load: ParamLoader) -> str:
+        return f"ft_leaky_relu({v}, {self._operand_cuda(load)})"  # the same function, its slope learnt
+
+
 #: Exponents torch.pow computes without pow (its scalar special cases), and the helper of
 #: templates/elementwise.cuh that does the same; 0 and 1 are constants and copies.
 _POW_HELPERS: dict[float, str] = {2.0: "ft_pow2", 3.0: "ft_pow3", 4.0: "ft_pow4", -1.0: "ft_pow_m1",

@@ -44,7 +44,7 @@ def _overload(name: str, overload: str) -> Any:
 _ATEN_ROWS: tuple[tuple[str, str, Callable[..., Any]], ...] = (
     *((name, "default", getattr(torch, name))
       for name in ("relu", "sigmoid", "tanh", "exp", "log", "abs", "sqrt", "neg", "selu", "clamp", "clamp_min",
-                   "clamp_max", "clone")),
+                   "clamp_max", "clone", "square", "rsqrt", "reciprocal")),
     *((name, "default", getattr(F, name))
       for name in ("relu6", "hardtanh", "leaky_relu", "gelu", "softplus", "celu", "silu", "mish", "hardsigmoid",
                    "hardswish", "dropout", "adaptive_avg_pool1d", "max_pool1d", "avg_pool1d", "max_pool2d",
@@ -77,6 +77,11 @@ ATEN: dict[Any, Callable[..., Any]] = {op: fn for name, overload, fn in _ATEN_RO
 _WITH_INDICES: dict[Any, Callable[..., Any]] = {
     op: getattr(F, f"adaptive_max_pool{d}d") for d in (1, 2, 3)
     if (op := _overload(f"adaptive_max_pool{d}d", "default")) is not None}
+
+#: ATen casts, which become the method ``x.to(dtype)`` (a cast that keeps the dtype is an identity to the importer), and
+#: the checks export puts before them (``_assert_tensor_metadata``: a read of the value's metadata, no value), dropped.
+_CASTS = {op for op in (_overload("to", "dtype"),) if op is not None}
+_CHECKS = {op for op in (_overload("_assert_tensor_metadata", "default"),) if op is not None}
 
 #: ATen ops whose trailing positional arguments the torch function does not take: (op, how many it takes).
 _AT_MOST: dict[Any, int] = {aten.elu.default: 2}
@@ -111,13 +116,14 @@ def export_graph(model: nn.Module, inputs: Sequence[Any]) -> torch.fx.GraphModul
 
 def _leaf_type(model: nn.Module, path: str) -> nn.Module | None:
     """The user's module at ``path`` where it is a leaf of the importer's vocabulary (or a convolution)."""
-    from fusetune.importer import _CONV_MODULES, TABLE
+    from fusetune.importer import _CONV_MODULES, TABLE, _named_module
 
     try:
         module = model.get_submodule(path) if path else model
     except AttributeError:
         return None
-    if type(module) in _CONV_MODULES or any(("call_module", cls) in TABLE for cls in type(module).__mro__):
+    if type(module) in _CONV_MODULES or any(("call_module", cls) in TABLE for cls in type(module).__mro__) or (
+            _named_module(module) is not None):
         return module
     return None
 
@@ -198,6 +204,10 @@ def _lift_functions(gm: torch.fx.GraphModule) -> None:
             continue
         if node.target in ATEN and _positional_ok(node):
             node.target = ATEN[node.target]
+        elif node.target in _CASTS:
+            node.op, node.target = "call_method", "to"
+        elif node.target in _CHECKS and not node.users:
+            gm.graph.erase_node(node)
         elif node.target in _WITH_INDICES:
             users = list(node.users)
             if len(users) == 1 and users[0].target is operator.getitem and users[0].args[1] == 0:

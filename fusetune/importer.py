@@ -165,7 +165,7 @@ def trace(model: nn.Module, inputs: Sequence[Any], source: str = "<model>") -> t
     from torch.fx.passes.shape_prop import ShapeProp
 
     try:
-        gm = torch.fx.symbolic_trace(model)
+        gm = _symbolic_trace(model)
     except Exception as exc:
         gm = _export_instead(model, inputs, source, exc)
     if _propagate_fake(gm, inputs):
@@ -177,6 +177,21 @@ def trace(model: nn.Module, inputs: Sequence[Any], source: str = "<model>") -> t
         raise TraceError(f"{source}: running the traced model on the example inputs failed "
                          f"({type(exc).__name__}: {exc})") from None
     return gm
+
+
+class _Tracer(torch.fx.Tracer):
+    """torch.fx's tracer, with the modules of other packages that the vocabulary takes whole (NAMED_MODULES: a
+    FrozenBatchNorm2d) kept as calls of their own, as torch.nn's modules are."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return _named_module(m) is not None or super().is_leaf_module(m, module_qualified_name)
+
+
+def _symbolic_trace(model: nn.Module) -> torch.fx.GraphModule:
+    """``torch.fx.symbolic_trace`` with _Tracer."""
+    tracer = _Tracer()
+    graph = tracer.trace(model)
+    return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -224,6 +239,13 @@ def _fetch(gm: nn.Module, target: str) -> Any:
     return functools.reduce(getattr, target.split("."), gm)
 
 
+def _fetch_or_none(gm: nn.Module, target: str) -> Any:
+    try:
+        return _fetch(gm, target)
+    except AttributeError:
+        return None
+
+
 # --------------------------------------------------------------------------------------------------
 # Producers
 
@@ -251,7 +273,8 @@ def match_producer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> ProducerMat
         kind = next((op for cls, op in _CONV_MODULES.items() if type(module) is cls), None)
         if kind is None:
             return None
-        if len(node.args) != 1 or node.kwargs:
+        source = _module_argument(node)
+        if source is None:
             return f"{type(module).__name__} is called with more than its input (output_size)"
         if module.padding_mode != "zeros":
             return f"padding_mode={module.padding_mode!r} (the configs pad with zeros only)"
@@ -263,7 +286,7 @@ def match_producer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> ProducerMat
         weights = {"producer.weight": f"{node.target}.weight"}
         if module.bias is not None:
             weights["producer.bias"] = f"{node.target}.bias"
-        return ProducerMatch(entry, weights, node.args[0])
+        return ProducerMatch(entry, weights, source)
     if node.op == "call_function" and node.target in _CONV_FUNCTIONS:
         kind = _CONV_FUNCTIONS[node.target]
         transposed, dims = KINDS[kind].transposed, KINDS[kind].spatial_dims
@@ -292,6 +315,16 @@ def match_producer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> ProducerMat
         if bias is not None:
             weights["producer.bias"] = bias.target
         return ProducerMatch(entry, weights, args["input"])
+    return None
+
+
+def _module_argument(node: torch.fx.Node) -> Any:
+    """The one argument a module is called with, positional or as ``input=`` (``self.conv(input=x)``); None where
+    it is called with more (a transposed convolution's output_size)."""
+    if len(node.args) == 1 and not node.kwargs:
+        return node.args[0]
+    if not node.args and set(node.kwargs) == {"input"}:
+        return node.kwargs["input"]
     return None
 
 
@@ -476,6 +509,9 @@ class Site:
         constant = _constant_tensor(self, arg)
         if constant is not None:  # torch.tensor(0.5, device=x.device): a number
             return constant
+        size = _shape_number(self, arg)
+        if size is not None:  # x.sum(2) / x.shape[-1]: the size at the traced shape
+            return size
         viewed = _viewed_tensor(self.gm, arg)
         if viewed is not None:  # self.bias.view(1, -1, 1, 1), self.scale[None, :, None, None]
             target, nodes = viewed
@@ -492,6 +528,9 @@ class Site:
             # temb[:, :, None, None], t.view(N, C, 1, 1), a forward argument of shape (N, C, 1, 1) or (1, C, 1, 1):
             # a view of a forward argument may come after the convolution (the fused call comes after the chain)
             return InputRef(arg.name, str(argument.target) if argument is not None else arg.name, kind)
+        if shape is None and arg.op == "placeholder":
+            return (f"the other operand ({arg.name}) is an argument of forward that is not a tensor of the example "
+                    "inputs (a number given at each call): not a constant of the chain")
         what = (f"of shape {list(shape)}, not the chain value's {list(self.shape_in or ())}" if shape is not None
                 else "of unknown shape")
         if shape is not None and shape == self.shape_in:
@@ -631,6 +670,45 @@ def _evaluate_constant(site: Site, node: torch.fx.Node) -> float | None:
     return float(result.item())
 
 
+def _shape_number(site: Site, node: Any) -> float | None:
+    """The number a size read off the chain's values computes (``x.sum(2) / x.shape[-1]``, ``/ (h * w)`` with ``h, w
+    = x.shape[2:]``, ``x.size(1)``), at the traced shape; None where ``node`` is not one or reads the shape of a
+    tensor that is not the chain's (the model's input, another branch). Its nodes read a value of the chain and so
+    go with it (``_metadata_closure``); the fused kernels run at the traced shapes alone, any other shape runs the
+    chain's own ops, which read the size again."""
+    def value(arg: Any) -> Any:
+        if not isinstance(arg, torch.fx.Node):
+            if isinstance(arg, (tuple, list)):
+                return type(arg)(value(a) for a in arg)
+            return arg
+        if _is_shape_read(arg):
+            source = arg.args[0]
+            if not (site.is_x(source) or (isinstance(source, torch.fx.Node) and source not in site.producer
+                                          and _depends_on(source, site.producer))):
+                raise _Stop(f"{arg.name} reads the shape of {getattr(source, 'name', source)}, not a chain value")
+            shape = _shape(source)
+            if shape is None:
+                raise _Stop(f"{arg.name}: the shape of {source.name} was not traced")
+            if arg.op == "call_method" and arg.target == "dim" or arg.op == "call_function" and arg.args[1] == "ndim":
+                return len(shape)
+            if arg.op == "call_function" and arg.args[1] != "shape":
+                raise _Stop(f"{arg.name} reads {arg.args[1]}, not a size")
+            dims = [value(a) for a in arg.args[1:]] if arg.op == "call_method" else []
+            return shape[dims[0]] if dims else tuple(shape)
+        if arg.op == "call_function" and arg.target in _METADATA_FUNCTIONS:
+            return arg.target(*(value(a) for a in arg.args))
+        raise _Stop(f"{arg.name} is not computed from sizes alone")
+    if not isinstance(node, torch.fx.Node) or node.op == "placeholder" or _shape(node) is not None:
+        return None
+    if not (_is_shape_read(node) or (node.op == "call_function" and node.target in _METADATA_FUNCTIONS)):
+        return None
+    try:
+        result = value(node)
+    except (_Stop, IndexError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    return float(result) if isinstance(result, (int, float)) and not isinstance(result, bool) else None
+
+
 class _Stop(Exception):
     """Raised inside a builder: the chain stops before this op, for this reason."""
 
@@ -671,8 +749,13 @@ def _bind(site: Site, names: Sequence[str], defaults: Mapping[str, Any]) -> dict
 
 
 def _module_input(site: Site) -> None:
-    if len(site.node.args) != 1 or site.node.kwargs or not site.is_x(site.node.args[0]):
+    if not site.is_x(_module_argument(site.node)):
         raise _Stop("the module is called with more than the chain's value")
+
+
+def _as_list(window: int | list[int], dims: int) -> list[int]:
+    """A pool's window argument (one int for every dim, or one a dim) as one int a dim."""
+    return list(window) if isinstance(window, list) else [int(window)] * dims
 
 
 def _ignore(value: Any, key: str, default: Any) -> None:
@@ -730,7 +813,8 @@ def module_op(kind: str, read: Callable[[nn.Module], Mapping[str, Any]] = lambda
 
 def binary(kind: str) -> Builder:
     """x (op) other, other (op) x: a number, a per-channel parameter or the producer; c - x is
-    neg then add; c / x and c ** x are not in the vocabulary; x * x is pow 2, x + x is mul 2."""
+    neg then add; c / x is pow -1 then mul c (a number or a parameter); c ** x is not in the vocabulary;
+    x * x is pow 2, x + x is mul 2."""
     def build(site: Site) -> Mapped:
         args, kwargs = _call_args(site)
         if kwargs or len(args) != 2:
@@ -752,8 +836,11 @@ def binary(kind: str) -> Builder:
             return Mapped([_binary_entry(kind, other)], site.node, extra)
         if kind == "sub":
             return Mapped([{"op": "neg"}, _binary_entry("add", other)], site.node, extra)
-        raise _Stop(f"{'c / x' if kind == 'div' else 'c ** x'} (the chain's value on the right) is not in the "
-                    "vocabulary")
+        if kind == "div" and not isinstance(other, (str, InputRef)):  # c / x: 1 / x (pow -1), times c unless 1
+            scale = [] if other == 1.0 else [_binary_entry("mul", other)]
+            return Mapped([{"op": "pow", "by": -1.0}, *scale], site.node, extra)
+        raise _Stop(f"{'c / x' if kind == 'div' else 'c ** x'} (the chain's value on the right, c {other!r}) is not "
+                    "in the vocabulary")
     return build
 
 
@@ -908,7 +995,7 @@ def pool_fn(kind: str, dims: int) -> Builder:
             names += ["divisor_override"] if dims > 1 else []
             a = _bind(site, names, {"stride": None, "padding": 0, "ceil_mode": False, "count_include_pad": True,
                                     "divisor_override": None})
-        return _one(site, _pool_entry(kind, dims, a))
+        return _one(site, _pool_entry(kind, dims, a, site.shape_in))
     return build
 
 
@@ -920,19 +1007,44 @@ def pool_module(kind: str) -> Builder:
         a = {key: getattr(m, key) for key in ("kernel_size", "stride", "padding", "dilation", "ceil_mode",
                                                "return_indices", "count_include_pad", "divisor_override")
              if hasattr(m, key)}
-        return _one(site, _pool_entry(kind, dims, a))
+        return _one(site, _pool_entry(kind, dims, a, site.shape_in))
     return build
 
 
-def _pool_entry(kind: str, dims: int, a: Mapping[str, Any]) -> Entry:
+def _ceil_changes(kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+                  sizes: Sequence[int]) -> int | None:
+    """The first dim whose output size ceil_mode=True changes at the traced ``sizes`` (PyTorch's rule: one more
+    window where a partial one starts inside the input or its left padding), None where none: then every window is
+    the same either way, and the pool floors exactly as the vocabulary's does."""
+    for d, (k, s, p, n) in enumerate(zip(kernel, stride, padding, sizes)):
+        floor = (n + 2 * p - k) // s + 1
+        ceil = -(-(n + 2 * p - k) // s) + 1
+        if (ceil - 1) * s >= n + p:
+            ceil -= 1
+        if ceil != floor:
+            return d
+    return None
+
+
+def _pool_entry(kind: str, dims: int, a: Mapping[str, Any], shape: Shape | None = None) -> Entry:
+    kernel = _as_list(_window(a["kernel_size"], dims), dims)
+    stride_given = a.get("stride") not in (None, [], ())
+    stride = _as_list(_window(a["stride"], dims), dims) if stride_given else kernel
+    padding = _as_list(_window(a.get("padding", 0), dims), dims)
     if a.get("ceil_mode"):
-        raise _Stop("ceil_mode=True is not in the vocabulary (the pools floor)")
+        sizes = list(shape[-dims:]) if shape is not None and len(shape) >= dims else None
+        changed = 0 if sizes is None else _ceil_changes(kernel, stride, padding, sizes)
+        if changed is not None:
+            where = f" at the traced size {sizes[changed]}" if sizes is not None else ""
+            raise _Stop(f"ceil_mode=True adds a partial window{where} (the pools floor; where the input divides "
+                        "evenly ceil_mode changes nothing and is taken)")
     if _window(a.get("dilation", 1), dims) != 1:
         raise _Stop(f"dilation={a['dilation']!r} is not in the vocabulary (the pools take dilation 1)")
     if a.get("return_indices"):
         raise _Stop("return_indices=True is not in the vocabulary")
-    if not a.get("count_include_pad", True):
-        raise _Stop("count_include_pad=False is not in the vocabulary (the average counts the padding)")
+    if not a.get("count_include_pad", True) and any(padding):
+        raise _Stop("count_include_pad=False with padding is not in the vocabulary (the average counts the padding; "
+                    "without padding the two are the same, and it is taken)")
     if a.get("divisor_override") is not None:
         raise _Stop("divisor_override is not in the vocabulary")
     entry: Entry = {"op": kind, "kernel_size": _window(a["kernel_size"], dims)}
@@ -962,9 +1074,13 @@ def adaptive(kind: str, module: bool) -> Builder:
     return build
 
 
-def dropout_fn(site: Site) -> Mapped:
-    a = _bind(site, ["p", "training", "inplace"], {"p": 0.5, "training": True, "inplace": False})
-    return _one(site, _dropout_entry(_num(a["p"]), bool(a["training"])))
+def dropout_fn(training_default: bool) -> Builder:
+    """F.dropout and its kin (F.dropout2d, F.alpha_dropout, ...), whose ``training`` defaults differ: each is
+    the identity where p = 0 or not training, whatever mask it would draw in training."""
+    def build(site: Site) -> Mapped:
+        a = _bind(site, ["p", "training", "inplace"], {"p": 0.5, "training": training_default, "inplace": False})
+        return _one(site, _dropout_entry(_num(a["p"]), bool(a["training"])))
+    return build
 
 
 def dropout_module(site: Site) -> Mapped:
@@ -979,6 +1095,39 @@ def _dropout_entry(p: float, training: bool) -> Entry:
     return {"op": "dropout", "p": p, "training": training}
 
 
+def prelu_module(site: Site) -> Mapped:
+    """nn.PReLU: its weight, one value or one per channel, is the op's parameter (``by``), under the user's name."""
+    _module_input(site)
+    return _prelu(site, f"{site.node.target}.weight", site.module.weight)
+
+
+def prelu_fn(site: Site) -> Mapped:
+    """F.prelu(x, weight), torch.prelu: the weight a tensor of the model (a parameter, a buffer)."""
+    bound = _bind_all(site.node, ["input", "weight"], {})
+    if isinstance(bound, str):
+        raise _Stop(bound)
+    if not site.is_x(bound["input"]):
+        raise _Stop("it reads the chain's value as an argument other than its input")
+    weight = bound["weight"]
+    if not (isinstance(weight, torch.fx.Node) and weight.op == "get_attr"):
+        raise _Stop("its weight is computed in the forward, not a tensor of the model")
+    return _prelu(site, str(weight.target), _fetch(site.gm, weight.target))
+
+
+def _prelu(site: Site, target: str, weight: Any) -> Mapped:
+    """PReLU's weight applies along dim 1 whatever its rank (torch's rule, not broadcasting's): one value, or
+    one per channel of the chain's value."""
+    shape = site.shape_in or ()
+    channels = shape[1] if len(shape) > 1 else 1
+    if not isinstance(weight, torch.Tensor) or not weight.is_floating_point() or weight.numel() not in (1, channels):
+        size = list(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise _Stop(f"its weight {target} of shape {size} is neither one value nor one per channel ({channels})")
+    if weight.numel() > 1 and channels != site.channels:
+        raise _Stop(f"its weight has {channels} values, one per channel of a value that is no longer the "
+                    f"convolution's {site.channels} channels")
+    return _one(site, {"op": "prelu", "by": ParamRef(target, tuple(int(s) for s in weight.shape))})
+
+
 def identity_module(site: Site) -> Mapped:
     _module_input(site)
     return Mapped(entries=[], out=site.node)
@@ -988,11 +1137,24 @@ def batch_norm(site: Site) -> Mapped:
     _module_input(site)
     m = site.module
     if not m.track_running_stats:
-        raise _Stop("BatchNorm with track_running_stats=False is not in the vocabulary")
-    if m.momentum is None:
-        raise _Stop("BatchNorm with momentum=None (a cumulative average) is not in the vocabulary")
-    return _one(site, {"op": "batch_norm", "eps": float(m.eps), "momentum": float(m.momentum), "affine": m.affine,
+        raise _Stop("BatchNorm with track_running_stats=False (batch statistics in eval mode too, no running "
+                    "statistics) is not in the vocabulary")
+    if m.momentum is None and m.training:
+        raise _Stop("BatchNorm in training mode with momentum=None (a cumulative average) is not in the vocabulary")
+    # eval mode reads the running statistics alone: its momentum (None too) changes nothing, and the config keeps
+    # the default's (training mode runs the user's own module: fusetune/optimizer.py)
+    momentum = {} if m.momentum is None else {"momentum": float(m.momentum)}
+    return _one(site, {"op": "batch_norm", "eps": float(m.eps), **momentum, "affine": m.affine,
                        "training": m.training}, module=str(site.node.target))
+
+
+def sync_batch_norm(site: Site) -> Mapped:
+    """nn.SyncBatchNorm: in eval mode the batch norm of its running statistics; in training mode its statistics
+    are summed over every process of the group, which one GPU's kernels do not see."""
+    if site.module.training:
+        raise _Stop("SyncBatchNorm in training mode takes its statistics over every process of its group, which "
+                    "one GPU's kernels do not see; import the model in eval mode for inference")
+    return batch_norm(site)
 
 
 def group_norm(site: Site) -> Mapped:
@@ -1005,8 +1167,13 @@ def group_norm(site: Site) -> Mapped:
 def instance_norm(site: Site) -> Mapped:
     _module_input(site)
     m = site.module
-    if m.track_running_stats:
-        raise _Stop("InstanceNorm with track_running_stats=True is not in the vocabulary")
+    if m.track_running_stats and m.training:
+        raise _Stop("InstanceNorm in training mode with track_running_stats=True (each sample's statistics, the "
+                    "running ones updated from them) is not in the vocabulary")
+    if m.track_running_stats:  # eval mode normalizes by the running statistics: an eval-mode batch norm's map
+        names = ["running_mean", "running_var", "num_batches_tracked"] + (["weight", "bias"] if m.affine else [])
+        return Mapped([{"op": "batch_norm", "eps": float(m.eps), "affine": m.affine, "training": False}], site.node,
+                      weights={n: f"{site.node.target}.{n}" for n in names})
     return _one(site, {"op": "instance_norm", "eps": float(m.eps), "affine": m.affine}, module=str(site.node.target))
 
 
@@ -1065,6 +1232,39 @@ def instance_norm_fn(site: Site) -> Mapped:
     weights = _affine_tensors(site, a["weight"], a["bias"], (site.channels,))
     return Mapped([{"op": "instance_norm", "eps": _num(a["eps"]), "affine": bool(weights)}], site.node,
                   weights=weights)
+
+
+def batch_norm_fn(site: Site) -> Mapped:
+    """F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps), as timm's BatchNormAct2d
+    and hand-written norms call it: the running statistics, weight and bias the model's own tensors. Eval mode reads
+    the running statistics alone (its momentum, 0 too, changes nothing); training mode updates them by momentum."""
+    a = _bind_all(site.node, ["input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"],
+                  {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5})
+    if isinstance(a, str):
+        raise _Stop(a)
+    if not site.is_x(a["input"]) or any(_has_node(a[k]) for k in ("training", "momentum", "eps")):
+        raise _Stop("its arguments other than the tensors are computed in the forward")
+    channels = (site.channels,)
+    stats: dict[str, str] = {}
+    for key in ("running_mean", "running_var"):
+        value = a[key]
+        tensor = _fetch(site.gm, value.target) if isinstance(value, torch.fx.Node) and value.op == "get_attr" else None
+        if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != channels:
+            raise _Stop(f"its {key} is not a tensor of the model of shape {list(channels)} (F.batch_norm without "
+                        "running statistics is not in the vocabulary)")
+        stats[key] = str(value.target)
+    owner = stats["running_mean"].rpartition(".")[0]  # a BatchNorm's own count (timm's BatchNormAct2d is one)
+    count = f"{owner}.num_batches_tracked" if owner else "num_batches_tracked"
+    if isinstance(_fetch_or_none(site.gm, count), torch.Tensor):
+        stats["num_batches_tracked"] = count
+    training, momentum = bool(a["training"]), _num(a["momentum"])
+    if training and momentum <= 0:
+        raise _Stop(f"F.batch_norm in training mode with momentum {momentum} (running statistics that never move) "
+                    "is not in the vocabulary")
+    weights = _affine_tensors(site, a["weight"], a["bias"], channels)
+    entry: Entry = {"op": "batch_norm", "eps": _num(a["eps"]), **({"momentum": momentum} if training else {}),
+                    "affine": bool(weights), "training": training}
+    return Mapped([entry], site.node, weights={**weights, **stats})
 
 
 def layer_norm_fn(site: Site) -> Mapped:
@@ -1147,6 +1347,47 @@ def _binaries() -> dict[tuple[str, Any], Builder]:
     return rows
 
 
+#: The dropouts (element, channel and alpha), functional with their ``training`` default, and as modules: the
+#: identity in eval mode or where p = 0; in training mode with p > 0 they draw masks no kernel reproduces.
+_DROPOUT_FUNCTIONS: tuple[tuple[Any, bool], ...] = (
+    (F.dropout, True), (F.dropout1d, True), (F.dropout2d, True), (F.dropout3d, True),
+    (F.alpha_dropout, False), (F.feature_alpha_dropout, False))
+_DROPOUT_MODULES: tuple[type, ...] = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+                                      nn.FeatureAlphaDropout)
+
+#: Casts (``x.float()``, ``h.to(x.dtype)``, ``.type_as(x)``, as mixed-precision code writes them around a norm): the
+#: identity where the traced value keeps its dtype and shape, else the end of the chain (cast).
+CAST_METHODS = ("to", "float", "double", "half", "bfloat16", "type", "type_as")
+
+#: Powers PyTorch names as functions and methods: name -> the exponent (x.square() is x ** 2).
+POW_FORMS: dict[str, float] = {"square": 2.0, "rsqrt": -0.5, "reciprocal": -1.0}
+
+
+def _pow_forms() -> dict[tuple[str, Any], Builder]:
+    rows: dict[tuple[str, Any], Builder] = {}
+    for name, exponent in POW_FORMS.items():
+        build = _pow_form(exponent)
+        rows[("call_function", getattr(torch, name))] = build
+        rows[("call_method", name)] = build
+    return rows
+
+
+def _pow_form(exponent: float) -> Builder:
+    def build(site: Site) -> Mapped:
+        _bind(site, [], {})
+        return _one(site, {"op": "pow", "by": exponent})
+    return build
+
+
+def cast(site: Site) -> Mapped:
+    """A cast reached as an op: one that changes the dtype, or reads its dtype off a tensor outside the chain (one
+    that keeps it otherwise is an identity, _is_identity)."""
+    to, now = _dtype(site.node), _dtype(next(iter(site.cur)))
+    if to is not None and to == now:
+        raise _Stop(f"it keeps the dtype ({to}) but reads it off a tensor outside the chain, which stays in PyTorch")
+    raise _Stop(f"it casts the value to {to or 'another type'}; the chain computes in {now}, as traced")
+
+
 #: (fx node op, target: a module class, a function or a method name) -> builder. The one place the
 #: importer's vocabulary lives; the config's op names and arguments are PyTorch's (README, Ops).
 TABLE: dict[tuple[str, Any], Builder] = {
@@ -1203,14 +1444,51 @@ TABLE: dict[tuple[str, Any], Builder] = {
     ("call_method", "unsqueeze"): unsqueeze,
     **_max_pool_fns(),
     ("call_module", nn.GroupNorm): group_norm,
+    ("call_module", nn.SyncBatchNorm): sync_batch_norm,
     ("call_module", nn.LayerNorm): layer_norm,
     ("call_function", F.group_norm): group_norm_fn,
     ("call_function", F.instance_norm): instance_norm_fn,
     ("call_function", F.layer_norm): layer_norm_fn,
-    ("call_function", F.dropout): dropout_fn,
-    ("call_module", nn.Dropout): dropout_module,
+    ("call_function", F.batch_norm): batch_norm_fn,
+    **{("call_function", fn): dropout_fn(training) for fn, training in _DROPOUT_FUNCTIONS},
+    **{("call_module", cls): dropout_module for cls in _DROPOUT_MODULES},
+    **{("call_method", name): cast for name in CAST_METHODS},
+    **_pow_forms(),
     ("call_module", nn.Identity): identity_module,
+    ("call_module", nn.PReLU): prelu_module,
+    ("call_function", F.prelu): prelu_fn,
+    ("call_function", torch.prelu): prelu_fn,
 }
+
+
+def in_place(builder: Builder) -> Builder:
+    """An op's in-place form (``x.relu_()``, ``y.mul_(s)``, ``F.elu_(x)``): its out-of-place op where it writes the
+    chain's value, which the walk has read only there (a convolution's output that another op also reads is a
+    NoChain: _in_place); not where it writes another tensor, whose later readers would miss the write."""
+    def build(site: Site) -> Mapped:
+        if not site.node.args or not site.is_x(site.node.args[0]):
+            raise _Stop("it writes in place a tensor other than the chain's value")
+        return builder(site)
+    return build
+
+
+def _in_place_rows(table: Mapping[tuple[str, Any], Builder]) -> dict[tuple[str, Any], Builder]:
+    """The in-place forms of the table's methods and functions (``name_`` of Tensor, torch and torch.nn.functional),
+    derived from it: each is its op where it writes the chain's value (in_place)."""
+    rows: dict[tuple[str, Any], Builder] = {}
+    for (kind, target), builder in table.items():
+        if kind == "call_method" and hasattr(torch.Tensor, f"{target}_"):
+            rows[("call_method", f"{target}_")] = in_place(builder)
+        elif kind == "call_function" and callable(target):
+            name = f"{getattr(target, '__name__', '')}_"
+            for namespace in (torch, F):
+                fn = getattr(namespace, name, None)
+                if fn is not None and getattr(namespace, name[:-1], None) is target:
+                    rows[("call_function", fn)] = in_place(builder)
+    return rows
+
+
+TABLE.update(_in_place_rows(TABLE))
 
 #: relu6(x + 3) as PyTorch users write it.
 _RELU6_OF_X_PLUS_3: tuple[tuple[Entry, ...], ...] = (
@@ -1253,7 +1531,7 @@ def match_idiom(site: Site, readers: Sequence[torch.fx.Node]
         node, cur = first, set(site.cur)
         while node is not mul and len(inner) < 3:
             builder = lookup(site.gm, node)
-            if builder is None:
+            if builder is None or _in_place(site.gm, node):  # in place: the multiply would read f(x) twice
                 break
             try:
                 mapped = builder(dataclasses.replace(site, node=node, cur=cur))
@@ -1386,8 +1664,8 @@ def match_pointwise_region(site: Site, readers: Sequence[torch.fx.Node]
         node = frontier.pop(0)
         if node in seen:
             continue
-        if not _region_node(gm, node) or _shape(node) != shape:
-            return None
+        if not _region_node(gm, node) or _in_place(gm, node) or _shape(node) != shape:
+            return None  # an in-place op: its input's other readers read the new values
         for arg in node.all_input_nodes:
             if not (site.is_x(arg) or arg in seen or arg in frontier or _constant(gm, arg)):
                 if arg.op == "get_attr" or order[arg] > order[node]:
@@ -1441,18 +1719,60 @@ SHAPE_METHODS = ("size", "dim")
 SHAPE_ATTRIBUTES = ("shape", "ndim", "dtype", "device")
 
 
+def stochastic_depth(site: Site) -> Mapped:
+    """torchvision.ops.stochastic_depth(input, p, mode, training): torch.fx.wrap'ed, so a call of its own in the
+    trace (torchvision's EfficientNet, ConvNeXt, Swin before their residual add); the identity in eval mode or at
+    p = 0, as a dropout."""
+    a = _bind(site, ["p", "mode", "training"], {"training": True})
+    return _one(site, _dropout_entry(_num(a["p"]), bool(a["training"])))
+
+
+#: Functions of other packages that torch.fx keeps as calls of their own (``torch.fx.wrap``), by module and name:
+#: matched without importing the package (a model that uses one has imported it).
+NAMED_FUNCTIONS: dict[tuple[str, str], Builder] = {
+    ("torchvision.ops.stochastic_depth", "stochastic_depth"): stochastic_depth,
+}
+
+
+def frozen_batch_norm(site: Site) -> Mapped:
+    """A FrozenBatchNorm2d (torchvision's, detectron2's: the detection backbones'): an eval-mode batch norm of its
+    buffers weight, bias, running_mean and running_var, which its forward folds into x * scale + bias."""
+    _module_input(site)
+    names = ("weight", "bias", "running_mean", "running_var")
+    return Mapped([{"op": "batch_norm", "eps": float(getattr(site.module, "eps", 1e-5)), "affine": True,
+                    "training": False}], site.node, weights={n: f"{site.node.target}.{n}" for n in names})
+
+
+#: Modules of other packages the vocabulary takes whole, by module and class name: the trace keeps them as calls
+#: (_Tracer), matched without importing the package.
+NAMED_MODULES: dict[tuple[str, str], Builder] = {
+    ("torchvision.ops.misc", "FrozenBatchNorm2d"): frozen_batch_norm,
+    ("detectron2.layers.batch_norm", "FrozenBatchNorm2d"): frozen_batch_norm,
+}
+
+
+def _named_module(module: nn.Module) -> Builder | None:
+    cls = type(module)
+    return NAMED_MODULES.get((cls.__module__, cls.__qualname__))
+
+
 def lookup(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Builder | None:
     """The table's builder for a node, None where it is not in the vocabulary."""
     if node.op == "call_module":
-        for cls in type(gm.get_submodule(node.target)).__mro__:
+        module = gm.get_submodule(node.target)
+        for cls in type(module).__mro__:
             if ("call_module", cls) in TABLE:
                 return TABLE[("call_module", cls)]
-        return None
+        return _named_module(module)
     if node.op in ("call_function", "call_method"):
         try:
-            return TABLE.get((node.op, node.target))
+            row = TABLE.get((node.op, node.target))
         except TypeError:  # an unhashable target
             return None
+        if row is None and node.op == "call_function":
+            key = (getattr(node.target, "__module__", None), getattr(node.target, "__name__", None))
+            row = NAMED_FUNCTIONS.get(key)
+        return row
     return None
 
 
@@ -1463,10 +1783,16 @@ def _is_convolution(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
 
 
 def _in_place(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
-    """Whether the op overwrites its input (``nn.ReLU(inplace=True)``, ``F.relu(x, inplace=True)``): harmless
+    """Whether the op overwrites its input (``nn.ReLU(inplace=True)``, ``F.relu(x, inplace=True)``, ``x.relu_()``):
+    harmless
     inside a chain, whose values have one reader, but not on a convolution's output that another op reads."""
     if node.op == "call_module":
         return bool(getattr(gm.get_submodule(node.target), "inplace", False))
+    if node.op == "call_method":  # x.relu_(), y.mul_(s): Tensor's in-place forms end with "_"
+        return isinstance(node.target, str) and node.target.endswith("_") and not node.target.startswith("_")
+    if node.op == "call_function" and getattr(node.target, "__name__", "").endswith("_") and not getattr(
+            node.target, "__name__", "").startswith("_"):
+        return True
     if node.op == "call_function":
         try:
             bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)
@@ -1481,13 +1807,50 @@ def _is_identity(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
         return node.target != "clone" or not node.kwargs
     if node.op == "call_function" and node.target in IDENTITY_FUNCTIONS:
         return True
+    if node.op == "call_method" and node.target in CAST_METHODS and node.args:
+        source = node.args[0]
+        return (isinstance(source, torch.fx.Node) and _dtype(node) is not None and _dtype(node) == _dtype(source)
+                and _shape(node) == _shape(source) and _reads_chain_only(gm, node))
     return False
+
+
+def _reads_chain_only(gm: torch.fx.GraphModule, cast: torch.fx.Node) -> bool:
+    """Whether a cast's dtype comes from a number or from the chain it is in: ``h.to(h.dtype)``, ``.type_as(y)``, with
+    h and y its value or an earlier one back to the convolution. A dtype read off another tensor (the model's input:
+    ``.to(x.dtype)``) stays in PyTorch, and the cast with it: cut out with the chain, the cast would read it."""
+    chain: set[torch.fx.Node] = set()
+    node: Any = cast.args[0]
+    while isinstance(node, torch.fx.Node) and len(chain) < 256:
+        chain.add(node)
+        if _is_convolution(gm, node):
+            break
+        node = node.args[0] if node.args else None
+    for arg in (*cast.args[1:], *cast.kwargs.values()):
+        if not isinstance(arg, torch.fx.Node):
+            continue
+        read = arg.args[0] if _is_shape_read(arg) and arg.args else arg
+        if read not in chain:
+            return False
+    return True
+
+
+def _dtype(node: Any) -> torch.dtype | None:
+    """The traced dtype of a node's value (None where it is not a tensor or was not traced)."""
+    meta = getattr(node, "meta", {}).get("tensor_meta") if isinstance(node, torch.fx.Node) else None
+    return getattr(meta, "dtype", None)
 
 
 def _is_shape_read(node: torch.fx.Node) -> bool:
     if node.op == "call_method" and node.target in SHAPE_METHODS:
         return True
     return node.op == "call_function" and node.target is getattr and node.args[1] in SHAPE_ATTRIBUTES
+
+
+def _read_what(node: torch.fx.Node) -> str:
+    """What a metadata read reads: x.shape, x.dtype, x.size(2), x.dim()."""
+    if node.op == "call_function":
+        return str(node.args[1])
+    return {"size": "shape", "dim": "rank"}.get(str(node.target), "metadata")
 
 
 def _describe(gm: torch.fx.GraphModule, node: torch.fx.Node) -> str:
@@ -1517,6 +1880,9 @@ class Step:
     nodes: list[str]
     module: str | None  # the user's module holding the op's state
     weights: dict[str, str] | None = None  # a functional norm's tensors: name (weight, bias) -> the user's
+    #: the node holding the step's value (its last identity alias): not always the last of ``nodes``, which
+    #: also holds the reads of the value's shape that the forward makes after it (``return y, x.shape[-1]``)
+    value: str | None = None
 
 
 @dataclasses.dataclass
@@ -1618,7 +1984,7 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
                 nodes, entry = centring
                 out_aliases = _aliases(gm, nodes[-1])
                 covered = [s.name for s in shape_reads] + [n.name for n in nodes] + [a.name for a in out_aliases[1:]]
-                chain.steps.append(Step([entry], covered, None))
+                chain.steps.append(Step([entry], covered, None, value=out_aliases[-1].name))
                 pending = []
                 cur = out_aliases
                 continue
@@ -1629,7 +1995,7 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
                 nodes, entry, join = region
                 out_aliases = _aliases(gm, join)
                 covered = [s.name for s in shape_reads] + [n.name for n in nodes] + [a.name for a in out_aliases[1:]]
-                chain.steps.append(Step([entry], covered, None))
+                chain.steps.append(Step([entry], covered, None, value=out_aliases[-1].name))
                 pending = []
                 cur = out_aliases
                 continue
@@ -1638,13 +2004,16 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
             idiom = match_idiom(site, candidates)
             if idiom is None:
                 names = ", ".join(c.name for c in candidates)
+                writes = [c.name for c in candidates if _in_place(gm, c)]
                 chain.end, chain.end_node = (f"its value is read by several ops ({names}), not as x * f(x) for an "
-                                             "f of the idioms (swish, mish, hardswish written out)"), None
+                                             "f of the idioms (swish, mish, hardswish written out)"
+                                             + (f"; {', '.join(writes)} writes it in place, so the others read the "
+                                                "new values" if writes else "")), None
                 break
             inner, entries, mul = idiom
             out_aliases = _aliases(gm, mul)
             covered = [s.name for s in shape_reads] + [n.name for n in inner] + [a.name for a in out_aliases]
-            chain.steps.append(Step(entries, covered, None))
+            chain.steps.append(Step(entries, covered, None, value=out_aliases[-1].name))
             cur = out_aliases
             continue
         nxt = candidates[0]
@@ -1680,7 +2049,7 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
                          key=order.__getitem__)
         nxt_aliases = _aliases(gm, mapped.out)
         covered += [a.name for a in nxt_aliases[1:]]
-        chain.steps.append(Step(mapped.entries, covered, mapped.module, mapped.weights))
+        chain.steps.append(Step(mapped.entries, covered, mapped.module, mapped.weights, value=nxt_aliases[-1].name))
         cur = nxt_aliases
     chain.output_node = _last_value(chain)
     chain.producer_readers = [r.name for r in _readers(gm, producer)[0]]
@@ -1695,7 +2064,7 @@ def _last_value(chain: Chain) -> str:
     """The node holding the chain's output: the last step's value (or the convolution's)."""
     for step in reversed(chain.steps):
         if step.entries or step.nodes:
-            return step.nodes[-1] if step.nodes else chain.producer_node
+            return step.value or (step.nodes[-1] if step.nodes else chain.producer_node)
     return chain.producer_node
 
 
@@ -2002,6 +2371,9 @@ def _pytorch_reasons(gm: torch.fx.GraphModule, written: list[Written], refused: 
             out[node.name] = convs[node.name]
         elif node.name in enders:
             out[node.name] = enders[node.name]
+        elif _is_shape_read(node):
+            out[node.name] = (f"{_describe(gm, node)} reads a tensor's {_read_what(node)}, not its values: free in "
+                              "PyTorch")
         elif lookup(gm, node) is None and not _is_identity(gm, node):
             out[node.name] = f"{_describe(gm, node)} is not in the vocabulary"
         else:

@@ -17,7 +17,8 @@ from fusetune.cli import main
 from fusetune.codegen import render
 from fusetune.config import load_config
 from fusetune.errors import FusetuneError
-from fusetune.importer import declared_view, import_model, load_model, trace
+from fusetune.importer import (declared_view, find_chains, import_model, import_traced, load_model,
+                               match_producer, trace)
 from fusetune.plan import make_plan
 
 from conftest import import_file
@@ -45,15 +46,29 @@ def _traced(model: torch.nn.Module, inputs) -> torch.fx.GraphModule:
     return trace(copy.deepcopy(model), inputs)
 
 
+class _Snapshots(torch.fx.Interpreter):
+    """Each node's value as it was computed: a copy, so that a later in-place op (``x.relu_()``, ``F.hardsigmoid(b,
+    inplace=True)``) outside a chain does not change the value the chain is compared with."""
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        super().__init__(gm)
+        self.values: dict[str, object] = {}
+
+    def run_node(self, n: torch.fx.Node):
+        value = super().run_node(n)
+        self.values[n.name] = value.clone() if isinstance(value, torch.Tensor) else value
+        return value
+
+
 def _intermediates(gm: torch.fx.GraphModule, user: torch.nn.Module, inputs) -> dict[str, torch.Tensor]:
     """Every node's value in the traced model, by node name; the trace's output is the user's model's own (a
     copy of it run alike: torch.export's graph, lifted, computes what the model computes)."""
-    interpreter = torch.fx.Interpreter(gm, garbage_collect_values=False)
+    interpreter = _Snapshots(gm)
     torch.manual_seed(1)  # the same draws for a training-mode dropout in both runs
     out = interpreter.run(*inputs)
     torch.manual_seed(1)
     torch.testing.assert_close(out, copy.deepcopy(user)(*inputs), rtol=1e-12, atol=1e-12)
-    return {node.name: value for node, value in interpreter.env.items()}
+    return interpreter.values
 
 
 def _copy_weights(generated: torch.nn.Module, user: torch.nn.Module, weights: dict[str, str]) -> None:
@@ -116,9 +131,9 @@ def test_import_matches_the_model(stem: str, tmp_path: Path) -> None:
 
 
 def _conv_input(gm: torch.fx.GraphModule, producer: str) -> str:
-    """The name of the node feeding the convolution ``producer``."""
+    """The name of the node feeding the convolution ``producer`` (positional or ``input=``)."""
     node = next(n for n in gm.graph.nodes if n.name == producer)
-    return node.args[0].name
+    return match_producer(gm, node).input.name
 
 
 def test_parameters_keep_the_users_names(tmp_path: Path) -> None:
@@ -156,6 +171,8 @@ def test_stop_reasons_are_named(tmp_path: Path) -> None:
     assert "training mode with p = 0.2" in dropout.pytorch["dropout"]
     two = import_model(str(MODELS / "kb_conv2d_relu_hardswish_clamp_form.py"), tmp_path)
     assert "is a convolution" in two.written[0].chain.end
+    ceil = import_model(str(MODELS / "conv2d_pools_ceil_mode_exact.py"), tmp_path)
+    assert "ceil_mode=True adds a partial window at the traced size 14" in ceil.written[2].chain.end
     inplace = import_model(str(MODELS / "kb_conv2d_inplace_relu_residual.py"), tmp_path)
     assert "writes the convolution's output in place, which add also reads" in inplace.pytorch["conv1"]
     channels = import_model(str(MODELS / "kb_conv2d_bias_after_channel_sum.py"), tmp_path)
@@ -233,6 +250,34 @@ def test_resnet18_every_conv_is_a_chain(tmp_path: Path) -> None:
     del torchvision
 
 
+def test_torchvision_stochastic_depth_is_the_identity_in_eval(tmp_path: Path) -> None:
+    """torchvision's EfficientNet in eval mode: stochastic_depth (a torch.fx.wrap'ed call of its own) is a dropout,
+    the identity, so each residual block's last chain takes the add after it."""
+    pytest.importorskip("torchvision", reason="torchvision is not installed (not on CI)")
+    loaded = load_model("torchvision.models:efficientnet_b0", [(2, 3, 64, 64)])
+    loaded.model.eval()
+    result = import_traced(loaded, trace(loaded.model, loaded.inputs), tmp_path)
+    depth = [n.name for n in result.gm.graph.nodes if n.op == "call_function"
+             and getattr(n.target, "__name__", "") == "stochastic_depth"]
+    assert depth and not set(depth) & set(result.pytorch)
+    residual = [w for w in result.written if [e["op"] for e in w.epilogue] == ["batch_norm", "dropout", "add"]]
+    assert len(residual) == len(depth)
+
+
+def test_torchvision_frozen_batch_norm_is_a_batch_norm() -> None:
+    """torchvision's FrozenBatchNorm2d (the detection backbones'), kept a call of its own by the trace, is an
+    eval-mode batch norm of its four buffers: every convolution of a resnet18 built with it starts a chain with it."""
+    models = pytest.importorskip("torchvision.models", reason="torchvision is not installed (not on CI)")
+    from torchvision.ops.misc import FrozenBatchNorm2d
+
+    model = models.resnet18(weights=None, norm_layer=FrozenBatchNorm2d).eval()
+    chains, refused = find_chains(trace(model, [torch.randn(2, 3, 64, 64)]))
+    assert len(chains) == 20 and not refused
+    assert all(c.steps[0].entries == [{"op": "batch_norm", "eps": 1e-5, "affine": True, "training": False}]
+               for c in chains)
+    assert chains[0].steps[0].weights["running_var"] == "bn1.running_var"
+
+
 def test_parameters_of_other_shapes(tmp_path: Path) -> None:
     """(C, 1, 1) and (1, C, 1, 1) parameters are the config's per-channel ones, a 0-dim one a scalar one, under the
     user's names; the map says how the user's shape binds; load_tuned takes the user's tensors by those names."""
@@ -256,7 +301,8 @@ def test_parameters_of_other_shapes(tmp_path: Path) -> None:
         torch.testing.assert_close(loaded(x), user(x))
 
 
-@pytest.mark.parametrize("stem", ["kb_conv2d_shape_branch_export", "kb_conv2d_functional_convs_export"])
+@pytest.mark.parametrize("stem", ["kb_conv2d_shape_branch_export", "kb_conv2d_functional_convs_export",
+                                  "kb_conv2d_export_prelu_casts_powers"])
 def test_torch_export_where_torch_fx_cannot_trace(stem: str, tmp_path: Path) -> None:
     """Control flow on a shape: torch.fx fails, torch.export's graph (lifted to torch.fx's level) gives the chains,
     with its shape guards named in the map as what stays in PyTorch."""
@@ -269,3 +315,63 @@ def test_torch_export_where_torch_fx_cannot_trace(stem: str, tmp_path: Path) -> 
         assert "torch.export's check" in result.pytorch["_guards_fn"]
     assert not any(isinstance(n.target, torch._ops.OpOverload) for w in result.written for n in result.gm.graph.nodes
                    if n.name in w.chain.nodes)  # every chain op lifted to the torch level
+
+
+def test_eval_mode_forms_of_real_models(tmp_path: Path) -> None:
+    """Eval-mode batch norm with momentum=None has no momentum in its entry (only training reads it); the dropouts
+    are identities; casts that keep the dtype are aliases of the chain's value, one to float16 ends the chain with
+    that reason; a read of the input's dtype is named as such, not as an op outside the vocabulary."""
+    result = import_model(str(MODELS / "convnet_eval_dropouts_casts.py"), tmp_path)
+    first, second, third, fourth, fifth = result.written
+    assert fifth.weights["batch_norm_0.running_var"] == "inorm.running_var"  # InstanceNorm2d(track_running_stats)
+    assert fourth.epilogue[0]["op"] == "batch_norm" and not fourth.epilogue[0]["training"]  # nn.SyncBatchNorm
+    assert first.epilogue[0] == {"op": "batch_norm", "eps": 1e-5, "affine": True, "training": False}
+    assert {"type_1", "relu_"} <= set(first.chain.nodes) and {"type_as", "to"} <= set(second.chain.nodes)
+    assert "reads it off a tensor outside the chain" in fifth.chain.end  # .to(x.dtype), x the model's input
+    assert [e for e in second.epilogue if e["op"] == "dropout"] == [{"op": "dropout", "p": p, "training": False}
+                                                                  for p in (0.3, 0.1, 0.1)]
+    assert "it casts the value to torch.float16" in third.chain.end and third.chain.end_node == "half"
+    assert "reads a tensor's dtype" in result.pytorch["getattr_3"]  # x.dtype, outside every chain
+    train = load_model(str(MODELS / "convnet_eval_dropouts_casts.py")).model.train()
+    chains, refused = find_chains(trace(train, [torch.randn(2, 3, 11, 9)]))
+    reasons = " ".join([r.reason for r in refused] + [c.end for c in chains])
+    assert "training mode with momentum=None" in reasons and "dropout in training mode with p = 0.3" in reasons
+    assert "SyncBatchNorm in training mode" in reasons and "InstanceNorm in training mode with track_running" in reasons
+
+
+def test_prelu_binds_the_users_weights(tmp_path: Path) -> None:
+    """nn.PReLU(C)'s weight (C,) is a per-channel parameter bound as a (C, 1, 1) view, nn.PReLU()'s (1,) a scalar
+    one, F.prelu's parameter by its attribute path: the user's names, in the map and the configs."""
+    result = import_model(str(MODELS / "srresnet_prelu.py"), tmp_path)
+    assert [w.parameters for w in result.written] == [{"act1_weight": "act1.weight"}, {"act2_weight": "act2.weight"},
+                                                      {"slope": "slope"}]
+    assert "view of shape [6, 1, 1]" in result.written[0].notes["act1_weight"]
+    assert "a single value" in result.written[1].notes["act2_weight"]
+    specs = [load_config(w.config) for w in result.written]
+    assert [p.shape for s in specs for p in s.parameters] == ["per_channel", "scalar", "per_channel"]
+
+
+def test_functional_batch_norm_binds_the_running_statistics(tmp_path: Path) -> None:
+    """F.batch_norm on a module's own tensors (timm's BatchNormAct2d): its weight, bias and running statistics by the
+    user's names; eval mode without a momentum (unread); training mode with it."""
+    result = import_model(str(MODELS / "timm_batchnorm_act.py"), tmp_path)
+    first = result.written[0]
+    assert first.epilogue[0] == {"op": "batch_norm", "eps": 1e-3, "affine": True, "training": False}
+    assert {k: v for k, v in first.weights.items() if k.startswith("batch_norm_0.")} == {
+        f"batch_norm_0.{n}": f"bn1.{n}" for n in ("weight", "bias", "running_mean", "running_var")}
+    train = load_model(str(MODELS / "timm_batchnorm_act.py")).model.train()
+    chains, _ = find_chains(trace(train, [torch.randn(2, 3, 19, 17)]))
+    assert chains[0].steps[0].entries == [{"op": "batch_norm", "eps": 1e-3, "momentum": 0.1, "affine": True,
+                                           "training": True}]
+
+
+def test_in_place_forms_are_their_ops_only_on_the_chains_value(tmp_path: Path) -> None:
+    """y.mul_(s), x.relu_(), F.elu_(x) on the chain's value are its ops; an in-place op whose input another op reads
+    after it is never part of a recognized idiom (b * F.hardsigmoid(b, inplace=True) is not hardswish)."""
+    result = import_model(str(MODELS / "inplace_and_pow_forms.py"), tmp_path)
+    assert {"mul_", "relu_", "elu_"} <= set(result.written[0].chain.nodes)
+    assert result.written[1].chain.nodes == ["conv2", "mul"] and "hardsigmoid" in result.pytorch
+    assert "hardsigmoid writes it in place, so the others read the new values" in result.written[1].chain.end
+    assert result.written[0].epilogue[4:] == [{"op": "pow", "by": -0.5}, {"op": "pow", "by": 2.0},
+                                              {"op": "pow", "by": -1.0}, {"op": "mul", "by": 2.0},
+                                              {"op": "pow", "by": -1.0}]

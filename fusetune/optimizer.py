@@ -991,7 +991,9 @@ def _bind(kernel_model: nn.Module, root: nn.Module, weights: Mapping[str, str]) 
     (the convolution, a norm) becomes that module; the others (a functional convolution's weights, a
     per-channel parameter) are bound at each call. Returns those, or why the chain cannot be bound."""
     ours = {**dict(kernel_model.named_parameters()), **dict(kernel_model.named_buffers())}
-    missing = sorted(set(ours) - set(weights))
+    # A batch norm's count of batches is read in training alone, which runs the user's ops: a norm that has
+    # none (a FrozenBatchNorm2d, an eval-mode InstanceNorm's statistics) keeps the generated module's.
+    missing = sorted(k for k in set(ours) - set(weights) if k.rpartition(".")[2] != "num_batches_tracked")
     if missing:
         return f"the generated model's {', '.join(missing)} have no tensor of the model"
     groups: dict[str, list[tuple[str, str]]] = {}

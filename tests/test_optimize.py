@@ -103,7 +103,8 @@ def test_only_the_winners_are_built_unless_the_search_built_every_variant(cache_
                                   "kb_conv2d_shape_branch_export", "kb_conv2d_bias_view_in_forward",
                                   "kb_convt2d_tensor_operands_on_device", "kb_conv3d_spatial_softmax_views",
                                   "kb_conv2d_functional_norms", "kb_convt2d_add_input_hardswish", "resnet_blocks",
-                                  "resnet_basicblock_downsample_after"])
+                                  "resnet_basicblock_downsample_after", "convnet_eval_dropouts_casts",
+                                  "inplace_and_pow_forms", "conv1d_keyword_calls"])
 def test_output_equals_the_models(stem: str, cache_dir: Path, caplog) -> None:
     model, inputs = _model(stem)
     model.eval()
@@ -121,7 +122,8 @@ def test_output_equals_the_models(stem: str, cache_dir: Path, caplog) -> None:
 
 @pytest.mark.parametrize("stem", ["two_chains_matmul", "conv2d_nested_buffer_shift", "conv1d_batchnorm_eval",
                                   "kb_conv2d_scale_bias_scalar_views", "kb_conv2d_shape_branch_export",
-                                  "kb_conv2d_bias_view_in_forward", "kb_conv2d_functional_norms"])
+                                  "kb_conv2d_bias_view_in_forward", "kb_conv2d_functional_norms", "srresnet_prelu",
+                                  "timm_batchnorm_act", "convnet_eval_dropouts_casts"])
 def test_the_kernels_model_holds_the_users_tensors_where_its_reference_reads_them(stem: str, cache_dir: Path) -> None:
     """What the fused kernels read is bound right: the generated ModelNew's own reference forward, on the
     tensors bound to it, computes what the user's ops compute (the kernels themselves need a GPU)."""
@@ -129,11 +131,14 @@ def test_the_kernels_model_holds_the_users_tensors_where_its_reference_reads_the
     model.eval()
     opt = _optimize(model, inputs, cache_dir)
     for chain in fused_chains(opt):
-        x = torch.randn(*next(iter(chain.shapes)))
+        shape = next(iter(chain.shapes))
+        x = torch.randn(*shape)
+        extra = [torch.randn(*s) for s in chain.state.spec.input_shapes(shape)]  # a residual's identity
         chain._bind_tensors()  # as each kernel call binds them
         reference = type(chain.kernel_model).__mro__[1]  # the generated Model
         with torch.no_grad():
-            assert torch.allclose(reference.forward(chain.kernel_model, x), chain.reference(x), rtol=1e-5, atol=1e-6)
+            assert torch.allclose(reference.forward(chain.kernel_model, x, *extra), chain.reference(x, *extra),
+                                  rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("stem", ["conv2d_nested_buffer_shift", "conv1d_batchnorm_eval"])
@@ -355,11 +360,12 @@ class _NoEager:
 @pytest.mark.parametrize("stem", ["conv2d_nested_buffer_shift", "two_chains_matmul", "kb_conv2d_scale_bias_scalar_views",
                                   "kb_conv2d_bias_view_in_forward", "kb_convt2d_add_input_hardswish", "resnet_blocks",
                                   "resnet_basicblock_downsample_after",
-                                  "kb_conv2d_min_channels_scalar_bias", "kb_convt2d_subtract_mean_tanh"])
+                                  "kb_conv2d_min_channels_scalar_bias", "kb_convt2d_subtract_mean_tanh",
+                                  "srresnet_prelu", "inplace_and_pow_forms", "timm_batchnorm_act"])
 def test_the_fused_chains_run_their_kernels_on_a_gpu(stem: str, tmp_path: Path) -> None:
     """Loose tensors (a functional convolution's, a buffer, views of a 0-dim or (1, C, 1, 1) parameter or of a (C,)
-    one viewed in the forward, (1, 1, 1) and (1, 1) ones after a channel reduction), modules bound whole, mean
-    centrings, kernels built on first use: the optimized model's output, with
+    one viewed in the forward, (1, 1, 1) and (1, 1) ones after a channel reduction, PReLU's weights), modules bound
+    whole, mean centrings, in-place forms, kernels built on first use: the optimized model's output, with
     every chain on its kernels, is as close to float64 as eager's."""
     from fusetune.runner import GpuBenchmarker
     from fusetune.worker import Worker
@@ -672,3 +678,59 @@ def test_a_half_precision_model_runs_its_kernels_on_a_gpu(dtype: str, tmp_path: 
         return ((y.double() - exact).norm() / exact.norm()).item()
     print(f"\nresnet_blocks {dtype}: error vs float64: eager {error(want):.2e}, optimized {error(got):.2e}")
     assert got.dtype == want.dtype and error(got) <= 8 * error(want)
+
+
+def test_a_frozen_batch_norm_binds_without_a_count_of_batches(cache_dir: Path) -> None:
+    """A FrozenBatchNorm2d (a detection backbone's: four buffers, no num_batches_tracked) is an eval-mode batch
+    norm to the importer; the fused chain binds its buffers (the generated norm keeps a count of its own)."""
+    model, inputs = _model("frozen_batchnorm_backbone")
+    model.eval()
+    opt = _optimize(model, inputs, cache_dir)
+    (chain,) = fused_chains(opt)
+    assert chain.kernel_model is not None
+    with torch.no_grad():
+        assert torch.equal(opt(*inputs), model(*inputs))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_graphs_never_replay_what_the_call_would_not_run() -> None:
+    """GraphedForward on a small model, no tuning: a forward hook runs on every call, a replaced submodule is
+    used, autocast is not replayed into a call without it, a capture under inference mode does not break a
+    no_grad call, and a model on another GPU than the current one replays its own outputs."""
+    from fusetune.graphs import GraphedForward
+
+    def model_on(device):
+        return torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 1)).to(device).eval()
+
+    def calls(model, graphs, xs):
+        return [graphs(model, torch.nn.Module.__call__.__get__(model), (x,), {}) for x in xs]
+
+    xs = [torch.randn(2, 3, 16, 16, device="cuda") for _ in range(4)]
+    with torch.no_grad():
+        model, graphs = model_on("cuda"), GraphedForward()
+        assert all(torch.allclose(got, model(x)) for got, x in zip(calls(model, graphs, xs), xs))
+        assert graphs.replays == 2  # listed, seen, captured and replayed, replayed
+        seen = []
+        model[2].register_forward_hook(lambda *_: seen.append(1))
+        calls(model, graphs, xs)
+        assert len(seen) == 4
+        model, graphs = model_on("cuda"), GraphedForward()
+        calls(model, graphs, xs)
+        model[2] = torch.nn.Conv2d(8, 4, 1).cuda().eval()
+        assert all(torch.allclose(got, model(x)) for got, x in zip(calls(model, graphs, xs), xs))
+        model, graphs = model_on("cuda"), GraphedForward()
+        with torch.autocast("cuda", dtype=torch.float16):
+            calls(model, graphs, xs)
+        assert calls(model, graphs, xs[:1])[0].dtype == torch.float32
+    model, graphs = model_on("cuda"), GraphedForward()
+    with torch.inference_mode():
+        calls(model, graphs, xs)
+    with torch.no_grad():
+        assert torch.allclose(calls(model, graphs, xs[:1])[0], model(xs[0]))
+        if torch.cuda.device_count() > 1:
+            other = torch.device("cuda", 1)
+            model, graphs = model_on(other), GraphedForward()
+            ys = [x.to(other) for x in xs]
+            assert all(torch.allclose(got, model(y)) for got, y in zip(calls(model, graphs, ys), ys))
+            assert graphs.replays == 2

@@ -381,6 +381,9 @@ def _parse_shapes(raw: Any, producer: Producer, path: str) -> tuple[Shape, ...]:
             raise ConfigError(path, key, f"expected positive sizes, got {shape}")
         if shape[1] != producer.in_channels:
             raise ConfigError(path, key, f"channel size {shape[1]} does not match producer.in_channels {producer.in_channels}")
+        refusal = producer.input_refusal(tuple(shape))
+        if refusal is not None:
+            raise ConfigError(path, key, f"input {shape}: {refusal}")
         out = producer.out_shape(tuple(shape))
         if any(s < 1 for s in out[2:]):
             raise ConfigError(path, key, f"input {shape} is too small for the producer: its output would be {list(out)}")

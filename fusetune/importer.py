@@ -276,13 +276,13 @@ def match_producer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> ProducerMat
         source = _module_argument(node)
         if source is None:
             return f"{type(module).__name__} is called with more than its input (output_size)"
-        if module.padding_mode != "zeros":
-            return f"padding_mode={module.padding_mode!r} (the configs pad with zeros only)"
         dims = KINDS[kind].spatial_dims
         entry: Entry = {"op": kind, "in_channels": module.in_channels, "out_channels": module.out_channels,
                         "kernel_size": _window(module.kernel_size, dims)}
         _conv_options(entry, dims, module.stride, module.padding, module.dilation, module.groups,
                       module.output_padding if KINDS[kind].transposed else 0, module.bias is not None)
+        if module.padding_mode != "zeros":  # reflect, replicate, circular: the config takes it as nn.Conv*d does
+            entry["padding_mode"] = module.padding_mode
         weights = {"producer.weight": f"{node.target}.weight"}
         if module.bias is not None:
             weights["producer.bias"] = f"{node.target}.bias"

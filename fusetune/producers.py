@@ -32,6 +32,12 @@ KINDS: dict[str, Kind] = {
 #: the importer, which maps torch modules through KINDS, never takes an nn.Identity for a producer.
 TENSOR_KINDS: dict[str, Kind] = {f"tensor{n}d": Kind(n, "Identity", False) for n in (1, 2, 3)}
 
+#: PyTorch's padding modes of a plain convolution (nn.Conv*d's padding_mode; F.pad's mode where it is not
+#: zeros) -> the largest padding it takes beside an input size s (reflect mirrors within the input, circular
+#: wraps once around it, replicate repeats its edge as far as asked).
+PADDING_MODES: dict[str, Any] = {"zeros": None, "reflect": lambda s: s - 1, "replicate": None,
+                                 "circular": lambda s: s}
+
 #: spatial dims -> the names of the input's spatial sizes, as the config's shapes list them.
 SPATIAL_NAMES: dict[int, tuple[str, ...]] = {1: ("L",), 2: ("H", "W"), 3: ("D", "H", "W")}
 
@@ -46,6 +52,9 @@ def geometry_refusal(conv: Mapping[str, Any]) -> str | None:
         values = tuple(values)[3 - dims:]
         return str(values[0]) if len(set(values)) == 1 else str(list(values))
 
+    mode = conv.get("padding_mode", "zeros")
+    if mode != "zeros":
+        return f"padding_mode {mode!r} (the kernels pad with zeros; cuDNN's world pads the input first)"
     dilation = tuple(conv.get("dilation", (1, 1, 1)))
     if any(d != 1 for d in dilation):
         return f"dilation {written(dilation)} (the kernels compute dilation 1 only)"
@@ -75,6 +84,9 @@ class Producer:
     #: A later region's tensor whose channel count is a run-time size: the dim 1 of a view (fusetune/views.py),
     #: which the input's size sets; such a region reads nothing per channel (in_channels: the first shape's).
     any_channels: bool = False
+    #: How the padding is filled (PADDING_MODES): zeros, or the input padded first (F.pad) and the
+    #: convolution then unpadded, as nn.Conv*d computes a reflect, replicate or circular padding.
+    padding_mode: str = "zeros"
 
     def __post_init__(self) -> None:
         if not self.dilation:
@@ -156,9 +168,12 @@ class Producer:
         dims, transposed = KINDS[kind].spatial_dims, KINDS[kind].transposed
         ctx = OpContext(path=path, key="producer", in_shape=(), spatial_dims=dims, parameters={})
         allowed = ["in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias"]
-        if transposed:
-            allowed.append("output_padding")
+        allowed.append("output_padding" if transposed else "padding_mode")
         reject_unknown(raw, allowed, ctx)
+        padding_mode = raw.get("padding_mode", "zeros")
+        if padding_mode not in PADDING_MODES:
+            raise ctx.error("padding_mode", f"expected one of {', '.join(PADDING_MODES)} (nn.{KINDS[kind].module}'s), "
+                                            f"got {padding_mode!r}")
         in_channels = take_int(raw, "in_channels", ctx, minimum=1)
         out_channels = take_int(raw, "out_channels", ctx, minimum=1)
         kernel = take_window(raw, "kernel_size", ctx)
@@ -192,7 +207,19 @@ class Producer:
                                                   f"{list(dilation)} (PyTorch's rule), got {list(output_padding)}")
         return cls(kind=kind, in_channels=in_channels, out_channels=out_channels, kernel_size=kernel,
                    stride=stride, padding=padding, output_padding=output_padding,
-                   bias=take_bool(raw, "bias", ctx, default=True), dilation=dilation, groups=groups, same=same)
+                   bias=take_bool(raw, "bias", ctx, default=True), dilation=dilation, groups=groups, same=same,
+                   padding_mode=padding_mode)
+
+    def input_refusal(self, shape: Shape) -> str | None:
+        """Why PyTorch refuses input ``shape`` for this producer's padding mode (a reflect padding as large as
+        the input, a circular one larger), None where it takes it."""
+        largest = PADDING_MODES.get(self.padding_mode)
+        for axis, size in enumerate(shape[2:]):
+            most = max(self.padding[axis], self.padding_end[axis])
+            if largest is not None and most > largest(size):
+                return (f"padding_mode {self.padding_mode!r} pads {most} beside an input size of {size} (PyTorch "
+                        f"takes at most {largest(size)})")
+        return None
 
     def out_shape(self, shape: Shape) -> Shape:
         """PyTorch's output shape; a non-positive size means the input is too small."""
@@ -218,7 +245,8 @@ class Producer:
                 "padding": zeros + tuple(self.padding), "padding_end": zeros + tuple(self.padding_end),
                 "output_padding": zeros + tuple(self.output_padding),
                 "dilation": ones + tuple(self.dilation), "groups": self.groups,
-                "weights": self.in_channels // self.groups * self.out_channels * math.prod(self.kernel_size)}
+                "weights": self.in_channels // self.groups * self.out_channels * math.prod(self.kernel_size),
+                **({"padding_mode": self.padding_mode} if self.padding_mode != "zeros" else {})}
 
     def inside_refusal(self) -> str | None:
         """Why the kernels that compute the convolution inside do not take this producer for what it
@@ -226,10 +254,11 @@ class Producer:
         their way (each world has its own further conditions)."""
         return geometry_refusal(self.geometry())
 
-    def _arguments(self, padding_same: bool) -> str:
+    def _arguments(self, padding_same: bool, padded: bool = False) -> str:
         """The keyword arguments after kernel_size (module) or the weights and bias (functional), as
-        PyTorch names them: those left at their defaults (dilation 1, one group) are left out."""
-        padding = "'same'" if padding_same else str(self.padding)
+        PyTorch names them: those left at their defaults (dilation 1, one group) are left out; ``padded``:
+        the input is padded already (F.pad, a padding mode's), so none."""
+        padding = str((0,) * self.spatial_dims) if padded else "'same'" if padding_same else str(self.padding)
         extra = f", output_padding={self.output_padding}" if self.transposed else ""
         if any(d != 1 for d in self.dilation):
             extra += f", dilation={self.dilation}"
@@ -240,8 +269,9 @@ class Producer:
     def module_code(self) -> str:
         if not self.convolves:
             return "nn.Identity()"
+        mode = f", padding_mode={self.padding_mode!r}" if self.padding_mode != "zeros" else ""
         return (f"nn.{KINDS[self.kind].module}({self.in_channels}, {self.out_channels}, "
-                f"kernel_size={self.kernel_size}, {self._arguments(self.same)}, bias={self.bias})")
+                f"kernel_size={self.kernel_size}, {self._arguments(self.same)}, bias={self.bias}{mode})")
 
     def functional_code(self, x: str, module: str, bias: str, forward_form: bool = False) -> str:
         """Python calling the convolution with ``bias`` (an expression, or None); a transposed one in
@@ -256,6 +286,11 @@ class Producer:
             dilation = f", dilation={self.dilation}" if any(d != 1 for d in self.dilation) else ""
             return (f"F.conv{self.spatial_dims}d({x}, {module}.weight.flip({flip}).transpose(0, 1), {bias}, "
                     f"padding={padding}{dilation})")
+        if self.padding_mode != "zeros":  # as nn.Conv*d: the input padded by F.pad, then no padding
+            pads = tuple(p for before, after in zip(reversed(self.padding), reversed(self.padding_end))
+                         for p in (before, after))
+            return (f"F.{self.kind}(F.pad({x}, {pads}, mode={self.padding_mode!r}), {module}.weight, {bias}, "
+                    f"{self._arguments(False, padded=True)})")
         return f"F.{self.kind}({x}, {module}.weight, {bias}, {self._arguments(self.asymmetric)})"
 
     def canonical(self) -> dict[str, Any]:
@@ -270,4 +305,6 @@ class Producer:
             del out["same"]
         if not self.any_channels:
             del out["any_channels"]
+        if self.padding_mode == "zeros":
+            del out["padding_mode"]
         return out

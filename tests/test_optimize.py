@@ -104,6 +104,7 @@ def test_only_the_winners_are_built_unless_the_search_built_every_variant(cache_
                                   "kb_convt2d_tensor_operands_on_device", "kb_conv3d_spatial_softmax_views",
                                   "kb_conv2d_functional_norms", "kb_convt2d_add_input_hardswish", "resnet_blocks",
                                   "resnet_basicblock_downsample_after", "convnet_eval_dropouts_casts",
+                                  "conv2d_reflect_instancenorm_relu",
                                   "inplace_and_pow_forms", "conv1d_keyword_calls"])
 def test_output_equals_the_models(stem: str, cache_dir: Path, caplog) -> None:
     model, inputs = _model(stem)
@@ -361,7 +362,8 @@ class _NoEager:
                                   "kb_conv2d_bias_view_in_forward", "kb_convt2d_add_input_hardswish", "resnet_blocks",
                                   "resnet_basicblock_downsample_after",
                                   "kb_conv2d_min_channels_scalar_bias", "kb_convt2d_subtract_mean_tanh",
-                                  "srresnet_prelu", "inplace_and_pow_forms", "timm_batchnorm_act"])
+                                  "srresnet_prelu", "inplace_and_pow_forms", "timm_batchnorm_act",
+                                  "conv2d_reflect_instancenorm_relu"])
 def test_the_fused_chains_run_their_kernels_on_a_gpu(stem: str, tmp_path: Path) -> None:
     """Loose tensors (a functional convolution's, a buffer, views of a 0-dim or (1, C, 1, 1) parameter or of a (C,)
     one viewed in the forward, (1, 1, 1) and (1, 1) ones after a channel reduction, PReLU's weights), modules bound

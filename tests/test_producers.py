@@ -38,6 +38,11 @@ PLAIN = BOTH + [
     {"kernel_size": 3, "padding": "same", "dilation": 2},   # total 4: symmetric
     {"kernel_size": [2, 3, 4], "padding": "same", "groups": 2},
     {"kernel_size": 3, "padding": "valid", "stride": 2},
+    # nn.Conv*d's padding modes: the input padded by F.pad, then the convolution unpadded
+    {"kernel_size": 3, "padding": 1, "padding_mode": "reflect"},
+    {"kernel_size": 3, "padding": [1, 2, 1], "stride": 2, "padding_mode": "replicate"},
+    {"kernel_size": 3, "padding": 2, "dilation": 2, "groups": 2, "padding_mode": "circular"},
+    {"kernel_size": 2, "padding": "same", "padding_mode": "reflect"},  # the odd one after
 ]
 TRANSPOSED = BOTH + [
     {"kernel_size": 3, "stride": 2, "padding": 1, "output_padding": 1},
@@ -185,6 +190,7 @@ def _plan(kind: str, epilogue: list | None = None, **producer):
     ({"padding": "full"}, "producer.padding", "expected 'same', 'valid'"),
     ({"dilation": 0}, "producer.dilation", "positive integers"),
     ({"output_padding": 1}, "producer.output_padding", "unknown key for op 'conv1d'"),
+    ({"padding_mode": "mirror"}, "producer.padding_mode", "expected one of zeros, reflect, replicate, circular"),
 ])
 def test_bad_plain_producers_are_refused(producer, key, fragment):
     with pytest.raises(ConfigError) as info:
@@ -197,6 +203,7 @@ def test_bad_plain_producers_are_refused(producer, key, fragment):
     ({"stride": 1, "output_padding": 1}, "producer.output_padding", "must be smaller than stride"),
     ({"padding": "same"}, "producer.padding", "a string padding is for plain convolutions"),
     ({"groups": 5}, "producer.groups", "5 groups do not divide"),
+    ({"padding_mode": "reflect"}, "producer.padding_mode", "unknown key for op 'conv_transpose2d'"),
 ])
 def test_bad_transposed_producers_are_refused(producer, key, fragment):
     with pytest.raises(ConfigError) as info:
@@ -242,6 +249,24 @@ def test_inside_worlds_refuse_dilation_and_groups(kind, producer, reason):
     assert set(plan.impl_stages) == {"cudnn", *REFERENCE_WORLDS}  # cuDNN (and PyTorch) take every producer
     assert {impl: refusals(plan)[impl] for impl in ("direct", "gemm", "gemm_wide")} == dict.fromkeys(
         ("direct", "gemm", "gemm_wide"), reason)
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+def test_a_padding_mode_runs_in_cudnns_world_alone_and_refuses_inputs_pytorch_refuses(mode):
+    """The kernels that compute the convolution pad with zeros; cuDNN's world convolves the input F.pad padded,
+    its epilogue fused as any other's. An input a reflect padding is as large as (a circular one larger than)
+    is refused as PyTorch refuses it, naming the shape."""
+    plan = _plan("conv2d", padding=2, padding_mode=mode)
+    assert set(plan.impl_stages) == {"cudnn", *REFERENCE_WORLDS}
+    assert all(refusals(plan)[impl].startswith(f"padding_mode {mode!r}") for impl in ("direct", "gemm", "gemm_wide"))
+    raw = _raw("conv2d", padding=2, padding_mode=mode)
+    raw["shapes"] = [[4, 8, 1, 9]]
+    if mode == "replicate":  # repeats its edge as far as asked
+        parse_config(raw, "x.yaml")
+        return
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw, "x.yaml")
+    assert info.value.key == "shapes[0]" and f"padding_mode {mode!r} pads 2 beside an input size of 1" in str(info.value)
 
 
 def test_inside_worlds_refuse_asymmetric_same_and_take_symmetric():

@@ -356,6 +356,20 @@ class _NoEager:
         return self.bench.eager_ms()
 
 
+def optimized_on_gpu(model, inputs: tuple, tmp_path: Path, budget_s: float = 240, **kwargs) -> torch.nn.Module:
+    """optimize with the GPU benchmarker, PyTorch's own forward left out of each search (_NoEager), so that every
+    chain runs kernels, 4 trials a chain."""
+    from fusetune.runner import GpuBenchmarker
+    from fusetune.worker import Worker
+
+    machine = Machine.detect()
+    with Worker() as worker:
+        def factory(plan, shape):
+            return _NoEager(GpuBenchmarker(plan, shape, Cache(tmp_path), machine, worker, echo=print))
+        return optimize(model, inputs, budget_s=budget_s, trials=4, cache_dir=tmp_path, benchmarker=factory,
+                        machine=machine, **kwargs)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("stem", ["conv2d_nested_buffer_shift", "two_chains_matmul", "kb_conv2d_scale_bias_scalar_views",
@@ -369,17 +383,10 @@ def test_the_fused_chains_run_their_kernels_on_a_gpu(stem: str, tmp_path: Path) 
     one viewed in the forward, (1, 1, 1) and (1, 1) ones after a channel reduction, PReLU's weights), modules bound
     whole, mean centrings, in-place forms, kernels built on first use: the optimized model's output, with
     every chain on its kernels, is as close to float64 as eager's."""
-    from fusetune.runner import GpuBenchmarker
-    from fusetune.worker import Worker
-
     model, inputs = _model(stem)
     model = model.cuda().eval()
     inputs = tuple(x.cuda() for x in inputs)
-    machine = Machine.detect()
-    with Worker() as worker:
-        def factory(plan, shape):
-            return _NoEager(GpuBenchmarker(plan, shape, Cache(tmp_path), machine, worker, echo=print))
-        opt = optimize(model, inputs, budget_s=240, trials=4, cache_dir=tmp_path, benchmarker=factory, machine=machine)
+    opt = optimized_on_gpu(model, inputs, tmp_path)
     chains = list(fused_chains(opt))
     assert chains and all(c.kernel_model is not None for c in chains)
     with torch.no_grad():
@@ -444,17 +451,10 @@ def test_on_a_gpu_training_and_autograd_stay_eager_and_inference_runs_the_kernel
     """The CPU tests cannot tell the kernels from eager (a CPU tensor is eager anyway): here every path is
     a CUDA float32 input of the tuned shape, so only the mode and autograd decide, and the counter and
     the log say which path ran."""
-    from fusetune.runner import GpuBenchmarker
-    from fusetune.worker import Worker
-
     model, inputs = _model("conv2d_nested_buffer_shift")
     model = model.cuda().eval()
     x = inputs[0].cuda()
-    machine = Machine.detect()
-    with Worker() as worker:
-        def factory(plan, shape):
-            return _NoEager(GpuBenchmarker(plan, shape, Cache(tmp_path), machine, worker, echo=print))
-        opt = optimize(model, (x,), budget_s=240, trials=4, cache_dir=tmp_path, benchmarker=factory, machine=machine)
+    opt = optimized_on_gpu(model, (x,), tmp_path)
     chains = list(fused_chains(opt))
     assert chains and all(c.kernel_model is not None for c in chains)
     caplog.set_level(logging.INFO, logger="fusetune.optimize")
@@ -557,17 +557,10 @@ def test_a_forward_replayed_from_a_cuda_graph_is_the_plain_forwards(tmp_path: Pa
     captures, later ones replay; each output equals the plain forward's on that call's own input (the input is
     copied in), is the caller's to keep (not overwritten by the next call), follows an in-place change of a
     weight, and each call counts once for every chain."""
-    from fusetune.runner import GpuBenchmarker
-    from fusetune.worker import Worker
-
     model, inputs = _model("resnet_blocks")
     model = model.cuda().eval()
     x = inputs[0].cuda()
-    machine = Machine.detect()
-    with Worker() as worker:
-        def factory(plan, shape):
-            return _NoEager(GpuBenchmarker(plan, shape, Cache(tmp_path), machine, worker, echo=print))
-        opt = optimize(model, (x,), budget_s=240, trials=4, cache_dir=tmp_path, benchmarker=factory, machine=machine)
+    opt = optimized_on_gpu(model, (x,), tmp_path)
     chains = list(fused_chains(opt))
     assert chains and opt._graphs is not None
     plain = copy.copy(opt)  # the same modules and tensors, without graphs
@@ -656,18 +649,10 @@ def test_a_half_precision_models_chains_are_tuned_in_its_dtype(dtype: str, cache
 def test_a_half_precision_model_runs_its_kernels_on_a_gpu(dtype: str, tmp_path: Path) -> None:
     """resnet's blocks in float16 and bfloat16: each chain searched and verified in the dtype, run on its
     kernels, the model within 8x eager's own error at that dtype against float64; a float32 input takes its own ops."""
-    from fusetune.runner import GpuBenchmarker
-    from fusetune.worker import Worker
-
     model, inputs = _model("resnet_blocks")
     model = model.cuda().to(getattr(torch, dtype)).eval()
     x = inputs[0].cuda().to(getattr(torch, dtype))
-    machine = Machine.detect()
-    with Worker() as worker:
-        def factory(plan, shape):
-            return _NoEager(GpuBenchmarker(plan, shape, Cache(tmp_path), machine, worker, echo=print))
-        opt = optimize(model, (x,), budget_s=240, trials=4, cache_dir=tmp_path, benchmarker=factory, machine=machine,
-                       cuda_graphs=False)
+    opt = optimized_on_gpu(model, (x,), tmp_path, cuda_graphs=False)
     chains = list(fused_chains(opt))
     assert chains and all(c.kernel_model is not None and c.state.spec.dtype == dtype for c in chains)
     with torch.no_grad():

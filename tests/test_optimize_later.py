@@ -161,19 +161,12 @@ def test_on_a_gpu_the_later_regions_run_their_kernels(tmp_path: Path) -> None:
     """The real search, builds and kernels: every first region and every later region gets a kernel winner
     (PyTorch's forward left out), the chains run both, and the output is as close to float64 as eager's; a
     second optimize on the cache attaches them without searching."""
-    from fusetune.runner import GpuBenchmarker
-    from fusetune.worker import Worker
-
-    from test_optimize import _NoEager
+    from test_optimize import optimized_on_gpu
 
     model, inputs = _model()
     model = model.cuda()
     x = inputs[0].cuda()
-    machine = Machine.detect()
-    with Worker() as worker:
-        def factory(plan, shape):
-            return _NoEager(GpuBenchmarker(plan, shape, Cache(tmp_path), machine, worker, echo=print))
-        opt = optimize(model, (x,), budget_s=600, trials=4, cache_dir=tmp_path, benchmarker=factory, machine=machine)
+    opt = optimized_on_gpu(model, (x,), tmp_path, budget_s=600)
     chains = list(fused_chains(opt))
     assert [sorted(c.later) for c in chains] == [[1], [1]]
     calls = []
@@ -191,7 +184,7 @@ def test_on_a_gpu_the_later_regions_run_their_kernels(tmp_path: Path) -> None:
 
     def no_search(plan, shape):
         raise AssertionError(f"{plan.spec.name} searched again")
-    warm = optimize(model, (x,), cache_dir=tmp_path, benchmarker=no_search, machine=machine)
+    warm = optimize(model, (x,), cache_dir=tmp_path, benchmarker=no_search, machine=Machine.detect())
     assert [sorted(c.later) for c in fused_chains(warm)] == [[1], [1]]
     with torch.no_grad():
         assert torch.equal(warm(x), got)

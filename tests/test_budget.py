@@ -369,7 +369,7 @@ def test_the_worker_keeps_one_reference_for_every_batch_of_a_problem(monkeypatch
     opened: list[tuple[str, str | None]] = []
 
     class Fake:
-        def __init__(self, module_dir, build_dir, shape, seed, arch=None, problem=None):
+        def __init__(self, module_dir, build_dir, shape, seed, arch=None, problem=None, input_shapes=()):
             opened.append((module_dir, problem))
             self.module_dir, self.shape, self.problem = module_dir, shape, problem
 

@@ -27,7 +27,7 @@ BAD = Path(__file__).resolve().parent / "bad_configs"
 BAD_CASES = [  # file, key the error must name
     ("group_norm_groups_not_dividing.yaml", "epilogue[0].groups"),
     ("search_trials_zero.yaml", "search.trials"),
-    ("producer_unknown_key.yaml", "producer.padding_mode"),
+    ("producer_unknown_key.yaml", "producer.pad_mode"),
 ]
 ALL_CONFIGS = sorted(CONFIGS.glob("*.yaml"))
 

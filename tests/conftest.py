@@ -144,14 +144,31 @@ def _fusetune_logger_restored():
     logger.handlers[:] = saved[2]
 
 
+def tf32_state(torch) -> list:
+    """cuDNN's TF32 settings as the new API holds them (convolutions and RNNs apart: the legacy allow_tf32
+    setter changes both, and a state that mixes the two APIs makes torch.export refuse), or the legacy flag."""
+    cudnn = torch.backends.cudnn
+    saved = []
+    try:  # the legacy flag first: setting it back resets the new API's values, which then go back over it
+        saved.append((cudnn, "allow_tf32", cudnn.allow_tf32))
+    except RuntimeError:  # already a mix of the two APIs: nothing to read it from
+        pass
+    owners = [o for o in (cudnn, getattr(cudnn, "conv", None), getattr(cudnn, "rnn", None))
+              if o is not None and hasattr(o, "fp32_precision")]
+    return saved + [(o, "fp32_precision", o.fp32_precision) for o in owners]
+
+
+def restore_tf32_state(saved: list) -> None:
+    for owner, name, value in saved:
+        setattr(owner, name, value)
+
+
 @pytest.fixture(autouse=True)
 def _tf32_setting_restored():
     """torch's TF32 switches are process-wide: a test that sets them (and fails before putting them back)
     must not change what later tests see. Restored by value, through the API this torch has."""
     torch = sys.modules.get("torch")  # only where a test imported it: no torch import for the others
-    conv = getattr(getattr(torch, "backends", None), "cudnn", None) if torch else None
-    new_api = conv is not None and hasattr(getattr(conv, "conv", None), "fp32_precision")
-    saved = conv.conv.fp32_precision if new_api else None
+    saved = tf32_state(torch) if torch else None
     yield
-    if new_api:
-        conv.conv.fp32_precision = saved
+    if saved is not None:
+        restore_tf32_state(saved)

@@ -21,7 +21,7 @@ from fusetune.optimizer import FusedChain, fused_chains, optimize
 from fusetune.search import Machine
 from fusetune.worlds import WORLDS
 
-from conftest import import_file
+from conftest import import_file, restore_tf32_state, tf32_state
 from fake_handlers import MACHINE_FIELDS, FakeBench
 
 MODELS = Path(__file__).resolve().parent / "models"
@@ -273,20 +273,12 @@ def test_a_damaged_cache_entry_leaves_its_chain_eager_and_the_others_fused(tmp_p
 @contextlib.contextmanager
 def _tf32_setting_restored():
     """torch's TF32 switches are process-wide properties (monkeypatch cannot undo a property set on
-    an instance): save the setting by the API this torch has and put it back by value."""
-    conv = getattr(torch.backends.cudnn, "conv", None)
-    if conv is not None and hasattr(conv, "fp32_precision"):
-        saved = conv.fp32_precision
-        try:
-            yield
-        finally:
-            conv.fp32_precision = saved
-    else:
-        saved = torch.backends.cudnn.allow_tf32
-        try:
-            yield
-        finally:
-            torch.backends.cudnn.allow_tf32 = saved
+    an instance): save every one by the API this torch has and put them back by value."""
+    saved = tf32_state(torch)
+    try:
+        yield
+    finally:
+        restore_tf32_state(saved)
 
 
 @pytest.mark.parametrize("api", ["current", "legacy"])

@@ -33,6 +33,7 @@ modules (``nn.Dropout``, ``nn.BatchNorm2d``) follow ``.train()`` and ``.eval()``
 """
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import functools
@@ -110,6 +111,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
     fused: list[FusedChain] = []
     build_now = benchmarker is None and torch.cuda.is_available()
     replaced_by: dict[str, torch.fx.Node] = {}  # a replaced chain's output node's name -> its fused module's call
+    others: collections.Counter[str] = collections.Counter()  # why the chains not fused are not (the summary)
     for item in found:
         try:
             chain = FusedChain.make(gm, item, winners.get(item.spec.name), cache, machine.capability, winners,
@@ -118,13 +120,17 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
             chain = f"{type(exc).__name__}: {exc}"
         if isinstance(chain, str):
             log.info("fusetune.optimize: %s stays eager: %s", item.spec.name, chain)
+            others["cannot be bound to the model's tensors"] += 1
             continue
         if chain.state.kernel_model is None:  # untuned, or eager won: the model's own ops, at no cost per call
             log.info("fusetune.optimize: %s keeps the model's own ops (no tuned kernels)", item.spec.name)
+            others["not tuned within the budget" if winners.get(item.spec.name) is None
+                   else "beaten by their own ops in the search"] += 1
             continue
         replaced = _replace(gm, item, chain, replaced_by)
         if replaced is not None:
             log.info("fusetune.optimize: %s stays eager: %s", item.spec.name, replaced)
+            others["cannot be cut out of the graph"] += 1
             continue
         if build_now:
             chain.load()
@@ -145,7 +151,17 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
                         "its kernels", type(exc).__name__, exc)
         if cuda_graphs:  # the check's graphs (one per set of chains it tried) go, and their memory with them
             optimized._graphs = GraphedForward()
+    _summarise(type(model).__name__, len(found), fused, others, getattr(optimized, "_graphs", None) is not None)
     return optimized
+
+
+def _summarise(name: str, found: int, fused: Sequence["FusedChain"], others: Mapping[str, int], graphs: bool) -> None:
+    """One line on what optimize made of the model: how many chains run kernels, and why the others do not."""
+    slower = sum(not chain.pays for chain in fused)
+    why = {**others, **({"slower in the whole model (optimize's check)": slower} if slower else {})}
+    log.info("fusetune.optimize: %s: %d of %d convolution chains run fused kernels%s%s", name, len(fused) - slower,
+             found, "; ".join([""] + [f"{n} {reason}" for reason, n in why.items() if n]),
+             "; the forward replays from a CUDA graph per input shape" if graphs and len(fused) > slower else "")
 
 
 #: Timed runs of the whole model (after WHOLE_WARMUP) for optimize's check, and the share of the optimized

@@ -22,7 +22,7 @@ from fusetune.search import Machine
 from fusetune.worlds import WORLDS
 
 from conftest import import_file, restore_tf32_state, tf32_state
-from fake_handlers import MACHINE_FIELDS, FakeBench
+from fake_handlers import MACHINE_FIELDS, FakeBench, fake_time
 
 MODELS = Path(__file__).resolve().parent / "models"
 MACHINE = Machine(*MACHINE_FIELDS)
@@ -713,3 +713,19 @@ def test_cuda_graphs_never_replay_what_the_call_would_not_run() -> None:
             ys = [x.to(other) for x in xs]
             assert all(torch.allclose(got, model(y)) for got, y in zip(calls(model, graphs, ys), ys))
             assert graphs.replays == 2
+
+
+def test_optimize_says_in_one_line_how_many_chains_run_kernels_and_why_the_others_do_not(tmp_path: Path,
+                                                                                          caplog) -> None:
+    """The summary a user reads first: n of m chains on fused kernels, and for the rest the reason by count."""
+    model, inputs = _model("two_chains_matmul")
+    model.eval()
+    caplog.set_level(logging.INFO, logger="fusetune.optimize")
+    _optimize(model, inputs, tmp_path / "kernels")
+    eager_wins = FakeBench(times=lambda c: 0.5 if c["producer.impl"] == "eager" else fake_time(c))
+    optimize(model, inputs, cache_dir=tmp_path / "eager", trials=TRIALS, benchmarker=eager_wins.factory,
+             machine=MACHINE)
+    said = [r.getMessage() for r in caplog.records if "convolution chains run fused kernels" in r.getMessage()]
+    assert said == ["fusetune.optimize: Model: 2 of 2 convolution chains run fused kernels",
+                    "fusetune.optimize: Model: 0 of 2 convolution chains run fused kernels; 2 beaten by their own ops "
+                    "in the search"]

@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 import torch
 import torch.nn as nn
 
-from fusetune.dtypes import DEFAULT_DTYPE
+from fusetune.dtypes import DEFAULT_DTYPE, DTYPES
 from fusetune.errors import FusetuneError
 
 log = logging.getLogger("fusetune.optimize")
@@ -177,10 +177,9 @@ def keep_what_pays(model: nn.Module, optimized: nn.Module, inputs: Sequence[Any]
     own ops back, one at a time, keeping each change that makes the whole model faster; where it is still
     slower than the user's, every chain runs its own ops. Returns the names of the chains given their ops back.
 
-    Why: each chain was searched alone, on fresh inputs, its winner timed in its own layout; in the model, a
-    winner's output layout can cost the next eager op more than the winner saved (a channels-last output that
-    the next convolution reads), and neighbours share the cache. A user asked for a faster model: the whole
-    model is the measure. ``time_ms``: a callable's time in ms (default: CUDA events, median); tests pass one."""
+    Why: each chain was searched alone, on fresh inputs with the L2 flushed; in the model, neighbours share the
+    cache and the GPU, and a chain's gain alone may not survive there. A user asked for a faster model: the
+    whole model is the measure. ``time_ms``: a callable's time in ms (default: CUDA events, median); tests pass one."""
     time_ms = time_ms or _median_ms
     for chain in fused:  # the trials below say nothing per chain: the outcome is said once, at the end
         chain._said.add("slower")
@@ -384,15 +383,16 @@ def _configs(gm: torch.fx.GraphModule, model_name: str) -> list[Found]:
 
 
 #: The dtypes a chain may be traced in, as torch and the configs spell them (fusetune.dtypes.DTYPES).
-TRACED_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+TRACED_DTYPES = {getattr(torch, dtype.torch): name for name, dtype in DTYPES.items()}
 
 
 def _traced_dtype(gm: torch.fx.GraphModule, chain: Any) -> str:
     """The config dtype of a chain: its convolution's output as traced (float32 where the trace says nothing,
     or a dtype the kernels do not take, which the config then refuses as any other)."""
+    from fusetune.importer import _dtype
+
     node = next((n for n in gm.graph.nodes if n.name == chain.producer_node), None)
-    meta = node.meta.get("tensor_meta", node.meta.get("val")) if node is not None else None
-    return TRACED_DTYPES.get(getattr(meta, "dtype", None), DEFAULT_DTYPE)
+    return TRACED_DTYPES.get(_dtype(node), DEFAULT_DTYPE)
 
 
 def conv_precision() -> str:
@@ -755,7 +755,7 @@ class FusedChain(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         """The dtype its kernels take: its config's."""
-        return getattr(torch, self.state.spec.dtype)
+        return getattr(torch, DTYPES[self.state.spec.dtype].torch)
 
     # -- construction ---------------------------------------------------------------------------
 

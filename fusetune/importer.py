@@ -1784,15 +1784,14 @@ def _is_convolution(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
 
 def _in_place(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     """Whether the op overwrites its input (``nn.ReLU(inplace=True)``, ``F.relu(x, inplace=True)``, ``x.relu_()``):
-    harmless
-    inside a chain, whose values have one reader, but not on a convolution's output that another op reads."""
+    harmless inside a chain, whose values have one reader, but not on a convolution's output that another op reads."""
     if node.op == "call_module":
         return bool(getattr(gm.get_submodule(node.target), "inplace", False))
-    if node.op == "call_method":  # x.relu_(), y.mul_(s): Tensor's in-place forms end with "_"
-        return isinstance(node.target, str) and node.target.endswith("_") and not node.target.startswith("_")
-    if node.op == "call_function" and getattr(node.target, "__name__", "").endswith("_") and not getattr(
-            node.target, "__name__", "").startswith("_"):
-        return True
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    if isinstance(name, str) and name.endswith("_") and not name.startswith("_"):
+        return True  # x.relu_(), y.mul_(s), F.elu_(x): PyTorch's in-place forms end with "_"
+    if node.op == "call_method":
+        return False
     if node.op == "call_function":
         try:
             bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)

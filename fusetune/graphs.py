@@ -199,12 +199,12 @@ def _chains(model: nn.Module) -> list[Any]:
 
 
 def _tensors(model: nn.Module) -> list[torch.Tensor]:
-    """Every parameter and buffer the forward may read (their addresses key a graph), through their modules'
-    dicts listed with the tree: ``.to()`` swaps a buffer for a new tensor there, and a parameter's data in
+    """Every parameter and buffer the forward may read (their addresses key a graph), through the dicts of the
+    modules _plain_structure listed: ``.to()`` swaps a buffer for a new tensor there, and a parameter's data in
     place."""
     slots = model.__dict__.get("_graph_slots")
     if slots is None:
         slots = model.__dict__["_graph_slots"] = [
-            (table, name) for module in model.modules() for table in (module._parameters, module._buffers)
-            for name in table]
+            (table, name) for module in model.__dict__["_graph_tree"][0]
+            for table in (module._parameters, module._buffers) for name in table]
     return [table[name] for table, name in slots if table.get(name) is not None]

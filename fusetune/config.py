@@ -38,7 +38,11 @@ TOP_KEYS = ("name", "dtype", "precision", "tolerance", "producer", "parameters",
 #: Names an extra input may not take: the generated forwards' own names (the chain's tensor ``x``, the
 #: convolution's output ``y``, ``self``) and the modules model.py imports.
 INPUT_RESERVED = ("x", "y", "self", "torch", "nn", "F", "os", "json", "producer")
-SEARCH_KEYS = ("trials", "timeout", "seed", "exclude_worlds")
+SEARCH_KEYS = ("trials", "timeout", "seed", "exclude_worlds", "timing")
+#: How a candidate's forward is timed: issued op by op from the host (``launch``), or replayed from a CUDA
+#: graph (``graph``: what a forward costs inside one, as optimize replays a model and torch.compile's default
+#: mode does; the host's cost of issuing each kernel is gone, so a chain of small kernels times as its GPU work).
+TIMINGS = ("launch", "graph")
 #: Largest element count any one tensor of a tuned shape may have; kernels index with 64-bit
 #: offsets, but cuDNN and PyTorch refuse or misbehave past this on some paths.
 MAX_ELEMENTS = 2**31 - 1
@@ -52,6 +56,8 @@ class SearchSettings:
     #: Worlds (producer.impl) the search leaves out, e.g. inductor to see what fusetune's own kernels
     #: reach against torch.compile. Part of the cache key where any: it changes the answer.
     exclude_worlds: tuple[str, ...] = ()
+    #: One of TIMINGS. Part of the cache key where not ``launch``: a winner in a graph may lose outside one.
+    timing: str = "launch"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -494,7 +500,10 @@ def _parse_search(raw: Any, path: str) -> SearchSettings:
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(path, "search.seed", f"expected an integer, got {seed!r}")
     exclude = _parse_exclude_worlds(raw.get("exclude_worlds", []), path)
-    return SearchSettings(trials=trials, timeout=float(timeout), seed=seed, exclude_worlds=exclude)
+    timing = raw.get("timing", defaults.timing)
+    if timing not in TIMINGS:
+        raise ConfigError(path, "search.timing", f"expected one of {', '.join(TIMINGS)}, got {timing!r}")
+    return SearchSettings(trials=trials, timeout=float(timeout), seed=seed, exclude_worlds=exclude, timing=timing)
 
 
 def _parse_exclude_worlds(raw: Any, path: str, where: str = "search.exclude_worlds") -> tuple[str, ...]:

@@ -37,12 +37,16 @@ STICKY = ("illegal memory access", "unspecified launch failure", "illegal instru
 _sessions: dict[tuple[str, tuple[int, ...]], "Session"] = {}
 
 
-def median_ms(fn: Callable[[], Any], reps: int = 20, warmup: int = 3, flush_bytes: int = 256 << 20) -> float:
+def median_ms(fn: Callable[[], Any], reps: int = 20, warmup: int = 3, flush_bytes: int = 256 << 20,
+              timing: str = "launch") -> float:
     """Median time of ``fn`` in milliseconds: CUDA events, L2 flushed before each run.
 
     The flush reads a buffer larger than the L2 rather than writing one: a write leaves the L2 full
     of dirty lines, and writing them back to memory was charged to whatever ran next: a sizeable part
-    of a short epilogue's time."""
+    of a short epilogue's time. ``timing`` (config.TIMINGS): ``graph`` times replays of ``fn`` captured
+    in a CUDA graph after the warm-up (graph_of), so a forward of many small kernels is timed without the
+    host's gaps between them; where ``fn`` cannot be captured, it raises: a forward that cannot run in a
+    graph cannot be the winner of a search for one."""
     import torch
 
     flush = torch.ones(flush_bytes // 4, dtype=torch.float32, device="cuda")
@@ -50,6 +54,8 @@ def median_ms(fn: Callable[[], Any], reps: int = 20, warmup: int = 3, flush_byte
         for _ in range(warmup):
             fn()
         torch.cuda.synchronize()
+        if timing == "graph":
+            fn = graph_of(fn)
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         for start, end in zip(starts, ends):
@@ -60,6 +66,23 @@ def median_ms(fn: Callable[[], Any], reps: int = 20, warmup: int = 3, flush_byte
         torch.cuda.synchronize()
     times = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
     return times[len(times) // 2]
+
+
+def graph_of(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` captured in a CUDA graph (after a warm-up run on the capturing stream, as torch.cuda.graphs
+    asks): its replay. Its outputs live in the graph's memory, overwritten by each replay."""
+    import torch
+
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+        fn()
+    torch.cuda.synchronize()
+    return graph.replay
 
 
 def _errors(out, ref) -> tuple[float, float]:
@@ -272,13 +295,13 @@ class Session:
                 return {"status": "wrong_result", **info, "log": refusal}
         return {"status": "ok", **info}
 
-    def time(self, variant: dict, reps: int) -> float:
+    def time(self, variant: dict, reps: int, timing: str = "launch") -> float:
         model = self.fused(variant, None)
-        return median_ms(lambda: model(self.x, *self.inputs), reps=reps)
+        return median_ms(lambda: model(self.x, *self.inputs), reps=reps, timing=timing)
 
-    def time_eager(self, reps: int) -> float:
+    def time_eager(self, reps: int, timing: str = "launch") -> float:
         model = self._fresh_reference()
-        return median_ms(lambda: model(self.x, *self.inputs), reps=reps)
+        return median_ms(lambda: model(self.x, *self.inputs), reps=reps, timing=timing)
 
 
 def _session(job: dict[str, Any]) -> Session:
@@ -343,7 +366,7 @@ def handle(job: dict[str, Any]) -> dict[str, Any]:
         if kind == "open":
             result: dict[str, Any] = {"status": "ok"}
         elif kind == "eager":
-            result = {"status": "ok", "time_ms": session.time_eager(job.get("reps", 20))}
+            result = {"status": "ok", "time_ms": session.time_eager(job.get("reps", 20), job.get("timing", "launch"))}
         elif kind in ("evaluate", "verify", "confirm"):
             if kind == "confirm":
                 session.draw_inputs()
@@ -352,7 +375,7 @@ def handle(job: dict[str, Any]) -> dict[str, Any]:
             result["verify_s"] = time.perf_counter() - verify_start
             if result["status"] == "ok" and kind == "evaluate":
                 time_start = time.perf_counter()
-                result["time_ms"] = session.time(job["variant"], job.get("reps", 20))
+                result["time_ms"] = session.time(job["variant"], job.get("reps", 20), job.get("timing", "launch"))
                 result["time_s"] = time.perf_counter() - time_start
         else:
             result = {"status": "crash", "log": f"unknown job kind {kind!r}"}

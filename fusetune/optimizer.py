@@ -94,7 +94,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
     except TraceError as exc:  # neither torch.fx nor torch.export traces it: nothing to replace, said once
         log.warning("fusetune.optimize: %s; the model is returned unchanged", exc)
         return model
-    found = _configs(gm, type(model).__name__)
+    found = _configs(gm, type(model).__name__, "graph" if cuda_graphs else "launch")
     if machine is None:
         try:
             machine = Machine.detect()
@@ -351,8 +351,10 @@ class Found:
     inputs: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-def _configs(gm: torch.fx.GraphModule, model_name: str) -> list[Found]:
-    """The importer's chains and configs (the longest prefix of each chain that validates)."""
+def _configs(gm: torch.fx.GraphModule, model_name: str, timing: str = "launch") -> list[Found]:
+    """The importer's chains and configs (the longest prefix of each chain that validates), each searched with
+    ``timing`` (config.TIMINGS: ``graph`` where the model will replay its forward from a CUDA graph, so that a
+    chain's kernels are chosen for what they cost there)."""
     from fusetune.config import parse_config
     from fusetune.importer import _stem, chain_inputs, find_chains, fit_chain
 
@@ -374,6 +376,8 @@ def _configs(gm: torch.fx.GraphModule, model_name: str) -> list[Found]:
                     raw = {**raw, "dtype": dtype}
                 elif raw.get("dtype", DEFAULT_DTYPE) == DEFAULT_DTYPE:  # as the user's own convolutions multiply
                     raw = {**raw, "precision": precision}
+                if timing != "launch":
+                    raw = {**raw, "search": {**raw.get("search", {}), "timing": timing}}
                 found.append(Found(chain, parse_config(raw, where), weights, inputs=chain_inputs(chain, steps)))
                 continue
         except Exception as exc:  # noqa: BLE001 - one chain's trouble never takes the others (or the model) down
@@ -430,7 +434,8 @@ def _tune(found: list[Found], cache: Any, machine: Any, budget_s: float, trials:
     time), then, with what is left, the later regions of the chains whose first region runs kernels (only
     there does a later region run: a chain without kernels keeps the model's own ops); a first region gets at
     least fusetune.lazy.MIN_SEARCH_S however small its share, a later region no more than is left. A later region is a
-    problem like any chain, keyed as ``fusetune search`` keys it, so either finds what the other tuned.
+    problem like any chain, keyed as ``fusetune search`` keys it (with the chain's ``search.timing``: a config
+    of the chain with ``timing: graph`` finds what optimize tuned for a CUDA graph, and the other way round).
     Problems that repeat at the same shape (a network's repeated blocks) are tuned once: the others read
     the cache.
 

@@ -94,7 +94,7 @@ class GpuBenchmarker:
     def _job(self, kind: str, candidate: Candidate | None, module: BuildResult) -> dict[str, Any]:
         job: dict[str, Any] = {"kind": kind, "module_dir": str(module.module_dir), "build_dir": str(module.build_dir),
                                "shape": list(self.shape), "reps": self.reps, "arch": self.machine.capability,
-                               "problem": self.problem,
+                               "problem": self.problem, "timing": self.plan.spec.search.timing,
                                "input_shapes": [list(s) for s in self.plan.spec.input_shapes(self.shape)]}
         if candidate is not None:
             job["variant"] = self.space.stage_values(candidate)

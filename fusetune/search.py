@@ -133,13 +133,16 @@ def shape_facts(spec: ProblemSpec, plan: Plan, shape: Shape, capability: str) ->
 
 def key_fields(spec: ProblemSpec, shape: Shape, machine: Machine, source_hash: str) -> dict[str, Any]:
     """Everything that can change the answer. Not the config's name, nor its search settings but the
-    worlds it leaves out (only where it leaves some out: the keys of other searches stay as they were)."""
+    worlds it leaves out and a timing other than ``launch`` (only where so: the keys of other searches stay
+    as they were)."""
     fields = {"problem": spec.canonical(), "shape": list(shape), "dtype": spec.dtype, "input_layout": "contiguous",
               "gpu": machine.gpu, "capability": machine.capability, "cuda": machine.cuda,
               "torch": machine.torch, "fusetune": __version__, "verification": VERIFICATION,
               "cuda_flags": list(CUDA_FLAGS), "sources": source_hash}
     if spec.search.exclude_worlds:
         fields["exclude_worlds"] = list(spec.search.exclude_worlds)
+    if spec.search.timing != "launch":
+        fields["timing"] = spec.search.timing
     return fields
 
 

@@ -42,7 +42,7 @@ def _resnet():
 def _found():
     model, inputs = _resnet()
     _, gm = _traced_copy(model, inputs)
-    return _configs(gm, "Model")
+    return _configs(gm, "Model", "graph")  # as optimize tunes them (its forward replays from a CUDA graph)
 
 
 def _distinct(opt) -> set[str]:

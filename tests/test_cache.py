@@ -54,7 +54,7 @@ def test_make_key_of_real_fields_is_stable():
 
 
 @pytest.mark.parametrize("change", [
-    "gpu", "torch", "cuda", "capability", "sources", "shape", "problem", "problem_param", "verification",
+    "gpu", "torch", "cuda", "capability", "sources", "shape", "problem", "problem_param", "verification", "timing",
 ])
 def test_make_key_changes_with_every_field(change, monkeypatch):
     spec = load_config(SEEDS["groupnorm"])
@@ -85,6 +85,9 @@ def test_make_key_changes_with_every_field(change, monkeypatch):
     elif change == "verification":  # a stricter verification: winners verified the old way are not trusted
         import fusetune.search
         monkeypatch.setattr(fusetune.search, "VERIFICATION", fusetune.search.VERIFICATION + 1)
+    elif change == "timing":  # timed in a CUDA graph (optimize's): a winner there may lose when issued op by op
+        import dataclasses
+        spec = dataclasses.replace(spec, search=dataclasses.replace(spec.search, timing="graph"))
     assert make_key(key_fields(spec, shape, machine, sources)) != base
 
 
@@ -94,7 +97,7 @@ def test_key_ignores_the_name_and_search_settings():
     from fusetune.config import parse_config
     raw = yaml.safe_load(SEEDS["groupnorm"].read_text())
     spec = parse_config(raw, "a.yaml")
-    raw.update(name="renamed", search={"trials": 3, "timeout": 5, "seed": 7})
+    raw.update(name="renamed", search={"trials": 3, "timeout": 5, "seed": 7, "timing": "launch"})
     renamed = parse_config(raw, "b.yaml")
     shape = spec.shapes[0]
     assert make_key(key_fields(spec, shape, MACHINE, "s")) == make_key(key_fields(renamed, shape, MACHINE, "s"))

@@ -88,9 +88,9 @@ def test_later_regions_are_tuned_after_every_first_region_within_the_budget_and_
                               machine=MACHINE, trials=TRIALS), model)
     assert warm.evaluated == {} and warm.builder.built == []
 
-    bench = FakeBench()  # and fusetune search finds each region's winner (the same keys)
+    bench = FakeBench()  # and fusetune search finds each region's winner (the same keys, timed in a graph)
     _, gm = _traced_copy(model, inputs)
-    for found in _configs(gm, "Model"):
+    for found in _configs(gm, "Model", "graph"):
         for spec, shapes in expand(found.spec, [found.spec.shapes[0]]):
             result = tune_shape(spec, shapes[0], Cache(tmp_path), MACHINE, bench.factory, echo=lambda line: None)
             assert result.status == "cached", spec.name
@@ -124,7 +124,7 @@ def test_a_budget_the_first_regions_spend_leaves_the_later_regions_in_pytorch(tm
 def test_optimize_attaches_what_the_search_tuned_without_searching(tmp_path: Path) -> None:
     model, inputs = _model()
     _, gm = _traced_copy(model, inputs)
-    for found in _configs(gm, "Model"):  # as `fusetune search` tunes an imported chain: its regions too
+    for found in _configs(gm, "Model", "graph"):  # as `fusetune search` tunes an imported chain: its regions too
         for spec, shapes in expand(found.spec, [found.spec.shapes[0]]):
             bench = FakeBench(times=kernel_first_time)  # kernels win: there is a region to attach
             result = tune_shape(spec, shapes[0], Cache(tmp_path), MACHINE, bench.factory, trials=TRIALS,

@@ -18,6 +18,7 @@ from fusetune.cache import atomic_write_text
 from fusetune.dtypes import DTYPES
 from fusetune.launch_abi import SLOTS, STATUSES
 from fusetune.ops import Elementwise
+from fusetune.ops.channel import channel_finish, channel_value
 from fusetune.ops.pool import ADAPTIVE_BOUNDS
 from fusetune.plan import Plan
 from fusetune.regions import reference_attr
@@ -228,6 +229,11 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         "dtype": DTYPES[plan.spec.dtype],  # the tensors' element type in the kernels, the binding and model.py
         "chain": lambda ops, v: _chain(ops, v, slots, scalars=scalars),
         "chain_plain": lambda ops, v: _chain(ops, v, slots, plain=True, scalars=scalars),
+        # channel_softmax's map of a value from its position's accumulator, finished once a position
+        # (fusetune/ops/channel.py); a layer norm's per-channel weight and bias read as the chains read parameters.
+        "channel_value": lambda x, acc, c: channel_value(plan.softmax, x, acc, c,
+                                                         lambda name, ch: f"__ldg(a.p[{slots[name]}] + {ch})"),
+        "channel_finish": lambda acc: channel_finish(plan.softmax, acc),
         "pool": _pool_window(plan), "strategy_id": STRATEGIES.__getitem__,
         "norm": norm,
         "pre_reads_producer": any(op.uses_producer() for op in plan.pre),

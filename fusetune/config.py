@@ -19,6 +19,7 @@ from fusetune.dtypes import DEFAULT_DTYPE
 from fusetune.dtypes import DTYPES as ELEMENT_TYPES
 from fusetune.errors import ConfigError, did_you_mean
 from fusetune.ops import REGISTRY, LayerNorm, Op, OpContext, ParamDecl, Shape
+from fusetune.ops.channel import ChannelLayerNorm
 from fusetune.producers import Producer
 
 #: The element types a config may name; inputs, weights and outputs are in it, the kernels' arithmetic
@@ -472,8 +473,9 @@ def _needs_spatial(cls: type[Op]) -> bool:
 
 def _needs_channels(cls: type[Op]) -> bool:
     """Whether an op needs the convolution's channels as well: the per-channel norms, whose modules
-    hold one value per channel (a layer norm names its own dims)."""
-    return cls.role == "norm" and not issubclass(cls, LayerNorm)
+    hold one value per channel (a layer norm names its own dims), and a layer norm over the channels, whose
+    weight and bias are per-channel parameters."""
+    return (cls.role == "norm" and not issubclass(cls, LayerNorm)) or issubclass(cls, ChannelLayerNorm)
 
 
 def _structured(shape: Shape, producer: Producer) -> str | None:

@@ -162,6 +162,19 @@ def _placed(model: torch.nn.Module, spec: ProblemSpec, config: str | Path,
 def user_names(config: str | Path, spec: ProblemSpec) -> dict[str, str]:
     """The generated model's state key -> the user's name, from the map ``fusetune import`` wrote beside
     the config (``<stem>.map.json``); empty where there is none."""
+    return {str(k): str(v) for k, v in _map_chain(config, spec).get("weights", {}).items()}
+
+
+def derived_params(config: str | Path, spec: ProblemSpec) -> dict:
+    """The config's parameters that the model computes from its tensors (fusetune/derived.py): name ->
+    Derivation, from the map beside the config; empty where there is none."""
+    from fusetune.derived import Derivation
+
+    return {str(k): Derivation.from_json(v) for k, v in _map_chain(config, spec).get("derived", {}).items()}
+
+
+def _map_chain(config: str | Path, spec: ProblemSpec) -> dict:
+    """The map's entry of this config (``fusetune import``'s ``<stem>.map.json`` beside it); empty where none."""
     folder = Path(config).parent
     for path in sorted(folder.glob("*.map.json")):
         try:
@@ -169,8 +182,8 @@ def user_names(config: str | Path, spec: ProblemSpec) -> dict[str, str]:
         except (OSError, ValueError):
             continue
         for chain in doc.get("chains", []) if isinstance(doc, dict) else []:
-            if chain.get("name") == spec.name and Path(str(chain.get("config", ""))).name == Path(config).name:
-                return {str(k): str(v) for k, v in chain.get("weights", {}).items()}
+            if isinstance(chain, dict) and chain.get("name") == spec.name and Path(str(chain.get("config", ""))).name == Path(config).name:
+                return chain
     return {}
 
 
@@ -181,12 +194,18 @@ def _renamed(model: torch.nn.Module, spec: ProblemSpec, config: str | Path,
 
     given = weights.state_dict() if isinstance(weights, torch.nn.Module) else dict(weights)
     names = user_names(config, spec)
+    derived = derived_params(config, spec)
     out: dict[str, torch.Tensor] = {}
     missing: list[str] = []
     params = {p.name for p in spec.parameters}
     for key, ours in model.state_dict().items():
         name = names.get(key, key)
-        if name in given:
+        if key in derived:  # computed from the user's tensors, now (load_state_dict copies every weight)
+            try:
+                out[key] = derived[key].compute(given.__getitem__)
+            except KeyError as exc:
+                missing.append(f"{exc.args[0]} (for {key} = {derived[key].describe()})")
+        elif name in given:
             theirs = given[name]
             if key in params and theirs.shape != ours.shape and theirs.numel() in (1, ours.numel()):
                 theirs = declared_view(theirs, ours.shape)  # a 0-dim or (1, C, 1, 1) parameter, as imported

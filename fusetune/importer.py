@@ -38,6 +38,7 @@ import yaml
 
 from fusetune import broadcast
 from fusetune.config import _reserved, load_config, parse_config
+from fusetune.derived import Derivation, derivation
 from fusetune.errors import ConfigError, FusetuneError
 from fusetune.ops import Shape
 from fusetune.producers import KINDS
@@ -182,6 +183,11 @@ def trace(model: nn.Module, inputs: Sequence[Any], source: str = "<model>") -> t
 class _Tracer(torch.fx.Tracer):
     """torch.fx's tracer, with the modules of other packages that the vocabulary takes whole (NAMED_MODULES: a
     FrozenBatchNorm2d) kept as calls of their own, as torch.nn's modules are."""
+
+    #: A buffer read in the forward is a node of the graph (get_attr), as a parameter is: without it torch.fx
+    #: computes arithmetic on buffers alone at trace time (``torch.sqrt(self.bn.running_var + self.bn.eps)``) and
+    #: keeps the result as a constant, which a later change of the buffer (load_state_dict) would never reach.
+    proxy_buffer_attributes = True
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return _named_module(m) is not None or super().is_leaf_module(m, module_qualified_name)
@@ -379,6 +385,19 @@ class InputRef:
     kind: str = "full"
 
 
+@dataclasses.dataclass(frozen=True)
+class DerivedRef:
+    """A binary op's operand that the forward computes from the model's tensors alone (``w = bn.weight /
+    torch.sqrt(bn.running_var + bn.eps)``, ``self.scale.exp()``, ``torch.sigmoid(self.gate).view(1, -1, 1, 1)``),
+    one value per channel or a single value: the config declares it as a parameter, whose value the fused
+    chain computes from the user's tensors at every call (fusetune/derived.py), never a constant of the import."""
+
+    target: str  # the base of its config name (derived_<node>)
+    node: str  # the graph node holding the operand
+    derivation: Derivation
+    nodes: tuple[str, ...]  # the derivation's call nodes, in graph order: the chain's where no other op reads them
+
+
 #: Names an extra input of the config may not take (config.INPUT_RESERVED); one that would is prefixed.
 _INPUT_PREFIX = "input_"
 
@@ -519,6 +538,9 @@ class Site:
             if per_channel_form(_shape(arg) or (), self.shape_in or (), self.channels) is not None:
                 return ParamRef(target, tuple(int(s) for s in value.shape), tuple(n.name for n in nodes))
         shape = _shape(arg)
+        derived = self._derived(arg, shape)
+        if derived is not None:
+            return derived
         before = _computed_before(self.gm, arg, self.producer)
         if shape is not None and shape == self.shape_in and before and not _depends_on(arg, self.producer):
             return InputRef(arg.name, str(arg.target) if arg.op == "placeholder" else arg.name)
@@ -539,6 +561,30 @@ class Site:
             what = "computed after the convolution" if not before else "computed from the convolution's output"
         return (f"the other operand ({arg.name}) is a tensor of the forward {what}: not a number, the "
                 "convolution's output, a per-channel parameter or an extra input of the chain's shape")
+
+
+    def _derived(self, arg: torch.fx.Node, shape: Shape | None) -> DerivedRef | None:
+        """The operand as a DerivedRef where the forward computes it from the model's tensors alone and it is one
+        value per channel or a single value against the chain's value; else None."""
+        if shape is None or _dtype(arg) is None or not _dtype(arg).is_floating_point:
+            return None
+        form = per_channel_form(shape, self.shape_in or (), self.channels)
+        if form is None:
+            return None
+        declared = () if form == "scalar" else (self.channels,) + (1,) * self.spatial_dims
+        found = derivation(self.gm, arg, declared, lambda n: _user_tensor(self.gm, n))
+        if found is None:
+            return None
+        how, calls = found
+        return DerivedRef(f"derived_{arg.name}", arg.name, how, tuple(n.name for n in calls))
+
+
+def _user_tensor(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Whether a get_attr node reads a tensor of the user's model (a parameter or a buffer), not a constant the
+    trace made of a tensor built in the forward."""
+    target = str(node.target)
+    return not target.split(".")[-1].startswith("_tensor_constant") and isinstance(_fetch_or_none(gm, target),
+                                                                                    torch.Tensor)
 
 
 def _viewed_argument(node: torch.fx.Node) -> torch.fx.Node | None:
@@ -1031,20 +1077,14 @@ def _pool_entry(kind: str, dims: int, a: Mapping[str, Any], shape: Shape | None 
     stride_given = a.get("stride") not in (None, [], ())
     stride = _as_list(_window(a["stride"], dims), dims) if stride_given else kernel
     padding = _as_list(_window(a.get("padding", 0), dims), dims)
+    ceil = False  # where ceil_mode=True adds a window at the traced size: PyTorch's pool, after the kernels' region
     if a.get("ceil_mode"):
         sizes = list(shape[-dims:]) if shape is not None and len(shape) >= dims else None
-        changed = 0 if sizes is None else _ceil_changes(kernel, stride, padding, sizes)
-        if changed is not None:
-            where = f" at the traced size {sizes[changed]}" if sizes is not None else ""
-            raise _Stop(f"ceil_mode=True adds a partial window{where} (the pools floor; where the input divides "
-                        "evenly ceil_mode changes nothing and is taken)")
+        ceil = sizes is None or _ceil_changes(kernel, stride, padding, sizes) is not None
     if _window(a.get("dilation", 1), dims) != 1:
         raise _Stop(f"dilation={a['dilation']!r} is not in the vocabulary (the pools take dilation 1)")
     if a.get("return_indices"):
         raise _Stop("return_indices=True is not in the vocabulary")
-    if not a.get("count_include_pad", True) and any(padding):
-        raise _Stop("count_include_pad=False with padding is not in the vocabulary (the average counts the padding; "
-                    "without padding the two are the same, and it is taken)")
     if a.get("divisor_override") is not None:
         raise _Stop("divisor_override is not in the vocabulary")
     entry: Entry = {"op": kind, "kernel_size": _window(a["kernel_size"], dims)}
@@ -1053,6 +1093,10 @@ def _pool_entry(kind: str, dims: int, a: Mapping[str, Any], shape: Shape | None 
         entry["stride"] = _window(stride, dims)
     if _window(a.get("padding", 0), dims) != 0:
         entry["padding"] = _window(a["padding"], dims)
+    if ceil:
+        entry["ceil_mode"] = True
+    if not a.get("count_include_pad", True) and any(padding):  # (without padding the two divisors are one)
+        entry["count_include_pad"] = False
     return entry
 
 
@@ -1449,6 +1493,7 @@ TABLE: dict[tuple[str, Any], Builder] = {
     ("call_function", F.group_norm): group_norm_fn,
     ("call_function", F.instance_norm): instance_norm_fn,
     ("call_function", F.layer_norm): layer_norm_fn,
+    ("call_function", F.normalize): lambda site: _channel_import().normalize(site),
     ("call_function", F.batch_norm): batch_norm_fn,
     **{("call_function", fn): dropout_fn(training) for fn, training in _DROPOUT_FUNCTIONS},
     **{("call_module", cls): dropout_module for cls in _DROPOUT_MODULES},
@@ -1896,6 +1941,8 @@ class Chain:
     end_node: str | None  # the node it ends before, if any
     output_node: str = ""
     producer_readers: list[str] = dataclasses.field(default_factory=list)  # ops reading the convolution's value
+    #: The readers of each node of the chain's derived operands (DerivedRef), by name: settle_derived's
+    derived_readers: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
     @property
     def nodes(self) -> list[str]:
@@ -1955,6 +2002,23 @@ def _readers(gm: torch.fx.GraphModule, nodes: Iterable[torch.fx.Node]) -> tuple[
     return (sorted(dict.fromkeys(values), key=order.__getitem__), sorted(dict.fromkeys(shapes), key=order.__getitem__))
 
 
+def _channel_import():
+    """fusetune/channel_import.py: the norms over the channels' patterns (it imports this module's helpers)."""
+    from fusetune import channel_import
+
+    return channel_import
+
+
+def _channel_norm(gm: torch.fx.GraphModule, values: list[torch.fx.Node], cur: list[torch.fx.Node],
+                  producer: list[torch.fx.Node], match: ProducerMatch, dims: int):
+    """A layer norm over the channels whose first nodes are every reader of the chain's value (channel_import's
+    match_channel_norm), or None."""
+    if not values:
+        return None
+    site = Site(gm, values[0], set(cur), set(producer), int(match.entry["out_channels"]), dims)
+    return _channel_import().match_channel_norm(site, values)
+
+
 def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMatch) -> Chain | NoChain:
     """The longest chain from the convolution at ``node`` (before the configs' validation)."""
     in_shape = _shape(match.input)
@@ -1976,6 +2040,15 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
         if not candidates:
             chain.end = "its value is not read by any op"
             break
+        channel_norm = _channel_norm(gm, values, cur, producer, match, dims)
+        if channel_norm is not None:  # a layer norm over the channels, by hand or permuted around one: one op
+            nodes, entry, out = channel_norm
+            out_aliases = _aliases(gm, out)
+            covered = [s.name for s in shape_reads] + [n.name for n in nodes] + [a.name for a in out_aliases[1:]]
+            chain.steps.append(Step([entry], covered, None, value=out_aliases[-1].name))
+            pending = []
+            cur = out_aliases
+            continue
         if len(values) == 2:
             site = Site(gm, values[0], set(cur), set(producer), int(match.entry["out_channels"]), dims)
             centring = match_centring(site, values)
@@ -2043,6 +2116,9 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
         if nxt in pending:
             pending.remove(nxt)
         views = [v for e in mapped.entries if isinstance(e.get("by"), ParamRef) for v in e["by"].views]
+        taken = set(chain.nodes)
+        views += [v for e in mapped.entries if isinstance(e.get("by"), DerivedRef) for v in e["by"].nodes
+                  if v not in taken and v not in views]
         order = {n.name: i for i, n in enumerate(gm.graph.nodes)}
         covered = sorted([s.name for s in shape_reads] + views + [nxt.name] + [e.name for e in mapped.extra],
                          key=order.__getitem__)
@@ -2052,11 +2128,35 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
         cur = nxt_aliases
     chain.output_node = _last_value(chain)
     chain.producer_readers = [r.name for r in _readers(gm, producer)[0]]
+    nodes = {n.name: n for n in gm.graph.nodes}
+    chain.derived_readers = {name: [u.name for u in nodes[name].users] for step in chain.steps for e in step.entries
+                             if isinstance(ref := e.get("by"), DerivedRef) for name in ref.nodes}
+    settle_derived(chain)
     outside = [p.name for p in pending if p.name not in chain.nodes]
     if outside:
         return NoChain(node.name, f"the convolution's output is also read by {', '.join(outside)}, outside "
                                   "the chain (a chain's intermediate values are not kept)")
     return chain
+
+
+def settle_derived(chain: Chain) -> None:
+    """Leave out of the chain's nodes the derivations' nodes that an op outside the chain reads (another chain's
+    operand, the model's output): the model computes them there, and the chain computes its operand again
+    from the model's tensors (DerivedRef). Run again where the chain is cut shorter (fit_chain)."""
+    derived = {n for step in chain.steps for e in step.entries if isinstance(ref := e.get("by"), DerivedRef)
+               for n in ref.nodes}
+    if not derived:
+        return
+    inside = set(chain.nodes)
+    changed = True
+    while changed:
+        changed = False
+        for name in sorted(derived & inside):
+            if any(user not in inside for user in chain.derived_readers.get(name, ())):
+                inside.discard(name)
+                changed = True
+    for step in chain.steps:
+        step.nodes = [n for n in step.nodes if n in inside]
 
 
 def _last_value(chain: Chain) -> str:
@@ -2106,6 +2206,17 @@ def chain_config(chain: Chain, name: str, steps: int | None = None) -> tuple[dic
                 sizes[pname] = entry["by"].shape
                 weights[pname] = target
                 entry["by"] = pname
+            elif isinstance(entry.get("by"), DerivedRef):  # a parameter the fused chain computes (chain_derived)
+                ref = entry["by"]
+                pname = _param_name(ref.target, params)
+                params[pname] = ref.target
+                sizes[pname] = ref.derivation.shape
+                entry["by"] = pname
+            for key in _channel_import().PARAM_KEYS:  # a layer norm over the channels: its weight and bias
+                if isinstance(entry.get(key), ParamRef):
+                    pname = _param_name(entry[key].target, params)
+                    params[pname], sizes[pname], weights[pname] = entry[key].target, entry[key].shape, entry[key].target
+                    entry[key] = pname
             epilogue.append(entry)
         if step.module is not None:
             i = first  # a module op is one entry: reference_attr's f"{kind}_{i}"
@@ -2126,6 +2237,25 @@ def chain_config(chain: Chain, name: str, steps: int | None = None) -> tuple[dic
     raw["epilogue"] = epilogue
     raw["shapes"] = [list(chain.input_shape)]
     return raw, weights
+
+
+def chain_derived(chain: Chain, steps: int | None = None) -> dict[str, Derivation]:
+    """The parameters of the config of the chain's first ``steps`` steps that the fused chain computes from the
+    model's tensors (DerivedRef operands), by their config names (as chain_config names them)."""
+    params: dict[str, str] = {}
+    out: dict[str, Derivation] = {}
+    for step in (chain.steps[:steps] if steps is not None else chain.steps):
+        for entry in step.entries:
+            ref = entry.get("by")
+            for key in _channel_import().PARAM_KEYS:  # named as chain_config names them, in its order
+                if isinstance(entry.get(key), ParamRef):
+                    params[_param_name(entry[key].target, params)] = entry[key].target
+            if isinstance(ref, (ParamRef, DerivedRef)):
+                pname = _param_name(ref.target, params)
+                params[pname] = ref.target
+                if isinstance(ref, DerivedRef):
+                    out[pname] = ref.derivation
+    return out
 
 
 def chain_inputs(chain: Chain, steps: int | None = None) -> dict[str, str]:
@@ -2172,6 +2302,8 @@ class Written:
     notes: dict[str, str] = dataclasses.field(default_factory=dict)  # config name -> how the user's shape binds
     #: The config's extra inputs (inputs:): config name -> the graph node the fused module is called with.
     inputs: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: The parameters computed from the model's tensors at each call (DerivedRef): config name -> how.
+    derived: dict[str, Derivation] = dataclasses.field(default_factory=dict)
 
 
 def _shape_note(gm: torch.fx.GraphModule, target: str, raw: Mapping[str, Any]) -> str:
@@ -2216,6 +2348,7 @@ def fit_chain(chain: Chain, name: str, path: Path) -> tuple[int, dict[str, Any],
             chain.end = f"the config's validation refuses what follows: {last_error}"
             chain.steps = chain.steps[:k]
             chain.output_node = _last_value(chain)
+            settle_derived(chain)
         return k, raw, weights
     return last_error or "no op of the vocabulary follows the convolution"
 
@@ -2327,18 +2460,22 @@ def import_traced(loaded: LoadedModel, gm: torch.fx.GraphModule, out_dir: Path) 
         nodes = ", ".join(chain.nodes)
         header = (f"# Imported by `fusetune import {loaded.source}`: fx nodes {nodes}.\n"
                   f"# Ends: {chain.end}.\n")
-        if raw.get("parameters"):
+        derived = chain_derived(chain, k)
+        bound = [p for p in raw.get("parameters", {}) if p not in derived]
+        if bound:
             header += ("# Parameters: init randn here; the trained values come from the model's "
-                       + ", ".join(f"{weights[p]} ({p}{_shape_note(gm, weights[p], raw)})" for p in raw["parameters"])
-                       + ".\n")
+                       + ", ".join(f"{weights[p]} ({p}{_shape_note(gm, weights[p], raw)})" for p in bound) + ".\n")
+        if derived:
+            header += ("# Derived parameters: init randn here; at each call the fused chain computes them from the "
+                       "model's tensors as the forward does: " + "; ".join(f"{p} = {d.describe()}"
+                                                                            for p, d in derived.items()) + ".\n")
         inputs = chain_inputs(chain, k)
         if inputs:
             header += ("# Inputs: the model's tensors the chain reads beside the convolution's input, as forward "
                        "arguments after x: " + ", ".join(f"{n} (fx node {node})" for n, node in inputs.items()) + ".\n")
         write_config(path, _dump(raw, header))
-        written.append(Written(chain, path, name, k, weights, {p: weights[p] for p in raw.get("parameters", {})},
-                               raw["epilogue"], {p: _shape_note(gm, weights[p], raw).lstrip(", ")
-                                                 for p in raw.get("parameters", {})}, inputs))
+        written.append(Written(chain, path, name, k, weights, {p: weights[p] for p in bound}, raw["epilogue"],
+                               {p: _shape_note(gm, weights[p], raw).lstrip(", ") for p in bound}, inputs, derived))
     pytorch = _pytorch_reasons(gm, written, refused)
     map_path = out_dir / f"{loaded.stem}.map.json"
     _write_map(map_path, loaded, written, pytorch)
@@ -2391,7 +2528,8 @@ def _write_map(path: Path, loaded: LoadedModel, written: list[Written], pytorch:
                     "weights": w.weights, "inputs": w.inputs,
                     "parameters": {p: {"from": t, "note": "trained values come from the model (init randn in "
                                                           "the config)" + (f"; {w.notes[p]}" if w.notes.get(p) else "")}
-                                   for p, t in w.parameters.items()}}
+                                   for p, t in w.parameters.items()},
+                    "derived": {p: {"computes": d.describe(), **d.to_json()} for p, d in w.derived.items()}}
                    for w in written],
         "pytorch": dict(pytorch),
     }

@@ -349,6 +349,8 @@ class Found:
     region: int = 0  # of a later region: its place in the chain's pipeline (ModelNew.attach_later's index)
     #: The config's extra inputs (inputs:): config name -> the graph node the fused module is called with.
     inputs: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Its parameters computed from the model's tensors (fusetune/derived.py): config name -> the Derivation.
+    derived: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def _configs(gm: torch.fx.GraphModule, model_name: str, timing: str = "launch") -> list[Found]:
@@ -356,7 +358,7 @@ def _configs(gm: torch.fx.GraphModule, model_name: str, timing: str = "launch") 
     ``timing`` (config.TIMINGS: ``graph`` where the model will replay its forward from a CUDA graph, so that a
     chain's kernels are chosen for what they cost there)."""
     from fusetune.config import parse_config
-    from fusetune.importer import _stem, chain_inputs, find_chains, fit_chain
+    from fusetune.importer import _stem, chain_derived, chain_inputs, find_chains, fit_chain
 
     chains, refused = find_chains(gm)
     for no in refused:
@@ -378,7 +380,8 @@ def _configs(gm: torch.fx.GraphModule, model_name: str, timing: str = "launch") 
                     raw = {**raw, "precision": precision}
                 if timing != "launch":
                     raw = {**raw, "search": {**raw.get("search", {}), "timing": timing}}
-                found.append(Found(chain, parse_config(raw, where), weights, inputs=chain_inputs(chain, steps)))
+                found.append(Found(chain, parse_config(raw, where), weights, inputs=chain_inputs(chain, steps),
+                                   derived=chain_derived(chain, steps)))
                 continue
         except Exception as exc:  # noqa: BLE001 - one chain's trouble never takes the others (or the model) down
             fitted = f"{type(exc).__name__}: {exc}"
@@ -734,6 +737,8 @@ class ChainState:
     later: tuple[tuple[int, Any, tuple[str, ...]], ...] = ()
     #: The graph nodes of its extra inputs (the config's inputs:, in order): the fused module's arguments after x.
     input_nodes: tuple[torch.fx.Node, ...] = ()
+    #: (name, Derivation) of each parameter of kernel_model computed from the model's tensors at every kernel call
+    derived: tuple[tuple[str, Any], ...] = ()
 
 
 class FusedChain(nn.Module):
@@ -787,7 +792,8 @@ class FusedChain(nn.Module):
             elif not top.startswith("_tensor_constant"):  # the trace's own constants never move
                 root_tensors.append(top)
         modules = [gm.get_submodule(str(n.target)) for n in sub.nodes if n.op == "call_module"]
-        tensors = [_owner(gm, user) for user in item.weights.values()]
+        tensors = [_owner(gm, user) for user in [*item.weights.values(), *(t for d in item.derived.values()
+                                                                          for t in d.reads)]]
         kernel_model = None
         rendered = None
         shapes: set[tuple[int, ...]] = set()
@@ -799,10 +805,11 @@ class FusedChain(nn.Module):
             generated = load_generated(rendered.write(cache.module_dir(rendered.name)))
             kernel_model = generated.ModelNew(variant=dict(variant))
             kernel_model.training = False  # not .eval(): that would reach the user's modules once bound
-            bound = _bind(kernel_model, gm, item.weights)
+            bound = _bind(kernel_model, gm, item.weights, item.derived)
             if isinstance(bound, str):
                 return bound
             loose = bound
+            _derive(kernel_model, gm, item.derived)
             shapes = {tuple(s) for s in item.spec.shapes}
             later = _attach_later(kernel_model, item, winners or {}, cache, arch)
         else:
@@ -812,7 +819,7 @@ class FusedChain(nn.Module):
             name=item.spec.name, spec=item.spec, reference=ref, kernel_model=kernel_model, shapes=frozenset(shapes),
             modules=tuple(modules), tensors=tuple(tensors), loose=tuple(loose), root_tensors=tuple(root_tensors),
             root=gm, input_node=inputs_node, rendered=rendered, cache=cache, arch=arch, later=later,
-            input_nodes=tuple(extra_nodes)))
+            input_nodes=tuple(extra_nodes), derived=tuple(item.derived.items()) if kernel_model is not None else ()))
         if variant is None:
             chain._say("untuned", "not tuned (see the log above); it runs eagerly")
         return chain
@@ -842,6 +849,7 @@ class FusedChain(nn.Module):
             if shape is not None and _views(getattr(owner, attr, None), getattr(user, user_attr)):
                 continue
             changed |= _set_tensor(owner, attr, _user_tensor(user, user_attr, shape))
+        changed |= _derive(state.kernel_model, state.root, dict(state.derived))
         if changed:
             for index, _, params in state.later:
                 region = state.kernel_model._later.get(index)
@@ -1007,14 +1015,33 @@ def _set_tensor(module: nn.Module, name: str, value: torch.Tensor) -> bool:
     return True
 
 
-def _bind(kernel_model: nn.Module, root: nn.Module, weights: Mapping[str, str]) -> list | str:
+def _derive(kernel_model: nn.Module, root: nn.Module, derived: Mapping[str, Any]) -> bool:
+    """Compute each derived parameter (fusetune/derived.py) from the user's tensors as they are now, into the
+    tensor the kernels read (in place where it is of the value's shape, dtype and device, so that a CUDA graph
+    captured around the call replays the computation too); whether a tensor object changed."""
+    changed = False
+    with torch.no_grad():
+        for name, how in derived.items():
+            value = how.compute(lambda path: getattr(*_owner(root, path)))
+            current = kernel_model._buffers.get(name)
+            if current is not None and (current.shape, current.dtype, current.device) == (
+                    value.shape, value.dtype, value.device):
+                current.copy_(value)
+            else:
+                changed |= _set_tensor(kernel_model, name, value.detach().clone())
+    return changed
+
+
+def _bind(kernel_model: nn.Module, root: nn.Module, weights: Mapping[str, str],
+          derived: Mapping[str, Any] | None = None) -> list | str:
     """Give the generated ModelNew the user's tensors: a submodule whose every tensor is one user module's
     (the convolution, a norm) becomes that module; the others (a functional convolution's weights, a
     per-channel parameter) are bound at each call. Returns those, or why the chain cannot be bound."""
     ours = {**dict(kernel_model.named_parameters()), **dict(kernel_model.named_buffers())}
     # A batch norm's count of batches is read in training alone, which runs the user's ops: a norm that has
     # none (a FrozenBatchNorm2d, an eval-mode InstanceNorm's statistics) keeps the generated module's.
-    missing = sorted(k for k in set(ours) - set(weights) if k.rpartition(".")[2] != "num_batches_tracked")
+    missing = sorted(k for k in set(ours) - set(weights) - set(derived or {})
+                     if k.rpartition(".")[2] != "num_batches_tracked")
     if missing:
         return f"the generated model's {', '.join(missing)} have no tensor of the model"
     groups: dict[str, list[tuple[str, str]]] = {}
@@ -1076,11 +1103,18 @@ def _reference_graph(gm: torch.fx.GraphModule, item: Found, replaced_by: Mapping
         extra.append(node)
         env.setdefault(node, sub.placeholder(name))  # x itself may be an extra input: read as x
 
+    # a derived operand's nodes that the model also reads outside the chain (importer.settle_derived): the
+    # reference computes them again from the model's tensors, as the kernels' binding does (fusetune/derived.py)
+    again = {op["name"] for how in item.derived.values() for op in how.ops}
+
     def arg(node: torch.fx.Node) -> torch.fx.Node:
         if node not in env:
-            if node.op != "get_attr":
+            if node.op == "get_attr":
+                env[node] = sub.get_attr(node.target)
+            elif node.name in again:
+                env[node] = sub.node_copy(node, arg)
+            else:
                 raise _Outside(node.name)
-            env[node] = sub.get_attr(node.target)
         return env[node]
 
     try:

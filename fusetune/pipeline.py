@@ -182,7 +182,7 @@ def region_spec(spec: ProblemSpec, steps: tuple[Step, ...], shapes: list[Shape],
     first = shapes[0]
     producer = Producer.tensor(first[1], len(first) - 2, any_channels=view is not None)
     ops = tuple(view_op(step.op, view) if view is not None else step.op for step in steps)
-    names = {name for op in ops if op.role == "elementwise" for name in op.params()}
+    names = {name for op in ops if op.role in ("elementwise", "channel_norm") for name in op.params()}
     parameters = tuple(p for p in spec.parameters if p.name in names)
     inputs = tuple(name for name in spec.inputs if any(op.reads_input() == name for op in ops))
     return dataclasses.replace(spec, name=f"{spec.name}_r{index}", producer=producer, parameters=parameters,

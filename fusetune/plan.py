@@ -11,7 +11,8 @@ then depends on what the chain ends with:
 
   * ``plane_reduce``   a reduction over all spatial dims (optionally after pooling);
   * ``channel_reduce`` a reduction over the channel dim;
-  * ``channel_softmax`` a softmax or log_softmax over the channel dim (the cuDNN world's);
+  * ``channel_softmax`` a softmax, log_softmax, L2 normalize or layer norm over the channel dim (the cuDNN
+    world's; fusetune/ops/channel.py);
   * ``window_map``     neither: a pooled (or same-size) tensor.
 
 Where the convolution runs, and so which kernel stages run the chain, is a world (producer.impl):
@@ -34,6 +35,7 @@ from fusetune import broadcast
 from fusetune.config import ProblemSpec
 from fusetune.errors import PlanError
 from fusetune.ops import AdaptivePool, Add, DimReduce, Elementwise, LayerNorm, Norm, Op, Pool, Reduce
+from fusetune.ops.channel import CHANNEL_MAPS, ChannelNorm
 from fusetune.ops.reduce import Softmax
 from fusetune.ops.reductions import REDUCTIONS, KernelReduction
 from fusetune.regions import CANCELS_BIAS, FROM_STATISTICS, Step, affine, rewrite
@@ -62,7 +64,9 @@ class Plan:
     tail: tuple[Step, ...] = ()  # the ops after it, run in PyTorch inside ModelNew
     ends: str | None = None  # why the fused region ends before the tail (None: no tail)
     rules: tuple[str, ...] = ()  # the rewrite rules that changed or marked the chain (regions.RULES)
-    softmax: Softmax | None = None  # a softmax or log_softmax over the channels in the reduce slot (channel_softmax)
+    #: A map over the channels in the reduce slot (channel_softmax): a softmax or log_softmax, or a norm over the
+    #: channels (normalize, channel_layer_norm: fusetune/ops/channel.py).
+    softmax: Softmax | ChannelNorm | None = None
     #: A rule that holds at the config's shapes only fired (regions.Rule.at_shapes): the generated model
     #: runs PyTorch's own forward at any other input shape.
     at_shapes: bool = False
@@ -72,8 +76,9 @@ class Plan:
 
     @property
     def softmax_kernel(self) -> KernelReduction:
-        """The accumulator channel_softmax folds a position's channels into: logsumexp's (its max and sum)."""
-        return REDUCTIONS["logsumexp"]
+        """The accumulator channel_softmax folds a position's channels into: a softmax's logsumexp (its max and
+        sum), normalize's sum of squares, a layer norm's moments (fusetune/ops/channel.py's CHANNEL_MAPS)."""
+        return CHANNEL_MAPS[self.softmax.kind].fold if self.softmax is not None else REDUCTIONS["logsumexp"]
 
     @property
     def bias_in_epilogue(self) -> bool:
@@ -175,7 +180,8 @@ class Plan:
     def param_names(self) -> tuple[str, ...]:
         """Learnable per-channel parameters the kernels read, in slot order."""
         names: list[str] = []
-        for op in (*self.pre, *self.mid, *self.post, *self.final):
+        channel_norm = (self.softmax,) if isinstance(self.softmax, ChannelNorm) else ()
+        for op in (*self.pre, *self.mid, *self.post, *channel_norm, *self.final):
             for name in op.params():
                 if name not in names:
                     names.append(name)
@@ -256,10 +262,11 @@ _PRODUCER_GONE = {
 #: one element stands between mid and post); not before a reduction or softmax, whose input the kernels never
 #: store (the op must come after it, in the final chain).
 INPUT_SLOTS = ("post", "final")
-#: A softmax over the channels takes the reduce slot: it ends the region's reductions and maps as a reduction does.
-_ROLE_SLOT = {"norm": 1, "pool": 3, "adaptive": 3, "reduce": 5, "softmax": 5}
+#: A softmax or a norm over the channels takes the reduce slot: it ends the region's reductions and maps as a
+#: reduction does.
+_ROLE_SLOT = {"norm": 1, "pool": 3, "adaptive": 3, "reduce": 5, "softmax": 5, "channel_norm": 5}
 #: A role as the planner's messages name it: an adaptive pool is a pool.
-_ROLE_NAME = {"adaptive": "pool"}
+_ROLE_NAME = {"adaptive": "pool", "channel_norm": "norm over the channels"}
 
 
 def make_plan(spec: ProblemSpec) -> Plan:
@@ -370,11 +377,12 @@ def _plan_region(spec: ProblemSpec, steps: Sequence[Step]) -> Plan:
             raise PlanError(f"{spec.path}: {reduce.where}: the kernels apply a {norm.op.kind}'s per-element affine "
                             f"only in a region that ends in a map, a pool or a reduction over space (the families "
                             f"of facts.ELEMENT_AFFINE_STAGES), not before {family}; it runs after this region")
-    plan_params = {name for step in steps if step.op.role == "elementwise" for name in step.op.params()}
+    plan_params = {name for step in steps if step.op.role in ("elementwise", "channel_norm")
+                   for name in step.op.params()}
     if len(plan_params) > MAX_PARAMS:
         raise PlanError(f"{spec.path}: the chain reads {len(plan_params)} learnable parameters; the kernels take "
                         f"at most {MAX_PARAMS}")
-    softmax = reduce.op if reduce and isinstance(reduce.op, Softmax) else None
+    softmax = reduce.op if reduce and isinstance(reduce.op, (Softmax, ChannelNorm)) else None
     plan = Plan(spec=spec, pre=ops["pre"], norm=norm.op if norm else None, mid=ops["mid"], pool=pool,
                 post=ops["post"], reduce=reduce.op if reduce and not softmax else None, final=ops["final"],
                 family=family, drop_bias=norm is not None and CANCELS_BIAS in norm.marks, softmax=softmax,
@@ -396,9 +404,15 @@ def _kernel_refusal(op: Op) -> str | None:
     if isinstance(op, Softmax) and op.dim != 1:
         return (f"a {op.kind} over dim {op.dim} (the kernels normalise over the channels, dim 1, only); "
                 "it runs after this region (in a later one, on a view of its input, or in PyTorch)")
+    if isinstance(op, ChannelNorm):
+        return op.kernel_refusal()
     if isinstance(op, Norm) and op.scope not in KERNEL_SCOPES:
         return (f"the kernels' norms take statistics per (sample, channel) plane, per sample or per channel "
                 f"({', '.join(KERNEL_SCOPES)}); {op.outside_scopes()}")
+    if isinstance(op, Pool) and not op.exact_in_kernels:
+        return ("the kernels pool whole windows in floor mode, dividing an average by the window's size; "
+                f"{'ceil_mode=True (a partial last window)' if op.ceil_mode else 'count_include_pad=False'} runs "
+                "in PyTorch after this region")
     if isinstance(op, Reduce) and op.mode not in REDUCTIONS:
         return f"the kernels reduce by {', '.join(REDUCTIONS)}; {op.mode} runs in PyTorch"
     if isinstance(op, DimReduce) and op.dims != (1,) and op.dims != (op.dim,):
@@ -409,11 +423,11 @@ def _kernel_refusal(op: Op) -> str | None:
 
 def _family(spec: ProblemSpec, pool: Pool | AdaptivePool | None, reduce: Step | None) -> str | None:
     """The main kernel family that ends the region, None where finalize computes the output (the rule
-    regions.mean_of_norm marked the reduction); a softmax over the channels in the reduce slot is
+    regions.mean_of_norm marked the reduction); a softmax or a norm over the channels in the reduce slot is
     channel_softmax's."""
     if reduce is None:
         return "window_map"
-    if isinstance(reduce.op, Softmax):
+    if isinstance(reduce.op, (Softmax, ChannelNorm)):
         if pool is not None:
             raise PlanError(f"{spec.path}: the kernels do not normalise over channels after a pool; the "
                             f"{reduce.op.kind} runs in PyTorch")

@@ -333,7 +333,8 @@ def _compose_pools(steps: list[Step], rank: int) -> list[Step]:
     """Two pools of one mode whose windows neither overlap nor skip (stride = window) nor pad compose
     into one pool of the product window."""
     def plain(op: Op) -> bool:
-        return isinstance(op, Pool) and op.padding is None and tuple(op.stride) == tuple(op.kernel_size)
+        return (isinstance(op, Pool) and op.padding is None and tuple(op.stride) == tuple(op.kernel_size)
+                and op.exact_in_kernels)
 
     def merge(a: Step, b: Step, in_rank: int) -> list[Step] | None:
         if not (plain(a.op) and plain(b.op) and a.op.mode == b.op.mode):

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from fusetune.cli import main
 from fusetune.codegen import render
 from fusetune.config import load_config
+from fusetune.derived import Derivation
 from fusetune.errors import FusetuneError
 from fusetune.importer import (declared_view, find_chains, import_model, import_traced, load_model,
                                match_producer, trace)
@@ -85,6 +86,21 @@ def _copy_weights(generated: torch.nn.Module, user: torch.nn.Module, weights: di
             ours[key].copy_(theirs)
 
 
+def _derive(generated: torch.nn.Module, user: torch.nn.Module, derived: dict[str, dict],
+            values: dict[str, torch.Tensor] | None = None) -> None:
+    """The generated Model's derived parameters computed from the user's tensors as they are now, as the fused
+    chain computes them at each call (fusetune/derived.py); each equal to the model's own value of its node where
+    ``values`` (every node's, from a run of the model) is given."""
+    ours = dict(generated.named_parameters())
+    with torch.no_grad():
+        for key, doc in derived.items():
+            how = Derivation.from_json(doc)
+            value = how.compute(lambda path: functools.reduce(getattr, path.split("."), user))
+            if values is not None:
+                torch.testing.assert_close(value, values[how.node].reshape(how.shape), rtol=0, atol=0)
+            ours[key].copy_(value)
+
+
 def test_expected_lists_existing_files() -> None:
     assert set(EXPECTED) <= set(STEMS) and set(NOT_IMPORTED) <= {p.stem for p in MODELS.glob("*.py")}
 
@@ -122,6 +138,7 @@ def test_import_matches_the_model(stem: str, tmp_path: Path) -> None:
         generated = import_file(model_py).Model()
         _copy_weights(generated, user, chain["weights"])
         generated = generated.double().train(user.training)
+        _derive(generated, user, chain["derived"], values)  # in float64: computed there, as the model's
         x = values[_conv_input(gm, chain["producer"])]
         with torch.no_grad():  # the chain's extra inputs (a residual's identity) as the model computes them
             out = generated(x, *(values[node] for node in chain.get("inputs", {}).values()))
@@ -156,8 +173,9 @@ def test_modes_are_kept(tmp_path: Path) -> None:
 
 def test_stop_reasons_are_named(tmp_path: Path) -> None:
     result = import_model(str(MODELS / "conv2d_stops_ceil_mode.py"), tmp_path)
-    assert "ceil_mode=True" in result.written[0].chain.end
-    assert "ceil_mode=True" in result.pytorch["pool"]
+    assert result.written[0].epilogue[-1] == {"op": "max_pool", "kernel_size": 2, "ceil_mode": True}
+    plan = make_plan(load_config(result.written[0].config))  # PyTorch's pool, after the kernels' region
+    assert [s.op.kind for s in plan.tail] == ["max_pool"] and "ceil_mode=True (a partial last window)" in plan.ends
     shared = import_model(str(MODELS / "conv2d_shared_output.py"), tmp_path)
     assert not shared.written and "also read by" in shared.pytorch["conv"]
     # x - x.mean(..., keepdim=True), on the convolution's output and on a later value: the mean and the subtraction
@@ -172,7 +190,8 @@ def test_stop_reasons_are_named(tmp_path: Path) -> None:
     two = import_model(str(MODELS / "kb_conv2d_relu_hardswish_clamp_form.py"), tmp_path)
     assert "is a convolution" in two.written[0].chain.end
     ceil = import_model(str(MODELS / "conv2d_pools_ceil_mode_exact.py"), tmp_path)
-    assert "ceil_mode=True adds a partial window at the traced size 14" in ceil.written[2].chain.end
+    assert [e.get("ceil_mode", False) for w in ceil.written for e in w.epilogue if "pool" in e["op"]] == [
+        False, False, True]  # ceil_mode where it adds a window at the traced size (14), not where it adds none
     inplace = import_model(str(MODELS / "kb_conv2d_inplace_relu_residual.py"), tmp_path)
     assert "writes the convolution's output in place, which add also reads" in inplace.pytorch["conv1"]
     channels = import_model(str(MODELS / "kb_conv2d_bias_after_channel_sum.py"), tmp_path)
@@ -299,6 +318,65 @@ def test_parameters_of_other_shapes(tmp_path: Path) -> None:
         loaded = load_tuned(written.config, Cache(tmp_path / "cache"), weights=user, device="cpu")
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), user(x))
+
+
+def test_derived_operands_are_computed_from_the_users_tensors(tmp_path: Path) -> None:
+    """Operands the forward computes from the model's tensors alone (a batch norm folded by hand, a scale's exp, a
+    gate's sigmoid read by both chains) are parameters the map derives from the user's tensors by name, never
+    constants of the import (a buffer's arithmetic is traced, not computed at trace time); load_tuned computes them
+    from the model it is given, as the model is then."""
+    from fusetune.cache import Cache
+    from fusetune.deploy import load_tuned
+
+    stem = "kb_conv2d_derived_operands"
+    result = import_model(str(MODELS / f"{stem}.py"), tmp_path)
+    first, second = result.written
+    assert list(first.derived) == ["derived_getitem", "derived_getitem_1", "derived_exp", "derived_view"]
+    assert first.derived["derived_getitem"].reads == ("bn.weight", "bn.running_var")
+    assert first.derived["derived_exp"].shape == () and first.derived["derived_view"].shape == (7, 1, 1)
+    assert "torch.sqrt(operator.add(bn.running_var, 1e-05))" in first.derived["derived_getitem"].describe()
+    assert not any(str(n.target).startswith("_tensor_constant") for n in result.gm.graph.nodes)
+    assert second.parameters == {"weight": "weight"} and list(second.derived) == ["derived_mul_5", "derived_getitem_3"]
+    assert "sigmoid" in result.pytorch and "sigmoid" not in first.chain.nodes + second.chain.nodes  # read by both
+    user_file = import_file(MODELS / f"{stem}.py")
+    torch.manual_seed(3)
+    user = user_file.Model(*user_file.get_init_inputs()).eval()
+    x = torch.randn(*load_config(first.config).shapes[0])
+    for change in (None, "bn.running_var", "gate"):
+        if change is not None:
+            with torch.no_grad():
+                functools.reduce(getattr, change.split("."), user).mul_(2.5)
+        with warnings.catch_warnings():  # on CPU: the reference, with the user's weights (warned without a GPU)
+            warnings.simplefilter("ignore")
+            loaded = [load_tuned(w.config, Cache(tmp_path / "cache"), weights=user, device="cpu") for w in result.written]
+        with torch.no_grad():
+            torch.testing.assert_close(torch.cat([m(x) for m in loaded], dim=1), user(x))
+
+
+def test_derivations_refuse_what_a_replay_would_change() -> None:
+    """An operand computed with a random draw, an in-place write or a module call is no derivation: it stays an
+    operand the chain refuses (the op stays in PyTorch), never a parameter replayed otherwise than the model."""
+    from fusetune.derived import derivation
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3)
+            self.w = torch.nn.Parameter(torch.randn(4))
+            self.act = torch.nn.Tanh()
+
+        def forward(self, x):
+            a = self.conv(x) * torch.rand_like(self.w)[:, None, None]
+            b = a + self.w.clone().add_(1.0)[:, None, None]
+            return b * self.act(self.w)[:, None, None] + self.w.exp()[:, None, None]
+
+    gm = trace(Model(), [torch.randn(2, 3, 9, 7)])
+    nodes = {n.name: n for n in gm.graph.nodes}
+    refused = [derivation(gm, nodes[name], (4, 1, 1), lambda n: True) for name in ("getitem", "getitem_1", "getitem_2")]
+    assert refused == [None, None, None]
+    assert derivation(gm, nodes["getitem_3"], (4, 1, 1), lambda n: True) is not None
+    (chain,), _ = find_chains(gm)
+    assert [e["op"] for s in chain.steps for e in s.entries] == [] and "rand_like" not in chain.nodes
 
 
 @pytest.mark.parametrize("stem", ["kb_conv2d_shape_branch_export", "kb_conv2d_functional_convs_export",

@@ -105,7 +105,8 @@ def test_only_the_winners_are_built_unless_the_search_built_every_variant(cache_
                                   "kb_conv2d_functional_norms", "kb_convt2d_add_input_hardswish", "resnet_blocks",
                                   "resnet_basicblock_downsample_after", "convnet_eval_dropouts_casts",
                                   "conv2d_reflect_instancenorm_relu",
-                                  "inplace_and_pow_forms", "conv1d_keyword_calls"])
+                                  "inplace_and_pow_forms", "conv1d_keyword_calls", "kb_conv2d_derived_operands",
+                                  "conv2d_ceil_mode_partial_windows"])
 def test_output_equals_the_models(stem: str, cache_dir: Path, caplog) -> None:
     model, inputs = _model(stem)
     model.eval()
@@ -124,7 +125,7 @@ def test_output_equals_the_models(stem: str, cache_dir: Path, caplog) -> None:
 @pytest.mark.parametrize("stem", ["two_chains_matmul", "conv2d_nested_buffer_shift", "conv1d_batchnorm_eval",
                                   "kb_conv2d_scale_bias_scalar_views", "kb_conv2d_shape_branch_export",
                                   "kb_conv2d_bias_view_in_forward", "kb_conv2d_functional_norms", "srresnet_prelu",
-                                  "timm_batchnorm_act", "convnet_eval_dropouts_casts"])
+                                  "timm_batchnorm_act", "convnet_eval_dropouts_casts", "kb_conv2d_derived_operands"])
 def test_the_kernels_model_holds_the_users_tensors_where_its_reference_reads_them(stem: str, cache_dir: Path) -> None:
     """What the fused kernels read is bound right: the generated ModelNew's own reference forward, on the
     tensors bound to it, computes what the user's ops compute (the kernels themselves need a GPU)."""
@@ -185,6 +186,35 @@ def test_parameters_of_other_shapes_bind_as_views(cache_dir: Path) -> None:
     reference = type(ours).__mro__[1]  # the generated Model's forward, on what the kernels read
     with torch.no_grad():
         assert torch.allclose(reference.forward(ours, x), model(x), rtol=1e-12, atol=1e-12)
+
+
+def test_derived_operands_follow_the_users_tensors(cache_dir: Path) -> None:
+    """Operands the forward computes from the model's tensors alone (a batch norm folded by hand, exp of a scale,
+    sigmoid of a gate read by both chains) are parameters of the configs that each kernel call computes from the
+    user's tensors as they are then: an in-place change of a buffer or a parameter, and a move, reach the kernels
+    (nothing of them is a constant of the trace)."""
+    model, inputs = _model("kb_conv2d_derived_operands")
+    model.eval()
+    opt = _optimize(model, inputs, cache_dir)
+    chains = list(fused_chains(opt))
+    assert len(chains) == 2 and all(dict(c.state.derived) for c in chains)
+    assert not any(str(n.target).startswith("_tensor_constant") for n in opt.graph.nodes)
+    reference = [type(c.kernel_model).__mro__[1] for c in chains]  # the generated Model: what the kernels compute
+    with torch.no_grad():
+        model.bn.running_var.mul_(3.0)
+        model.bn.bias.add_(1.0)
+        model.scale.fill_(-0.7)
+        model.gate.mul_(-2.0)
+    x = torch.randn_like(inputs[0])
+    with torch.no_grad():
+        assert torch.equal(opt(x), model(x))  # the reference path, after the change
+        for dtype, tolerance in ((torch.float32, 1e-5), (torch.float64, 1e-12)):
+            model.to(dtype)
+            assert torch.equal(opt(x.to(dtype)), model(x.to(dtype)))  # (a call takes the user's moved buffers)
+            for chain, ref, expected in zip(chains, reference, model(x.to(dtype)).split(7, dim=1)):  # torch.cat's
+                chain._bind_tensors()  # as each kernel call binds them
+                out = ref.forward(chain.kernel_model, x.to(dtype))
+                torch.testing.assert_close(out, expected, rtol=tolerance, atol=tolerance)
 
 
 def test_untraceable_model_is_returned_unchanged(cache_dir: Path, caplog) -> None:
@@ -369,7 +399,8 @@ def optimized_on_gpu(model, inputs: tuple, tmp_path: Path, budget_s: float = 240
                                   "resnet_basicblock_downsample_after",
                                   "kb_conv2d_min_channels_scalar_bias", "kb_convt2d_subtract_mean_tanh",
                                   "srresnet_prelu", "inplace_and_pow_forms", "timm_batchnorm_act",
-                                  "conv2d_reflect_instancenorm_relu"])
+                                  "conv2d_reflect_instancenorm_relu", "kb_conv2d_derived_operands",
+                                  "conv2d_ceil_mode_partial_windows"])
 def test_the_fused_chains_run_their_kernels_on_a_gpu(stem: str, tmp_path: Path) -> None:
     """Loose tensors (a functional convolution's, a buffer, views of a 0-dim or (1, C, 1, 1) parameter or of a (C,)
     one viewed in the forward, (1, 1, 1) and (1, 1) ones after a channel reduction, PReLU's weights), modules bound

@@ -5,6 +5,7 @@ from fusetune.ops.base import Op, OpContext, ParamDecl, Shape
 from fusetune.ops.activations import (Abs, Celu, Elu, Exp, Gelu, Hardsigmoid, Hardswish, Hardtanh, LeakyRelu, Log,
                                       Mish, Neg, Relu6, Selu, Sigmoid, Silu, Softplus, Sqrt, Tanh)
 from fusetune.ops.elementwise import Add, Clamp, Div, Elementwise, Maximum, Minimum, Mul, Pow, Prelu, Relu, Sub
+from fusetune.ops.channel import ChannelLayerNorm, ChannelNorm, Normalize
 from fusetune.ops.dropout import Dropout
 from fusetune.ops.norm import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, MeanCentre, Norm
 from fusetune.ops.pool import AvgPool, MaxPool, Pool
@@ -54,6 +55,8 @@ REGISTRY: dict[str, type[Op]] = {
     **{mode: DimReduce for mode in REDUCE_MODES},
     "softmax": SoftmaxOp,
     "log_softmax": LogSoftmax,
+    "normalize": Normalize,
+    "channel_layer_norm": ChannelLayerNorm,
     "flatten": Flatten,
     "unflatten": Unflatten,
     "squeeze": Squeeze,
@@ -64,4 +67,5 @@ REGISTRY: dict[str, type[Op]] = {
 __all__ = ["REGISTRY", "Op", "OpContext", "ParamDecl", "Shape", "Elementwise", "Norm", "Pool", "Reduce",
            "Add", "Clamp", "Div", "Mul", "Relu", "BatchNorm", "GroupNorm", "InstanceNorm",
            "MaxPool", "AvgPool", "AdaptiveAvgPool", "AdaptiveMaxPool", "AdaptivePool", "DimReduce", "Dropout",
-           "Flatten", "LayerNorm", "LogSoftmax", "MeanCentre", "SoftmaxOp", "SpatialReduce", "Squeeze", "Unflatten", "Unsqueeze", "View"]
+           "Flatten", "LayerNorm", "LogSoftmax", "MeanCentre", "SoftmaxOp", "SpatialReduce", "Squeeze", "Unflatten", "Unsqueeze", "View",
+           "ChannelLayerNorm", "ChannelNorm", "Normalize"]

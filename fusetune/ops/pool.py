@@ -1,5 +1,10 @@
 """Window pooling: stride defaults to the kernel size, padding to none, floor mode (PyTorch's defaults).
 
+``ceil_mode: true`` (PyTorch's: one more window where a partial one starts inside the input or its left
+padding) and an average's ``count_include_pad: false`` (the divisor counts the input's elements alone) are
+PyTorch's pools exactly; no kernel pools partial windows or such divisors, so the planner runs such a pool
+after the fused region, in PyTorch inside ModelNew (plan._kernel_refusal).
+
 A padded pool is pooled by the cuDNN world's main kernels only (fusetune/worlds/facts.py). An adaptive
 pool (fusetune/ops/reduce.py's AdaptivePool) has a window per output index whose size varies with it and
 with the input's size: ``ADAPTIVE_BOUNDS`` is how the kernels compute it, at any shape."""
@@ -8,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Mapping
 
-from fusetune.ops.base import Op, OpContext, Shape, reject_unknown, take_window
+from fusetune.ops.base import Op, OpContext, Shape, reject_unknown, take_bool, take_window
 
 
 #: PyTorch's adaptive windows (aten's adaptive pooling start_index / end_index): output ``i`` of ``out`` over
@@ -28,10 +33,13 @@ class Pool(Op):
     kernel_size: tuple[int, ...] = (1,)
     stride: tuple[int, ...] = (1,)
     padding: tuple[int, ...] | None = None  # None: no padding (kept out of the cache key, as before)
+    ceil_mode: bool = False  # (out of the cache key where false, as before)
+    count_include_pad: bool = True  # an average's divisor counts the padding (out of the cache key where true)
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
-        reject_unknown(raw, ["kernel_size", "stride", "padding"], ctx)
+        reject_unknown(raw, ["kernel_size", "stride", "padding", "ceil_mode"]
+                       + (["count_include_pad"] if cls.mode == "avg" else []), ctx)
         kernel = take_window(raw, "kernel_size", ctx)
         stride = take_window(raw, "stride", ctx, default=list(kernel))
         padding = take_window(raw, "padding", ctx, default=0, minimum=0)
@@ -39,7 +47,15 @@ class Pool(Op):
             if 2 * p > k:
                 raise ctx.error("padding", f"expected at most half the kernel size {list(kernel)} (as PyTorch), "
                                            f"got {list(padding)}")
-        return cls(kernel_size=kernel, stride=stride, padding=padding if any(padding) else None)
+        ceil_mode = take_bool(raw, "ceil_mode", ctx, default=False)
+        count_include_pad = take_bool(raw, "count_include_pad", ctx, default=True) or not any(padding)
+        return cls(kernel_size=kernel, stride=stride, padding=padding if any(padding) else None, ceil_mode=ceil_mode,
+                   count_include_pad=count_include_pad)
+
+    @property
+    def exact_in_kernels(self) -> bool:
+        """Whether the kernels' pool (floor mode, a divisor of the whole window) is this one at every shape."""
+        return not self.ceil_mode and self.count_include_pad
 
     @property
     def pads(self) -> tuple[int, ...]:
@@ -52,18 +68,32 @@ class Pool(Op):
                                      f"{list(shape[2:])}")
 
     def out_shape(self, shape: Shape) -> Shape:
-        spatial = tuple((s + 2 * p - k) // st + 1
-                        for s, k, st, p in zip(shape[2:], self.kernel_size, self.stride, self.pads))
-        return shape[:2] + spatial
+        return shape[:2] + tuple(self._size(s, k, st, p)
+                                 for s, k, st, p in zip(shape[2:], self.kernel_size, self.stride, self.pads))
+
+    def _size(self, size: int, kernel: int, stride: int, pad: int) -> int:
+        """PyTorch's output size (pooling_output_shape): in ceil mode one more window where a partial one starts
+        inside the input or its left padding."""
+        if not self.ceil_mode:
+            return (size + 2 * pad - kernel) // stride + 1
+        out = -(-(size + 2 * pad - kernel) // stride) + 1
+        return out - 1 if (out - 1) * stride >= size + pad else out
+
+    @property
+    def _modes(self) -> str:
+        """PyTorch's arguments for ceil_mode and count_include_pad, where they are not the defaults."""
+        return (", ceil_mode=True" if self.ceil_mode else "") + (
+            "" if self.count_include_pad else ", count_include_pad=False")
 
     def module_code(self, channels: int, spatial_dims: int) -> str:
         padding = f", padding={self.padding}" if self.padding else ""
-        return f"nn.{self.torch_name}{spatial_dims}d(kernel_size={self.kernel_size}, stride={self.stride}{padding})"
+        return (f"nn.{self.torch_name}{spatial_dims}d(kernel_size={self.kernel_size}, stride={self.stride}{padding}"
+                f"{self._modes})")
 
     def functional_code(self, x: str) -> str:
         """The pool without a module, for windows the planner composed (fusetune/regions.py)."""
         return (f"F.{self.mode}_pool{len(self.kernel_size)}d({x}, kernel_size={self.kernel_size}, "
-                f"stride={self.stride}, padding={self.pads})")
+                f"stride={self.stride}, padding={self.pads}{self._modes})")
 
     def forward_code(self, x: str, attr: str | None) -> str:
         return f"self.{attr}({x})" if attr else self.functional_code(x)
@@ -72,6 +102,9 @@ class Pool(Op):
         out = super().canonical()
         if self.padding is None:
             del out["padding"]
+        for key, default in (("ceil_mode", False), ("count_include_pad", True)):
+            if out[key] == default:
+                del out[key]
         return out
 
 

@@ -1,4 +1,5 @@
-"""Conv2d -> Hardswish -> ELU -> MaxPool2d(ceil_mode=True): the chain stops before the pool."""
+"""Conv2d -> Hardswish -> ELU -> MaxPool2d(ceil_mode=True), a partial last window at 7: the pool is PyTorch's,
+after the fused region (the kernels pool whole windows in floor mode)."""
 import torch
 import torch.nn as nn
 

@@ -22,9 +22,12 @@ import torch.nn.functional as F
 
 #: Where a derivation's functions are looked up, by the prefix the JSON names them with.
 NAMESPACES: dict[str, Any] = {"torch": torch, "torch.nn.functional": F, "operator": operator}
-#: Names of ops whose value is random: never part of a derivation (replayed, it would draw other values).
-RANDOM_WORDS = ("rand", "dropout", "bernoulli", "normal", "poisson", "multinomial", "uniform", "exponential",
-                "cauchy", "geometric")
+#: Ops whose value is not a function of their arguments, never part of a derivation (replayed, it would draw other
+#: values, or read uninitialised memory): by these prefixes, substrings (every dropout) and exact names.
+UNSTABLE_PREFIXES = ("rand", "empty", "new_empty")
+UNSTABLE_SUBSTRINGS = ("dropout",)
+UNSTABLE_NAMES = frozenset({"bernoulli", "normal", "log_normal", "poisson", "multinomial", "uniform", "exponential",
+                            "cauchy", "geometric", "gumbel_softmax", "rrelu", "new_empty_strided"})
 #: The operator module's functions a derivation may call (not its in-place forms, iadd..., nor setitem).
 OPERATORS = frozenset(f"operator.{n}" for n in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg", "pos",
                                                 "abs", "getitem", "matmul"))
@@ -151,7 +154,8 @@ def _op(gm: torch.fx.GraphModule, node: torch.fx.Node, user_tensor: Callable[[to
             return None
         return {"name": node.name, "method": name, "args": args, "kwargs": kwargs}
     function = _function_name(node.target)
-    if function is None or not _pure(function.rpartition(".")[2]) or kwargs.get("inplace") or "out" in kwargs:
+    if function is None or not _pure(function.rpartition(".")[2]) or kwargs.get("inplace") \
+            or kwargs.get("out") is not None:
         return None
     if function.startswith("operator.") and function not in OPERATORS:
         return None
@@ -159,10 +163,13 @@ def _op(gm: torch.fx.GraphModule, node: torch.fx.Node, user_tensor: Callable[[to
 
 
 def _pure(name: str) -> bool:
-    """Whether an op of this name writes nothing (PyTorch's in-place forms end with "_") and draws nothing."""
+    """Whether an op of this name writes nothing (PyTorch's in-place forms end with "_") and is a function of its
+    arguments (not random, not uninitialised)."""
     if name.endswith("_") and not name.startswith("_"):
         return False
-    return not any(word in name.lower() for word in RANDOM_WORDS)
+    lowered = name.lower()
+    return not (lowered.startswith(UNSTABLE_PREFIXES) or any(w in lowered for w in UNSTABLE_SUBSTRINGS)
+                or lowered in UNSTABLE_NAMES)
 
 
 def _function_name(target: Any) -> str | None:

@@ -22,6 +22,7 @@ import itertools
 import json
 import keyword
 import math
+import logging
 import operator
 import os
 import re
@@ -42,6 +43,8 @@ from fusetune.derived import Derivation, derivation
 from fusetune.errors import ConfigError, FusetuneError
 from fusetune.ops import Shape
 from fusetune.producers import KINDS
+
+log = logging.getLogger("fusetune.import")
 
 Entry = dict[str, Any]
 
@@ -193,10 +196,25 @@ class _Tracer(torch.fx.Tracer):
         return _named_module(m) is not None or super().is_leaf_module(m, module_qualified_name)
 
 
+class _ValueBufferTracer(_Tracer):
+    """_Tracer reading buffers as values at trace time (torch.fx's default): for a forward whose control flow
+    reads a buffer (an ``initialized`` flag), which a proxied buffer cannot steer. Arithmetic on buffers alone is
+    then a constant of the trace, in the model optimize returns as in the import."""
+
+    proxy_buffer_attributes = False
+
+
 def _symbolic_trace(model: nn.Module) -> torch.fx.GraphModule:
-    """``torch.fx.symbolic_trace`` with _Tracer."""
-    tracer = _Tracer()
-    graph = tracer.trace(model)
+    """``torch.fx.symbolic_trace`` with _Tracer, else with _ValueBufferTracer (logged: the buffers' arithmetic
+    is then frozen at its traced value)."""
+    try:
+        tracer: _Tracer = _Tracer()
+        graph = tracer.trace(model)
+    except Exception as exc:
+        tracer = _ValueBufferTracer()
+        graph = tracer.trace(model)  # (its failure is the caller's: torch.export next)
+        log.info("%s traces only with its buffers read as values (%s): arithmetic on buffers alone is a "
+                 "constant of the trace", type(model).__name__, _first_line(exc))
     return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
 
 

@@ -1024,6 +1024,8 @@ def _derive(kernel_model: nn.Module, root: nn.Module, derived: Mapping[str, Any]
         for name, how in derived.items():
             value = how.compute(lambda path: getattr(*_owner(root, path)))
             current = kernel_model._buffers.get(name)
+            if current is not None and value.device != current.device:  # one of constants alone: made on the CPU
+                value = value.to(current.device)
             if current is not None and (current.shape, current.dtype, current.device) == (
                     value.shape, value.dtype, value.device):
                 current.copy_(value)

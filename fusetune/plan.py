@@ -410,9 +410,9 @@ def _kernel_refusal(op: Op) -> str | None:
         return (f"the kernels' norms take statistics per (sample, channel) plane, per sample or per channel "
                 f"({', '.join(KERNEL_SCOPES)}); {op.outside_scopes()}")
     if isinstance(op, Pool) and not op.exact_in_kernels:
-        return ("the kernels pool whole windows in floor mode, dividing an average by the window's size; "
-                f"{'ceil_mode=True (a partial last window)' if op.ceil_mode else 'count_include_pad=False'} runs "
-                "in PyTorch after this region")
+        what = "ceil_mode=True (a partial last window)" if op.ceil_mode else "count_include_pad=False"
+        how = "in floor mode" + (", dividing by the whole window's size" if op.mode == "avg" else "")
+        return f"the kernels pool whole windows, {how}; {what} runs in PyTorch after this region"
     if isinstance(op, Reduce) and op.mode not in REDUCTIONS:
         return f"the kernels reduce by {', '.join(REDUCTIONS)}; {op.mode} runs in PyTorch"
     if isinstance(op, DimReduce) and op.dims != (1,) and op.dims != (op.dim,):

@@ -5,11 +5,13 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import operator
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 import yaml
 from click.testing import CliRunner
 
@@ -377,6 +379,32 @@ def test_derivations_refuse_what_a_replay_would_change() -> None:
     assert derivation(gm, nodes["getitem_3"], (4, 1, 1), lambda n: True) is not None
     (chain,), _ = find_chains(gm)
     assert [e["op"] for s in chain.steps for e in s.entries] == [] and "rand_like" not in chain.nodes
+
+
+@pytest.mark.parametrize("form, pure", [
+    (lambda w: F.normalize(w, dim=0), True),  # a name with "normal" in it, not a draw
+    (lambda w: F.gumbel_softmax(w, tau=1.0), False),
+    (lambda w: F.rrelu(w, training=True), False),
+    (lambda w: torch.empty_like(w) * 0 + w, False),  # uninitialised memory
+    (lambda w: F.dropout(w, p=0.5, training=True), False),
+])
+def test_a_derivation_is_a_function_of_the_models_tensors(form, pure: bool) -> None:
+    """What a replay recomputes must equal what the forward computed: random draws and uninitialised memory are
+    refused by name; ops whose names merely contain such a word are not."""
+    from fusetune.derived import derivation
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3)
+            self.w = torch.nn.Parameter(torch.randn(4))
+
+        def forward(self, x):
+            return self.conv(x) * form(self.w)[:, None, None]
+
+    gm = trace(Model(), [torch.randn(2, 3, 9, 7)])
+    operand = next(n for n in gm.graph.nodes if n.op == "call_function" and n.target is operator.getitem)
+    assert (derivation(gm, operand, (4, 1, 1), lambda n: True) is not None) == pure
 
 
 @pytest.mark.parametrize("stem", ["kb_conv2d_shape_branch_export", "kb_conv2d_functional_convs_export",

@@ -231,9 +231,9 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         "chain_plain": lambda ops, v: _chain(ops, v, slots, plain=True, scalars=scalars),
         # channel_softmax's map of a value from its position's accumulator, finished once a position
         # (fusetune/ops/channel.py); a layer norm's per-channel weight and bias read as the chains read parameters.
-        "channel_value": lambda x, acc, c: channel_value(plan.softmax, x, acc, c,
+        "channel_value": lambda x, acc, c: channel_value(plan.channel_map, x, acc, c,
                                                          lambda name, ch: f"__ldg(a.p[{slots[name]}] + {ch})"),
-        "channel_finish": lambda acc: channel_finish(plan.softmax, acc),
+        "channel_finish": lambda acc: channel_finish(plan.channel_map, acc),
         "pool": _pool_window(plan), "strategy_id": STRATEGIES.__getitem__,
         "norm": norm,
         "pre_reads_producer": any(op.uses_producer() for op in plan.pre),

@@ -66,7 +66,7 @@ class Plan:
     rules: tuple[str, ...] = ()  # the rewrite rules that changed or marked the chain (regions.RULES)
     #: A map over the channels in the reduce slot (channel_softmax): a softmax or log_softmax, or a norm over the
     #: channels (normalize, channel_layer_norm: fusetune/ops/channel.py).
-    softmax: Softmax | ChannelNorm | None = None
+    channel_map: Softmax | ChannelNorm | None = None
     #: A rule that holds at the config's shapes only fired (regions.Rule.at_shapes): the generated model
     #: runs PyTorch's own forward at any other input shape.
     at_shapes: bool = False
@@ -75,10 +75,10 @@ class Plan:
     extra: str | None = None
 
     @property
-    def softmax_kernel(self) -> KernelReduction:
+    def channel_fold(self) -> KernelReduction:
         """The accumulator channel_softmax folds a position's channels into: a softmax's logsumexp (its max and
         sum), normalize's sum of squares, a layer norm's moments (fusetune/ops/channel.py's CHANNEL_MAPS)."""
-        return CHANNEL_MAPS[self.softmax.kind].fold if self.softmax is not None else REDUCTIONS["logsumexp"]
+        return CHANNEL_MAPS[self.channel_map.kind].fold if self.channel_map is not None else REDUCTIONS["logsumexp"]
 
     @property
     def bias_in_epilogue(self) -> bool:
@@ -180,7 +180,7 @@ class Plan:
     def param_names(self) -> tuple[str, ...]:
         """Learnable per-channel parameters the kernels read, in slot order."""
         names: list[str] = []
-        channel_norm = (self.softmax,) if isinstance(self.softmax, ChannelNorm) else ()
+        channel_norm = (self.channel_map,) if isinstance(self.channel_map, ChannelNorm) else ()
         for op in (*self.pre, *self.mid, *self.post, *channel_norm, *self.final):
             for name in op.params():
                 if name not in names:
@@ -382,10 +382,11 @@ def _plan_region(spec: ProblemSpec, steps: Sequence[Step]) -> Plan:
     if len(plan_params) > MAX_PARAMS:
         raise PlanError(f"{spec.path}: the chain reads {len(plan_params)} learnable parameters; the kernels take "
                         f"at most {MAX_PARAMS}")
-    softmax = reduce.op if reduce and isinstance(reduce.op, (Softmax, ChannelNorm)) else None
+    channel_map = reduce.op if reduce and isinstance(reduce.op, (Softmax, ChannelNorm)) else None
     plan = Plan(spec=spec, pre=ops["pre"], norm=norm.op if norm else None, mid=ops["mid"], pool=pool,
-                post=ops["post"], reduce=reduce.op if reduce and not softmax else None, final=ops["final"],
-                family=family, drop_bias=norm is not None and CANCELS_BIAS in norm.marks, softmax=softmax,
+                post=ops["post"], reduce=reduce.op if reduce and not channel_map else None, final=ops["final"],
+                family=family, drop_bias=norm is not None and CANCELS_BIAS in norm.marks,
+                channel_map=channel_map,
                 extra=reader.op.reads_input() if reader else None)
     broadcast.check_plan(plan)  # a broadcast input (inputs: shape:) read where the kernels know its (n, c)
     return plan

@@ -202,7 +202,7 @@ def test_channel_norm_is_channel_softmax_with_the_chain_after_it(stem: str, kind
     """In the reduce slot of channel_softmax (the cuDNN world's), the maps after it in its final chain, its
     weight and bias among the parameters the kernels read; a pool after it in a later region."""
     plan = _plan(CHAINS / f"{stem}.yaml")
-    assert plan.family == "channel_softmax" and plan.softmax is not None and plan.softmax.kind == kind
+    assert plan.family == "channel_softmax" and plan.channel_map is not None and plan.channel_map.kind == kind
     assert plan.reduce is None and plan.final and plan.impl_stages["cudnn"] == ("channel_softmax",)
     assert plan.param_names == params
     assert [s.op.kind for s in plan.tail] == (["avg_pool"] if "avgpool" in stem else [])
@@ -212,7 +212,7 @@ def test_channel_norm_is_channel_softmax_with_the_chain_after_it(stem: str, kind
                                        ("conv2d_relu_normalize_last_dim", "over dim 3 (the kernels normalise")])
 def test_other_norms_run_in_pytorch_with_the_reason(stem: str, why: str):
     plan = _plan(DATA / f"{stem}.yaml")
-    assert plan.softmax is None and [s.op.kind for s in plan.tail][0] == "normalize"
+    assert plan.channel_map is None and [s.op.kind for s in plan.tail][0] == "normalize"
     assert why in plan.ends
     assert any("PyTorch" in line for line in plan.regions()[1:]), plan.regions()
 

@@ -274,7 +274,7 @@ def test_softmax_over_channels_is_channel_softmax(stem: str, log: bool):
     """Fused as the main family channel_softmax, which only the worlds that run the cuDNN world's main
     kernels take; the kernels that compute the convolution inside say they do not implement it."""
     plan = _plan(stem)
-    assert plan.family == "channel_softmax" and plan.softmax is not None and plan.softmax.log is log
+    assert plan.family == "channel_softmax" and plan.channel_map is not None and plan.channel_map.log is log
     assert plan.reduce is None
     for name, stages in plan.impl_stages.items():
         assert not stages or stages[-1] == "channel_softmax", (name, stages)

@@ -114,7 +114,7 @@ def test_region_zero_reads_the_input_where_it_stores(folder, stem, extra, worlds
         assert all(step.op.role == "view" for step in plan.tail), plan.regions()
         readers = [op for op in (*plan.post, *plan.final) if op.reads_input()]
         assert readers and not any(op.reads_input() for op in (*plan.pre, *plan.mid))
-        assert (plan.reduce is None and plan.softmax is None) == bool([op for op in plan.post if op.reads_input()])
+        assert (plan.reduce is None and plan.channel_map is None) == bool([op for op in plan.post if op.reads_input()])
 
 
 #: wide_main's store paths that read the input, each by a chain of MORE: the unpooled map (gemm_wide), the pooled

@@ -166,7 +166,7 @@ def _reference_code(plan: Plan) -> tuple[list[tuple[str, str]], list[str], str]:
     for i, op in enumerate(spec.epilogue):
         attr = reference_attr(spec, i)
         if attr is not None:
-            submodules.append((attr, op.module_code(spec.producer.out_channels, spec.producer.spatial_dims)))
+            submodules.append((attr, op.module_code(spec.channels_at(i), spec.producer.spatial_dims)))
         if op is plan.norm:
             norm_attr = attr
         lines.append(op.forward_code("x", attr))

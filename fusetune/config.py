@@ -20,6 +20,7 @@ from fusetune.dtypes import DTYPES as ELEMENT_TYPES
 from fusetune.errors import ConfigError, did_you_mean
 from fusetune.ops import REGISTRY, LayerNorm, Op, OpContext, ParamDecl, Shape
 from fusetune.ops.channel import ChannelLayerNorm
+from fusetune.ops.gate import Glu
 from fusetune.producers import Producer
 
 #: The element types a config may name; inputs, weights and outputs are in it, the kernels' arithmetic
@@ -130,6 +131,17 @@ class ProblemSpec:
 
     def output_shape(self, shape: Shape) -> Shape:
         return self.shapes_through(shape)[-1]
+
+    def channels_at(self, i: int) -> int:
+        """The channels of epilogue op ``i``'s input: the convolution's, or half of them after a glu over the
+        channels (fusetune/ops/gate.py). A per-channel norm's module and parameters are sized by it."""
+        return self.shapes_through(self.shapes[0])[i][1]
+
+    def param_channels(self, name: str) -> int:
+        """The channels where per-channel parameter ``name`` is read (config validation made every reader of one
+        parameter see the same); the convolution's where no op reads it."""
+        readers = [i for i, op in enumerate(self.epilogue) if name in getattr(op, "params", lambda: ())()]
+        return self.channels_at(readers[0]) if readers else self.producer.out_channels
 
     def input_shapes(self, shape: Shape) -> list[Shape]:
         """The shape of each extra input (``inputs``, in order) at an input shape: the chain's where an op
@@ -415,6 +427,8 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
     ops: list[Op] = []
     current = [producer.out_shape(s) for s in shapes]
     read_at: dict[str, tuple[str, list[Shape]]] = {}  # input -> (its first reader's key, the shapes there)
+    channels = producer.out_channels  # the chain's channels: the convolution's, or half after a glu over dim 1
+    param_at: dict[str, tuple[str, int]] = {}  # per-channel parameter -> (its first reader's key, channels there)
     for i, entry in enumerate(raw):
         key = f"epilogue[{i}]"
         if not isinstance(entry, Mapping) or "op" not in entry:
@@ -423,16 +437,16 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
         if not isinstance(kind, str) or kind not in REGISTRY:
             raise ConfigError(path, f"{key}.op", f"unknown op {kind!r}{did_you_mean(kind, REGISTRY)} (expected one of: "
                                                  f"{', '.join(sorted(REGISTRY))})")
-        structured = _structured(current[0], producer)
+        structured = _structured(current[0], producer, channels)
         if _needs_spatial(REGISTRY[kind]) and len(current[0]) != 2 + producer.spatial_dims:
             raise ConfigError(path, f"{key}.op", f"'{kind}' needs an (N, C, spatial) input of rank "
                                                  f"{2 + producer.spatial_dims}, but {structured}")
         if _needs_channels(REGISTRY[kind]) and structured is not None:
-            raise ConfigError(path, f"{key}.op", f"'{kind}' needs the (N, {producer.out_channels}, spatial) "
+            raise ConfigError(path, f"{key}.op", f"'{kind}' needs the (N, {channels}, spatial) "
                                                  f"input the convolution makes, but {structured}")
         if (isinstance(entry.get("by"), str) and entry["by"] in parameters and structured is not None
                 and not parameters[entry["by"]].scalar):
-            raise ConfigError(path, f"{key}.by", f"a per-channel parameter of shape ({producer.out_channels}, 1, ...) "
+            raise ConfigError(path, f"{key}.by", f"a per-channel parameter of shape ({channels}, 1, ...) "
                                                  f"cannot apply here: {structured} (one value for every "
                                                  f"channel: declare it shape: scalar)")
         if entry.get("by") == "producer" and current != [producer.out_shape(s) for s in shapes]:
@@ -442,6 +456,12 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
         ctx = OpContext(path=path, key=key, in_shape=current[0], spatial_dims=producer.spatial_dims,
                         parameters=parameters, inputs=inputs)
         op = REGISTRY[kind].parse(entry, ctx)
+        for param in getattr(op, "params", lambda: ())():
+            decl = parameters.get(param)
+            first = param_at.setdefault(param, (key, channels))
+            if decl is not None and not decl.scalar and first[1] != channels:
+                raise ConfigError(path, key, f"per-channel parameter '{param}' is read here at {channels} channels, "
+                                             f"but {first[0]} reads it at {first[1]}: a parameter has one shape")
         name = op.reads_input()
         if name is not None:
             first, seen = read_at.setdefault(name, (key, current))
@@ -454,6 +474,8 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
                 raise ctx.error(sub, f"{message} (for shapes[{j}])")
             op.check_shape(shape, error)
         current = [op.out_shape(s) for s in current]
+        if structured is None and isinstance(op, Glu) and op.halves_channels():
+            channels = current[0][1]  # the chain goes on at half the channels (fusetune/ops/gate.py)
         ranks = {len(s) for s in current}
         if len(ranks) > 1:
             raise ConfigError(path, key, f"the output's rank differs between the shapes ({sorted(ranks)}): later dims "
@@ -478,11 +500,12 @@ def _needs_channels(cls: type[Op]) -> bool:
     return (cls.role == "norm" and not issubclass(cls, LayerNorm)) or issubclass(cls, ChannelLayerNorm)
 
 
-def _structured(shape: Shape, producer: Producer) -> str | None:
-    """None where ``shape`` still has the convolution's (N, C, spatial) structure, else what changed it."""
+def _structured(shape: Shape, producer: Producer, channels: int) -> str | None:
+    """None where ``shape`` still has the chain's (N, C, spatial) structure (C ``channels``: the convolution's, or
+    half of them after a glu over the channels), else what changed it."""
     if len(shape) != 2 + producer.spatial_dims:
         return f"the input is now {list(shape)}, of rank {len(shape)}"
-    if shape[1] != producer.out_channels:
+    if shape[1] != channels:
         return f"the input now has {shape[1]} channels: {list(shape)}"
     return None
 

@@ -64,6 +64,7 @@ _ATEN_ROWS: tuple[tuple[str, str, Callable[..., Any]], ...] = (
     ("squeeze", "dim", torch.squeeze), ("squeeze", "dims", torch.squeeze), ("squeeze", "default", torch.squeeze),
     ("unsqueeze", "default", torch.unsqueeze),
     ("elu", "default", F.elu),  # only as elu(x[, alpha]): see _positional_ok
+    ("glu", "default", F.glu),
     # functional convolutions (F.conv2d(x, self.weight, ...)): a module's are lifted whole (_lift_modules)
     *((f"conv{d}d", overload, getattr(F, f"conv{d}d")) for d in (1, 2, 3) for overload in ("default", "padding")),
     *((f"conv_transpose{d}d", overload, getattr(F, f"conv_transpose{d}d")) for d in (1, 2, 3)

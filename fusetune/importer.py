@@ -7,7 +7,9 @@ module weights) and goes on through ops of the vocabulary while each consumes th
 output and nothing else reads that intermediate value (ops that read the convolution's own output
 become ``by: producer``). Every module, function and method the importer knows is a row of one
 table, ``TABLE``: (call kind, target) -> a builder that returns the config entries of the op, or the
-reason the chain stops before it.
+reason the chain stops before it. An even pad that only an unpadded convolution reads (nn.ReflectionPad2d, F.pad
+with a mode) is that convolution's padding and padding_mode (_fold_pad). A module with forward hooks is no chain's
+op (_hooked): spectral_norm and the old weight_norm recompute its weight in one, and a fused chain never calls it.
 """
 from __future__ import annotations
 
@@ -174,13 +176,20 @@ def trace(model: nn.Module, inputs: Sequence[Any], source: str = "<model>") -> t
         gm = _export_instead(model, inputs, source, exc)
     if _propagate_fake(gm, inputs):
         return gm
-    try:
-        with torch.no_grad():
+    try:  # ShapeProp prints the failing node's traceback before raising: the error below says it in one line
+        with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):
             ShapeProp(gm).propagate(*inputs)
     except Exception as exc:
-        raise TraceError(f"{source}: running the traced model on the example inputs failed "
-                         f"({type(exc).__name__}: {exc})") from None
+        raise TraceError(f"{source}: running the traced model on the example inputs failed{_failed_at(exc)}") from None
     return gm
+
+
+def _failed_at(exc: Exception) -> str:
+    """Where and why a traced model failed to run: ShapeProp wraps the op's own error in one that prints the node
+    and its metadata; the node's name and the op's error are what the user needs."""
+    cause = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
+    node = re.search(r"ShapeProp error for: node=%(\w+)", str(exc))
+    return f"{f' at {node.group(1)}' if node and cause is not exc else ''} ({type(cause).__name__}: {cause})"
 
 
 class _Tracer(torch.fx.Tracer):
@@ -279,6 +288,7 @@ class ProducerMatch:
     entry: Entry  # the config's producer
     weights: dict[str, str]  # generated Model's state key -> the user's name
     input: torch.fx.Node
+    before: tuple[torch.fx.Node, ...] = ()  # nodes between the input and the convolution it takes (a pad: _fold_pad)
 
 
 _CONV_MODULES: dict[type, str] = {getattr(nn, kind.module): op for op, kind in KINDS.items()}
@@ -297,6 +307,9 @@ def match_producer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> ProducerMat
         kind = next((op for cls, op in _CONV_MODULES.items() if type(module) is cls), None)
         if kind is None:
             return None
+        hooked = _hooked(module)
+        if hooked is not None:
+            return hooked
         source = _module_argument(node)
         if source is None:
             return f"{type(module).__name__} is called with more than its input (output_size)"
@@ -310,7 +323,7 @@ def match_producer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> ProducerMat
         weights = {"producer.weight": f"{node.target}.weight"}
         if module.bias is not None:
             weights["producer.bias"] = f"{node.target}.bias"
-        return ProducerMatch(entry, weights, source)
+        return _fold_pad(gm, ProducerMatch(entry, weights, source))
     if node.op == "call_function" and node.target in _CONV_FUNCTIONS:
         kind = _CONV_FUNCTIONS[node.target]
         transposed, dims = KINDS[kind].transposed, KINDS[kind].spatial_dims
@@ -338,7 +351,75 @@ def match_producer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> ProducerMat
         weights = {"producer.weight": weight.target}
         if bias is not None:
             weights["producer.bias"] = bias.target
-        return ProducerMatch(entry, weights, args["input"])
+        return _fold_pad(gm, ProducerMatch(entry, weights, args["input"]))
+    return None
+
+
+#: Padding modules -> the padding_mode of a convolution that pads alike (a ConstantPad only with the value 0).
+_PAD_MODULES: dict[type, str] = {
+    **{getattr(nn, f"ReflectionPad{d}d"): "reflect" for d in (1, 2, 3)},
+    **{getattr(nn, f"ReplicationPad{d}d"): "replicate" for d in (1, 2, 3)},
+    **{getattr(nn, f"CircularPad{d}d"): "circular" for d in (1, 2, 3) if hasattr(nn, f"CircularPad{d}d")},
+    **{getattr(nn, f"ZeroPad{d}d"): "zeros" for d in (1, 2, 3) if hasattr(nn, f"ZeroPad{d}d")},
+    **{getattr(nn, f"ConstantPad{d}d"): "zeros" for d in (1, 2, 3)},
+}
+#: F.pad's modes -> the padding_mode (mode="constant" only with the value 0).
+_PAD_MODES = {"constant": "zeros", "reflect": "reflect", "replicate": "replicate", "circular": "circular"}
+
+
+def _fold_pad(gm: torch.fx.GraphModule, match: ProducerMatch) -> ProducerMatch:
+    """An unpadded convolution whose input is a pad read by it alone (CycleGAN's and fast style transfer's
+    ``nn.ReflectionPad2d(p)`` then ``nn.Conv2d(..., padding=0)``, F.pad(x, pads, mode)) is the convolution with
+    that padding and padding_mode, on the pad's input: nn.Conv2d(padding_mode="reflect") pads with F.pad alike.
+    The pad joins the chain; where it pads unevenly, pads the batch or the channels, or with a value other than 0,
+    the match is left as it is (the pad stays in PyTorch)."""
+    entry, pad = match.entry, match.input
+    dims = KINDS[entry["op"]].spatial_dims
+    if (KINDS[entry["op"]].transposed or entry.get("padding", 0) not in (0, "valid") or "padding_mode" in entry
+            or not isinstance(pad, torch.fx.Node) or len(pad.users) != 1):
+        return match
+    found = _pad_of(gm, pad)
+    if found is None:
+        return match
+    source, pads, mode = found
+    if len(pads) % 2 or len(pads) > 2 * dims or any(pads[i] != pads[i + 1] or pads[i] < 0
+                                                         for i in range(0, len(pads), 2)):
+        return match
+    per_dim = [0] * (dims - len(pads) // 2) + [int(pads[i]) for i in range(len(pads) - 2, -1, -2)]
+    folded = {k: v for k, v in entry.items() if k != "padding"}
+    window = _window(per_dim, dims)
+    if window != 0:
+        folded["padding"] = window
+    if mode != "zeros":
+        folded["padding_mode"] = mode
+    return dataclasses.replace(match, entry=folded, input=source, before=(pad, *match.before))
+
+
+def _folded_pad(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Whether ``node`` is a pad that the convolution reading it takes as its padding (_fold_pad)."""
+    if len(node.users) != 1:
+        return False
+    match = match_producer(gm, next(iter(node.users)))
+    return isinstance(match, ProducerMatch) and node in match.before
+
+
+def _pad_of(gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[torch.fx.Node, tuple[int, ...], str] | None:
+    """(the padded tensor, F.pad's pads, the padding_mode) of a pad module or F.pad call without hooks, padding
+    with zeros where it pads a constant; None for anything else."""
+    if node.op == "call_module":
+        module = gm.get_submodule(node.target)
+        mode = _PAD_MODULES.get(type(module))
+        source = _module_argument(node)
+        if mode is None or source is None or _hooked(module) is not None or float(getattr(module, "value", 0)) != 0:
+            return None
+        return source, tuple(module.padding), mode
+    if node.op == "call_function" and node.target is F.pad:
+        a = _bind_all(node, ["input", "pad", "mode", "value"], {"mode": "constant", "value": None})
+        if isinstance(a, str) or _has_node(a["pad"]) or a["mode"] not in _PAD_MODES or a["value"] not in (None, 0, 0.0):
+            return None
+        if not all(isinstance(p, int) for p in a["pad"]):
+            return None
+        return a["input"], tuple(a["pad"]), _PAD_MODES[a["mode"]]
     return None
 
 
@@ -1474,9 +1555,13 @@ TABLE: dict[tuple[str, Any], Builder] = {
     **_pointwise("tanh", functions=(torch.tanh, F.tanh), methods=("tanh",), modules=(nn.Tanh,)),
     **{key: row for kind in ("exp", "log", "abs", "sqrt")
        for key, row in _pointwise(kind, functions=(getattr(torch, kind),), methods=(kind,)).items()},
-    **_pointwise("neg", functions=(torch.neg, operator.neg), methods=("neg",)),
+    **_pointwise("abs", functions=(torch.absolute,), methods=("absolute",)),  # PyTorch's aliases
+    **_pointwise("sigmoid", functions=(torch.special.expit,)),
+    **_pointwise("neg", functions=(torch.neg, operator.neg, torch.negative), methods=("neg", "negative")),
     ("call_function", torch.clamp): clamp(),
     ("call_method", "clamp"): clamp(),
+    ("call_function", torch.clip): clamp(),  # torch.clip is clamp's alias (its in-place clip_ follows, below)
+    ("call_method", "clip"): clamp(),
     ("call_function", torch.clamp_min): clamp(only="min"),
     ("call_method", "clamp_min"): clamp(only="min"),
     ("call_function", torch.clamp_max): clamp(only="max"),
@@ -1512,6 +1597,11 @@ TABLE: dict[tuple[str, Any], Builder] = {
     ("call_function", F.instance_norm): instance_norm_fn,
     ("call_function", F.layer_norm): layer_norm_fn,
     ("call_function", F.normalize): lambda site: _channel_import().normalize(site),
+    ("call_function", F.glu): lambda site: _gate_import().glu_function(site),
+    ("call_module", nn.GLU): lambda site: _gate_import().glu_module(site),
+    ("call_function", operator.getitem): lambda site: _slice_import().getitem(site),
+    ("call_method", "narrow"): lambda site: _slice_import().narrow(site),
+    ("call_function", torch.narrow): lambda site: _slice_import().narrow(site),
     ("call_function", F.batch_norm): batch_norm_fn,
     **{("call_function", fn): dropout_fn(training) for fn, training in _DROPOUT_FUNCTIONS},
     **{("call_module", cls): dropout_module for cls in _DROPOUT_MODULES},
@@ -1819,10 +1909,30 @@ def _named_module(module: nn.Module) -> Builder | None:
     return NAMED_MODULES.get((cls.__module__, cls.__qualname__))
 
 
+def _hooked(module: nn.Module) -> str | None:
+    """Why a module called whole cannot be a chain's op: forward hooks or pre-hooks on it (or global ones) run
+    around its call, and a fused chain never calls it. torch.nn.utils.weight_norm and spectral_norm are such hooks:
+    they recompute ``module.weight`` at each call, so a kernel bound to that attribute would read a stale weight
+    once the user's weight_g / weight_orig change, and a user's hook that records or edits the output would never
+    run. None where the call is the module's forward alone."""
+    from torch.nn.modules import module as torch_module
+
+    hooks = [*module._forward_pre_hooks.values(), *module._forward_hooks.values(),
+             *torch_module._global_forward_pre_hooks.values(), *torch_module._global_forward_hooks.values()]
+    if not hooks:
+        return None
+    names = sorted({getattr(h, "__qualname__", type(h).__name__) for h in hooks})
+    return f"{type(module).__name__} has forward hooks ({', '.join(names)}) that a fused chain would not run"
+
+
 def lookup(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Builder | None:
-    """The table's builder for a node, None where it is not in the vocabulary."""
+    """The table's builder for a node, None where it is not in the vocabulary; a module with forward hooks has
+    a builder that refuses it (_hooked)."""
     if node.op == "call_module":
         module = gm.get_submodule(node.target)
+        why = _hooked(module)
+        if why is not None:
+            return lambda site: why
         for cls in type(module).__mro__:
             if ("call_module", cls) in TABLE:
                 return TABLE[("call_module", cls)]
@@ -2027,6 +2137,30 @@ def _channel_import():
     return channel_import
 
 
+def _slice_import():
+    """fusetune/slice_import.py: the slice op's forms (it imports this module's helpers)."""
+    from fusetune import slice_import
+
+    return slice_import
+
+
+def _gate_import():
+    """fusetune/gate_import.py: the gated activations' patterns (it imports this module's helpers)."""
+    from fusetune import gate_import
+
+    return gate_import
+
+
+def _gate(gm: torch.fx.GraphModule, values: list[torch.fx.Node], cur: list[torch.fx.Node],
+          producer: list[torch.fx.Node], match: ProducerMatch, dims: int):
+    """A gated product of two halves of the chain's value whose first nodes are every reader of it (gate_import's
+    match_gate; one op, taken as a layer norm over the channels is), or None."""
+    if not values:
+        return None
+    site = Site(gm, values[0], set(cur), set(producer), int(match.entry["out_channels"]), dims)
+    return _gate_import().match_gate(site, values)
+
+
 def _channel_norm(gm: torch.fx.GraphModule, values: list[torch.fx.Node], cur: list[torch.fx.Node],
                   producer: list[torch.fx.Node], match: ProducerMatch, dims: int):
     """A layer norm over the channels whose first nodes are every reader of the chain's value (channel_import's
@@ -2045,9 +2179,11 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
     producer = _aliases(gm, node)
     dims = KINDS[match.entry["op"]].spatial_dims
     cur = list(producer)
-    chain = Chain(node.name, match.entry, dict(match.weights), in_shape, [], [n.name for n in producer], "", None)
+    chain = Chain(node.name, match.entry, dict(match.weights), in_shape, [], [n.name for n in (*match.before, *producer)],
+                  "", None)
     pending: list[torch.fx.Node] = []  # readers of the convolution's output still to come
     while True:
+        channels = _gate_import().channels(int(match.entry["out_channels"]), chain.steps)  # half after a glu over dim 1
         values, shape_reads = _readers(gm, cur)
         first = cur[0] in producer
         if first:
@@ -2058,7 +2194,8 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
         if not candidates:
             chain.end = "its value is not read by any op"
             break
-        channel_norm = _channel_norm(gm, values, cur, producer, match, dims)
+        channel_norm = _channel_norm(gm, values, cur, producer, match, dims) or _gate(gm, values, cur, producer,
+                                                                                      match, dims)
         if channel_norm is not None:  # a layer norm over the channels, by hand or permuted around one: one op
             nodes, entry, out = channel_norm
             out_aliases = _aliases(gm, out)
@@ -2068,7 +2205,7 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
             cur = out_aliases
             continue
         if len(values) == 2:
-            site = Site(gm, values[0], set(cur), set(producer), int(match.entry["out_channels"]), dims)
+            site = Site(gm, values[0], set(cur), set(producer), channels, dims)
             centring = match_centring(site, values)
             if centring is not None:  # x - x.mean(dim, keepdim=True): one op, a barrier like a norm
                 nodes, entry = centring
@@ -2079,7 +2216,7 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
                 cur = out_aliases
                 continue
         if len(values) > 1 and not (first and len(values) > 16):
-            site = Site(gm, values[0], set(cur), set(producer), int(match.entry["out_channels"]), dims)
+            site = Site(gm, values[0], set(cur), set(producer), channels, dims)
             region = match_pointwise_region(site, values)
             if region is not None:  # every reader of the value is in one elementwise region: one op
                 nodes, entry, join = region
@@ -2090,7 +2227,7 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
                 cur = out_aliases
                 continue
         if len(candidates) > 1:
-            site = Site(gm, candidates[0], set(cur), set(producer), int(match.entry["out_channels"]), dims)
+            site = Site(gm, candidates[0], set(cur), set(producer), channels, dims)
             idiom = match_idiom(site, candidates)
             if idiom is None:
                 names = ", ".join(c.name for c in candidates)
@@ -2113,10 +2250,11 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
         builder = lookup(gm, nxt)
         if builder is None:
             what = ("is a convolution (a chain of its own starts there)" if _is_convolution(gm, nxt)
-                    else "is not in the vocabulary")
+                    else "pads a convolution's input (that convolution's chain takes it as its padding)"
+                    if _folded_pad(gm, nxt) else "is not in the vocabulary")
             chain.end, chain.end_node = f"{_describe(gm, nxt)} {what}", nxt.name
             break
-        site = Site(gm, nxt, set(cur), set(producer), int(match.entry["out_channels"]), dims)
+        site = Site(gm, nxt, set(cur), set(producer), channels, dims)
         try:
             mapped = builder(site)
         except _Stop as stop:
@@ -2324,7 +2462,7 @@ class Written:
     derived: dict[str, Derivation] = dataclasses.field(default_factory=dict)
 
 
-def _shape_note(gm: torch.fx.GraphModule, target: str, raw: Mapping[str, Any]) -> str:
+def _shape_note(gm: torch.fx.GraphModule, target: str, raw: Mapping[str, Any], name: str | None = None) -> str:
     """", shape [1, 5, 1, 1], bound as a view of shape [5, 1, 1]" where the user's tensor is not of the shape the
     config declares ((C, 1, ..., 1) per channel), and ", a single value (shape: scalar)" for a scalar one (0-dim,
     the user's (1, 1, 1) bound as a 0-dim view)."""
@@ -2332,7 +2470,7 @@ def _shape_note(gm: torch.fx.GraphModule, target: str, raw: Mapping[str, Any]) -
     producer = raw["producer"]
     if value.numel() == 1:  # a scalar parameter (chain_config)
         return ", a single value (shape: scalar)" + (", bound as a 0-dim view" if value.dim() else "")
-    declared = [int(producer["out_channels"])] + [1] * KINDS[producer["op"]].spatial_dims
+    declared = [_gate_import().read_channels(raw, name)] + [1] * KINDS[producer["op"]].spatial_dims
     if list(value.shape) == declared:
         return ""
     return f", shape {list(value.shape)}, bound as a view of shape {declared}"
@@ -2482,7 +2620,7 @@ def import_traced(loaded: LoadedModel, gm: torch.fx.GraphModule, out_dir: Path) 
         bound = [p for p in raw.get("parameters", {}) if p not in derived]
         if bound:
             header += ("# Parameters: init randn here; the trained values come from the model's "
-                       + ", ".join(f"{weights[p]} ({p}{_shape_note(gm, weights[p], raw)})" for p in bound) + ".\n")
+                       + ", ".join(f"{weights[p]} ({p}{_shape_note(gm, weights[p], raw, p)})" for p in bound) + ".\n")
         if derived:
             header += ("# Derived parameters: init randn here; at each call the fused chain computes them from the "
                        "model's tensors as the forward does: " + "; ".join(f"{p} = {d.describe()}"
@@ -2493,7 +2631,7 @@ def import_traced(loaded: LoadedModel, gm: torch.fx.GraphModule, out_dir: Path) 
                        "arguments after x: " + ", ".join(f"{n} (fx node {node})" for n, node in inputs.items()) + ".\n")
         write_config(path, _dump(raw, header))
         written.append(Written(chain, path, name, k, weights, {p: weights[p] for p in bound}, raw["epilogue"],
-                               {p: _shape_note(gm, weights[p], raw).lstrip(", ") for p in bound}, inputs, derived))
+                               {p: _shape_note(gm, weights[p], raw, p).lstrip(", ") for p in bound}, inputs, derived))
     pytorch = _pytorch_reasons(gm, written, refused)
     map_path = out_dir / f"{loaded.stem}.map.json"
     _write_map(map_path, loaded, written, pytorch)

@@ -1034,6 +1034,12 @@ def _derive(kernel_model: nn.Module, root: nn.Module, derived: Mapping[str, Any]
     return changed
 
 
+#: What a convolution module computes beside its tensors: the user's module replaces the generated one only where
+#: these agree (the importer folds a pad before an unpadded convolution into the config's padding and padding_mode,
+#: which the user's module does not have: its tensors are then bound one by one).
+_MODULE_GEOMETRY = ("kernel_size", "stride", "padding", "dilation", "groups", "output_padding", "padding_mode")
+
+
 def _bind(kernel_model: nn.Module, root: nn.Module, weights: Mapping[str, str],
           derived: Mapping[str, Any] | None = None) -> list | str:
     """Give the generated ModelNew the user's tensors: a submodule whose every tensor is one user module's
@@ -1055,7 +1061,9 @@ def _bind(kernel_model: nn.Module, root: nn.Module, weights: Mapping[str, str],
         users = {u.rpartition(".")[0] for _, u in items}
         if owner and "." not in owner and len(users) == 1 and all(a == u.rpartition(".")[2] for a, u in items):
             theirs = root.get_submodule(next(iter(users))) if next(iter(users)) else root
-            if isinstance(theirs, type(kernel_model.get_submodule(owner))):
+            mine = kernel_model.get_submodule(owner)
+            if isinstance(theirs, type(mine)) and all(getattr(theirs, a, None) == getattr(mine, a, None)
+                                                      for a in _MODULE_GEOMETRY):
                 setattr(kernel_model, owner, theirs)
                 continue
         target = kernel_model.get_submodule(owner) if owner else kernel_model

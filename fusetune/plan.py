@@ -395,6 +395,8 @@ def _plan_region(spec: ProblemSpec, steps: Sequence[Step]) -> Plan:
 #: Why the kernels do not take an op of a role, where no kernel family computes that role at all.
 _ROLE_REFUSALS = {
     "view": "a view of the kernels' output, free in PyTorch",
+    "gate": ("a gated unit multiplies each value by a gate half its dim away (C/2 channels), and no kernel family "
+             "reads both of a pair (fusetune/ops/gate.py); it runs in PyTorch between regions"),
 }
 
 

@@ -40,6 +40,7 @@ from fusetune.config import ProblemSpec
 from fusetune.ops import (Add, AdaptivePool, DimReduce, Div, Flatten, LayerNorm, MeanCentre, Mul, Norm, Op, Pool,
                           Reduce, SpatialReduce, Sub, Unsqueeze)
 from fusetune.ops.reduce import Squeeze
+from fusetune.ops.slicing import Slice
 from fusetune.ops.reduce import KERNEL_MODES
 from fusetune.ops.reductions import REDUCTIONS
 
@@ -67,7 +68,7 @@ class Step:
 def reference_attr(spec: ProblemSpec, i: int) -> str | None:
     """The attribute of the reference model that holds epilogue op ``i``'s module, None if it has none."""
     op = spec.epilogue[i]
-    return f"{op.kind}_{i}" if op.module_code(spec.producer.out_channels, spec.producer.spatial_dims) else None
+    return f"{op.kind}_{i}" if op.module_code(spec.channels_at(i), spec.producer.spatial_dims) else None
 
 
 #: A norm step marked so cancels the producer's bias: the convolution runs without it.
@@ -313,8 +314,9 @@ def _kernel_reductions(steps: list[Step], rank: int) -> list[Step]:
 
 def _sink_views(steps: list[Step], spec: ProblemSpec) -> list[Step]:
     """A view, then an op that maps each value alone (no per-channel parameter, a scalar one being the same
-    value everywhere; not the convolution's output, not an extra input, which has the chain's shape before
-    the view): the same values either way round, and with the op first the kernels may take it."""
+    value everywhere, unless the view keeps every channel where it was: a slice of a spatial dim; not the
+    convolution's output, not an extra input, which has the chain's shape before the view): the same values
+    either way round, and with the op first the kernels may take it."""
     scalars = {p.name for p in spec.parameters if p.scalar}
     out = list(steps)
     moved = True
@@ -322,7 +324,8 @@ def _sink_views(steps: list[Step], spec: ProblemSpec) -> list[Step]:
         moved = False
         for i in range(len(out) - 1):
             view, op = out[i].op, out[i + 1].op
-            if (view.role == "view" and op.role == "elementwise" and not set(op.params()) - scalars
+            keeps_channels = isinstance(view, Slice) and view.dim >= 2
+            if (view.role == "view" and op.role == "elementwise" and (keeps_channels or not set(op.params()) - scalars)
                     and not op.uses_producer() and op.reads_input() is None):
                 out[i], out[i + 1] = out[i + 1], out[i]
                 moved = True

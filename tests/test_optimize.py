@@ -106,7 +106,8 @@ def test_only_the_winners_are_built_unless_the_search_built_every_variant(cache_
                                   "resnet_basicblock_downsample_after", "convnet_eval_dropouts_casts",
                                   "conv2d_reflect_instancenorm_relu",
                                   "inplace_and_pow_forms", "conv1d_keyword_calls", "kb_conv2d_derived_operands",
-                                  "conv2d_ceil_mode_partial_windows"])
+                                  "conv2d_ceil_mode_partial_windows", "mobilenetv2_inverted_residual", "dcgan",
+                                  "yolo_c2f_csp", "fast_style_reflection_pads"])
 def test_output_equals_the_models(stem: str, cache_dir: Path, caplog) -> None:
     model, inputs = _model(stem)
     model.eval()
@@ -125,7 +126,8 @@ def test_output_equals_the_models(stem: str, cache_dir: Path, caplog) -> None:
 @pytest.mark.parametrize("stem", ["two_chains_matmul", "conv2d_nested_buffer_shift", "conv1d_batchnorm_eval",
                                   "kb_conv2d_scale_bias_scalar_views", "kb_conv2d_shape_branch_export",
                                   "kb_conv2d_bias_view_in_forward", "kb_conv2d_functional_norms", "srresnet_prelu",
-                                  "timm_batchnorm_act", "convnet_eval_dropouts_casts", "kb_conv2d_derived_operands"])
+                                  "timm_batchnorm_act", "convnet_eval_dropouts_casts", "kb_conv2d_derived_operands",
+                                  "yolo_c2f_csp", "fast_style_reflection_pads"])
 def test_the_kernels_model_holds_the_users_tensors_where_its_reference_reads_them(stem: str, cache_dir: Path) -> None:
     """What the fused kernels read is bound right: the generated ModelNew's own reference forward, on the
     tensors bound to it, computes what the user's ops compute (the kernels themselves need a GPU)."""
@@ -215,6 +217,27 @@ def test_derived_operands_follow_the_users_tensors(cache_dir: Path) -> None:
                 chain._bind_tensors()  # as each kernel call binds them
                 out = ref.forward(chain.kernel_model, x.to(dtype))
                 torch.testing.assert_close(out, expected, rtol=tolerance, atol=tolerance)
+
+
+def test_modules_with_forward_hooks_stay_the_users(cache_dir: Path) -> None:
+    """spectral_norm's pre-hook recomputes the convolution's weight from weight_orig at each call, and a user's forward
+    hook records a feature map: neither module is a fused chain's op (the kernels would read a weight no hook
+    recomputes, and never run the hook), so after weight_orig changes every chain's kernels still compute its ops."""
+    model, inputs = _model("sngan_discriminator_hooks")
+    opt = _optimize(model, inputs, cache_dir)
+    chains = list(fused_chains(opt))
+    assert len(chains) == 2
+    assert {n.target for n in opt.graph.nodes if n.op == "call_module"} >= {"block.c1", "block.c2", "feat"}
+    with torch.no_grad():
+        model.block.c1.weight_orig.add_(torch.randn_like(model.block.c1.weight_orig))
+        x = torch.randn_like(inputs[0])
+        assert torch.equal(opt(x), model(x))
+        for chain in chains:
+            shape = next(iter(chain.shapes))
+            x = torch.randn(*shape)
+            chain._bind_tensors()
+            reference = type(chain.kernel_model).__mro__[1]  # the generated Model, on the tensors the kernels read
+            assert torch.allclose(reference.forward(chain.kernel_model, x), chain.reference(x), rtol=1e-5, atol=1e-6)
 
 
 def test_untraceable_model_is_returned_unchanged(cache_dir: Path, caplog) -> None:
@@ -400,7 +423,8 @@ def optimized_on_gpu(model, inputs: tuple, tmp_path: Path, budget_s: float = 240
                                   "kb_conv2d_min_channels_scalar_bias", "kb_convt2d_subtract_mean_tanh",
                                   "srresnet_prelu", "inplace_and_pow_forms", "timm_batchnorm_act",
                                   "conv2d_reflect_instancenorm_relu", "kb_conv2d_derived_operands",
-                                  "conv2d_ceil_mode_partial_windows"])
+                                  "conv2d_ceil_mode_partial_windows", "mobilenetv2_inverted_residual",
+                                  "fast_style_reflection_pads", "yolo_c2f_csp"])
 def test_the_fused_chains_run_their_kernels_on_a_gpu(stem: str, tmp_path: Path) -> None:
     """Loose tensors (a functional convolution's, a buffer, views of a 0-dim or (1, C, 1, 1) parameter or of a (C,)
     one viewed in the forward, (1, 1, 1) and (1, 1) ones after a channel reduction, PReLU's weights), modules bound

@@ -7,6 +7,8 @@ from fusetune.ops.activations import (Abs, Celu, Elu, Exp, Gelu, Hardsigmoid, Ha
 from fusetune.ops.elementwise import Add, Clamp, Div, Elementwise, Maximum, Minimum, Mul, Pow, Prelu, Relu, Sub
 from fusetune.ops.channel import ChannelLayerNorm, ChannelNorm, Normalize
 from fusetune.ops.dropout import Dropout
+from fusetune.ops.gate import Glu
+from fusetune.ops.slicing import Slice
 from fusetune.ops.norm import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, MeanCentre, Norm
 from fusetune.ops.pool import AvgPool, MaxPool, Pool
 from fusetune.ops.reduce import (REDUCE_MODES, AdaptiveAvgPool, AdaptiveMaxPool, AdaptivePool, DimReduce, Flatten,
@@ -62,10 +64,12 @@ REGISTRY: dict[str, type[Op]] = {
     "squeeze": Squeeze,
     "unsqueeze": Unsqueeze,
     "dropout": Dropout,
+    "glu": Glu,
+    "slice": Slice,
 }
 
 __all__ = ["REGISTRY", "Op", "OpContext", "ParamDecl", "Shape", "Elementwise", "Norm", "Pool", "Reduce",
            "Add", "Clamp", "Div", "Mul", "Relu", "BatchNorm", "GroupNorm", "InstanceNorm",
            "MaxPool", "AvgPool", "AdaptiveAvgPool", "AdaptiveMaxPool", "AdaptivePool", "DimReduce", "Dropout",
            "Flatten", "LayerNorm", "LogSoftmax", "MeanCentre", "SoftmaxOp", "SpatialReduce", "Squeeze", "Unflatten", "Unsqueeze", "View",
-           "ChannelLayerNorm", "ChannelNorm", "Normalize"]
+           "ChannelLayerNorm", "ChannelNorm", "Normalize", "Glu", "Slice"]

@@ -142,8 +142,8 @@ class ChannelLayerNorm(ChannelNorm):
     (x - mean) / sqrt(var + eps) * weight + bias with the biased variance, as nn.LayerNorm(C) between two
     permutes, timm's and torchvision's LayerNorm2d and ConvNeXt's by hand compute it. ``weight`` and
     ``bias`` name declared per-channel parameters (``parameters:``), each optional (F.layer_norm's names).
-    Over the convolution's channels alone (config.py refuses it where an op before changed them): its
-    parameters hold one value per channel."""
+    Over the chain's channels alone (the convolution's, or half of them after a glu over the channels; config.py
+    refuses it where another op before changed them): its parameters hold one value per channel there."""
 
     kind: ClassVar[str] = "channel_layer_norm"
     weight: str | None = None

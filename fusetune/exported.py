@@ -89,6 +89,10 @@ _AT_MOST: dict[Any, int] = {aten.elu.default: 2}
 
 
 
+#: The key of a GraphModule's ``meta`` that says which tracer made it, where torch.export did.
+TRACED_BY = "fusetune_traced_by"
+
+
 def export_graph(model: nn.Module, inputs: Sequence[Any]) -> torch.fx.GraphModule:
     """The model as a torch-level GraphModule, by ``torch.export`` (non-strict), sharing the model's modules
     and tensors. Raises what torch.export raises where it cannot trace either (data-dependent control flow)."""
@@ -112,6 +116,7 @@ def export_graph(model: nn.Module, inputs: Sequence[Any]) -> torch.fx.GraphModul
     gm.graph.eliminate_dead_code()
     gm.graph.lint()
     gm.recompile()
+    gm.meta[TRACED_BY] = "torch.export"  # specialised to the example's shapes: optimize.ExportedShapes
     return gm
 
 

@@ -100,12 +100,12 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
             machine = Machine.detect()
         except FusetuneError as exc:
             log.warning("fusetune.optimize: %s; every chain of %s runs eagerly", exc, type(model).__name__)
-            return _finish(model, root, gm, [])
+            return _finish(model, root, gm, [], inputs)
     dtypes = {x.dtype for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point()}
     if dtypes - set(TRACED_DTYPES):
         log.warning("fusetune.optimize: the chains are tuned in %s, the inputs are %s; every chain runs eagerly",
                     ", ".join(TRACED_DTYPES.values()), ", ".join(sorted(map(str, dtypes))))
-        return _finish(model, root, gm, [])
+        return _finish(model, root, gm, [], inputs)
     cache = Cache(cache_dir)
     winners = _tune(found, cache, machine, budget_s, trials, benchmarker)
     fused: list[FusedChain] = []
@@ -135,7 +135,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
         if build_now:
             chain.load()
         fused.append(chain)
-    optimized = _finish(model, root, gm, fused)
+    optimized = _finish(model, root, gm, fused, inputs)
     on_gpu = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)  # else the kernels never run
     if cuda_graphs and fused and torch.cuda.is_available():
         from fusetune.graphs import GraphedForward
@@ -254,8 +254,12 @@ def _traced_copy(model: nn.Module, inputs: Sequence[Any]) -> tuple[nn.Module, to
     return root, gm
 
 
-def _finish(model: nn.Module, root: nn.Module, gm: torch.fx.GraphModule, fused: list["FusedChain"]) -> nn.Module:
-    """Drop the trace's constants no node reads any more, and give every module the user's mode."""
+def _finish(model: nn.Module, root: nn.Module, gm: torch.fx.GraphModule, fused: list["FusedChain"],
+            inputs: Sequence[Any]) -> nn.Module:
+    """Drop the trace's constants no node reads any more, give every module the user's mode, and where torch.export
+    traced the model, run its own forward at other input shapes (ExportedShapes)."""
+    from fusetune.exported import TRACED_BY
+
     used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
     for name in [n for n in gm._buffers if n.startswith("_tensor_constant") and n not in used]:
         del gm._buffers[name]
@@ -268,6 +272,8 @@ def _finish(model: nn.Module, root: nn.Module, gm: torch.fx.GraphModule, fused: 
     for chain in fused:
         chain.training = model.training
     _share(model, gm)
+    if gm.meta.get(TRACED_BY) == "torch.export":
+        gm._specialised = ExportedShapes(root, inputs)
     return gm
 
 
@@ -286,6 +292,9 @@ class SharedGraphModule(torch.fx.GraphModule):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         _pull(self.__dict__.get("_shared", ()))
+        specialised = self.__dict__.get("_specialised")
+        if specialised is not None and not specialised.accepts(args, kwargs):  # torch.export's trace: its shapes
+            return specialised.run(self, args, kwargs)
         graphs = self.__dict__.get("_graphs")
         if graphs is not None:  # optimize's cuda_graphs: fusetune/graphs.py
             return graphs(self, super().__call__, args, kwargs)
@@ -296,6 +305,41 @@ class SharedGraphModule(torch.fx.GraphModule):
         result = super()._apply(*args, **kwargs)
         _push(self.__dict__.get("_shared", ()))
         return result
+
+
+class ExportedShapes:
+    """A model only torch.export traces is specialised to the example's input shapes: its guards fail at any other
+    (``Guard failed: x.size()[0] == 2``). There the optimized model runs the model's own forward instead, on the
+    shared copy's modules and the user's tensors (what an untuned shape of a torch.fx trace runs, chain by chain),
+    said once. A deep copy of the optimized model keeps the trace alone (torch.fx copies what its graph reads)."""
+
+    def __init__(self, root: nn.Module, inputs: Sequence[Any]) -> None:
+        self.root = root
+        self.signature = _signature(inputs, {})
+        self.said = False
+
+    def accepts(self, args: tuple, kwargs: dict) -> bool:
+        return _signature(args, kwargs) == self.signature
+
+    def run(self, gm: torch.fx.GraphModule, args: tuple, kwargs: dict) -> Any:
+        if not self.said:
+            self.said = True
+            log.info("fusetune.optimize: %s was traced by torch.export, specialised to its example's shapes %s; "
+                     "other shapes run the model's own forward", type(self.root).__name__, self.signature)
+        for kind in ("_parameters", "_buffers"):  # the top-level tensors the user may have moved (gm pulled them)
+            mine, ours = getattr(self.root, kind), getattr(gm, kind)
+            for key in list(mine):
+                if ours.get(key) is not None:
+                    mine[key] = ours[key]
+        self.root.training = gm.training
+        return self.root(*args, **kwargs)
+
+
+def _signature(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple:
+    """The shapes and dtypes of a call's tensors (what torch.export's guards check), None for anything else."""
+    def one(x: Any) -> Any:
+        return (tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else None
+    return tuple(one(a) for a in args) + tuple((k, one(v)) for k, v in sorted(kwargs.items()))
 
 
 def _share(model: nn.Module, gm: torch.fx.GraphModule) -> None:

@@ -2171,6 +2171,17 @@ def _channel_norm(gm: torch.fx.GraphModule, values: list[torch.fx.Node], cur: li
     return _channel_import().match_channel_norm(site, values)
 
 
+def _take_whole(gm: torch.fx.GraphModule, chain: Chain, shape_reads: Sequence[torch.fx.Node],
+                nodes: Sequence[torch.fx.Node], entry: Entry, out: torch.fx.Node) -> list[torch.fx.Node]:
+    """A subgraph matched as one op (a norm over the channels, a mean centring, a pointwise region, a gate) as the
+    chain's next step, covering its nodes, the value's shape reads and the output's aliases; the chain's value
+    after it (the output and its aliases)."""
+    out_aliases = _aliases(gm, out)
+    covered = [s.name for s in shape_reads] + [n.name for n in nodes] + [a.name for a in out_aliases[1:]]
+    chain.steps.append(Step([entry], covered, None, value=out_aliases[-1].name))
+    return out_aliases
+
+
 def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMatch) -> Chain | NoChain:
     """The longest chain from the convolution at ``node`` (before the configs' validation)."""
     in_shape = _shape(match.input)
@@ -2198,33 +2209,21 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
                                                                                       match, dims)
         if channel_norm is not None:  # a layer norm over the channels, by hand or permuted around one: one op
             nodes, entry, out = channel_norm
-            out_aliases = _aliases(gm, out)
-            covered = [s.name for s in shape_reads] + [n.name for n in nodes] + [a.name for a in out_aliases[1:]]
-            chain.steps.append(Step([entry], covered, None, value=out_aliases[-1].name))
-            pending = []
-            cur = out_aliases
+            cur, pending = _take_whole(gm, chain, shape_reads, nodes, entry, out), []
             continue
         if len(values) == 2:
             site = Site(gm, values[0], set(cur), set(producer), channels, dims)
             centring = match_centring(site, values)
             if centring is not None:  # x - x.mean(dim, keepdim=True): one op, a barrier like a norm
                 nodes, entry = centring
-                out_aliases = _aliases(gm, nodes[-1])
-                covered = [s.name for s in shape_reads] + [n.name for n in nodes] + [a.name for a in out_aliases[1:]]
-                chain.steps.append(Step([entry], covered, None, value=out_aliases[-1].name))
-                pending = []
-                cur = out_aliases
+                cur, pending = _take_whole(gm, chain, shape_reads, nodes, entry, nodes[-1]), []
                 continue
         if len(values) > 1 and not (first and len(values) > 16):
             site = Site(gm, values[0], set(cur), set(producer), channels, dims)
             region = match_pointwise_region(site, values)
             if region is not None:  # every reader of the value is in one elementwise region: one op
                 nodes, entry, join = region
-                out_aliases = _aliases(gm, join)
-                covered = [s.name for s in shape_reads] + [n.name for n in nodes] + [a.name for a in out_aliases[1:]]
-                chain.steps.append(Step([entry], covered, None, value=out_aliases[-1].name))
-                pending = []
-                cur = out_aliases
+                cur, pending = _take_whole(gm, chain, shape_reads, nodes, entry, join), []
                 continue
         if len(candidates) > 1:
             site = Site(gm, candidates[0], set(cur), set(producer), channels, dims)

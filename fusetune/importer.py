@@ -2152,22 +2152,22 @@ def _gate_import():
 
 
 def _gate(gm: torch.fx.GraphModule, values: list[torch.fx.Node], cur: list[torch.fx.Node],
-          producer: list[torch.fx.Node], match: ProducerMatch, dims: int):
+          producer: list[torch.fx.Node], channels: int, dims: int) -> Any:
     """A gated product of two halves of the chain's value whose first nodes are every reader of it (gate_import's
-    match_gate; one op, taken as a layer norm over the channels is), or None."""
+    match_gate; one op, taken as a layer norm over the channels is), or None. ``channels``: the chain's now."""
     if not values:
         return None
-    site = Site(gm, values[0], set(cur), set(producer), int(match.entry["out_channels"]), dims)
+    site = Site(gm, values[0], set(cur), set(producer), channels, dims)
     return _gate_import().match_gate(site, values)
 
 
 def _channel_norm(gm: torch.fx.GraphModule, values: list[torch.fx.Node], cur: list[torch.fx.Node],
-                  producer: list[torch.fx.Node], match: ProducerMatch, dims: int):
+                  producer: list[torch.fx.Node], channels: int, dims: int) -> Any:
     """A layer norm over the channels whose first nodes are every reader of the chain's value (channel_import's
-    match_channel_norm), or None."""
+    match_channel_norm), or None. ``channels``: the chain's now (half the convolution's after a glu)."""
     if not values:
         return None
-    site = Site(gm, values[0], set(cur), set(producer), int(match.entry["out_channels"]), dims)
+    site = Site(gm, values[0], set(cur), set(producer), channels, dims)
     return _channel_import().match_channel_norm(site, values)
 
 
@@ -2205,8 +2205,8 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
         if not candidates:
             chain.end = "its value is not read by any op"
             break
-        channel_norm = _channel_norm(gm, values, cur, producer, match, dims) or _gate(gm, values, cur, producer,
-                                                                                      match, dims)
+        channel_norm = (_channel_norm(gm, values, cur, producer, channels, dims)
+                        or _gate(gm, values, cur, producer, channels, dims))
         if channel_norm is not None:  # a layer norm over the channels, by hand or permuted around one: one op
             nodes, entry, out = channel_norm
             cur, pending = _take_whole(gm, chain, shape_reads, nodes, entry, out), []

@@ -69,18 +69,13 @@ def median_ms(fn: Callable[[], Any], reps: int = 20, warmup: int = 3, flush_byte
 
 
 def graph_of(fn: Callable[[], Any]) -> Callable[[], Any]:
-    """``fn`` captured in a CUDA graph (after a warm-up run on the capturing stream, as torch.cuda.graphs
-    asks): its replay. Its outputs live in the graph's memory, overwritten by each replay."""
+    """``fn`` captured in a CUDA graph (fusetune.graphs.capture, as optimize's model captures its forward): its
+    replay."""
     import torch
 
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
-        fn()
+    from fusetune.graphs import capture
+
+    graph, _ = capture(fn)
     torch.cuda.synchronize()
     return graph.replay
 

@@ -121,17 +121,16 @@ class GraphedForward:
     def _capture(self, key: Hashable, run: Callable[..., Any], args: tuple, chains: Sequence[Any]) -> _Graph | None:
         counts = _counts(chains)
         inputs = [a.clone() for a in args]
-        try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                run(*inputs)  # warm-up on a side stream, as torch.cuda.graphs asks before a capture
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
+        ran: list[list[int]] = []  # what each chain counted in each run: the last is the captured one's
+
+        def counted() -> Any:
             before = _counts(chains)
-            with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
-                outputs = run(*inputs)
-            after = _counts(chains)
+            out = run(*inputs)
+            ran.append([a - b for a, b in zip(_counts(chains), before)])
+            return out
+
+        try:
+            graph, outputs = capture(counted)
         except Exception as exc:  # an op that cannot be captured: this signature runs plainly from now on
             self.refused.add(key)
             _restore(chains, counts)
@@ -139,7 +138,7 @@ class GraphedForward:
                         "failed: %s: %s)", [list(a.shape) for a in args], type(exc).__name__, exc)
             return None
         _restore(chains, counts)
-        captured = _Graph(graph, inputs, outputs, [a - b for a, b in zip(after, before)])
+        captured = _Graph(graph, inputs, outputs, ran[-1])
         self.graphs[key] = captured
         while len(self.graphs) > self.max_graphs:
             dropped, _ = self.graphs.popitem(last=False)
@@ -147,6 +146,22 @@ class GraphedForward:
             log.info("fusetune.optimize: more than %d input signatures: the least recently used runs without a "
                      "CUDA graph from now on", self.max_graphs)
         return captured
+
+
+def capture(fn: Callable[[], Any]) -> tuple[Any, Any]:
+    """``fn`` captured in a CUDA graph, after a warm-up run on the capturing side stream (as torch.cuda.graphs
+    asks), and what the captured run returned (in the graph's memory, overwritten by each replay). Raises what
+    the capture raises (an op that synchronises). GraphedForward and the search's graph timing
+    (fusetune.evaluate.median_ms) both capture this way."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+        outputs = fn()
+    return graph, outputs
 
 
 def _counts(chains: Sequence[Any]) -> list[int]:

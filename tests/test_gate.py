@@ -107,35 +107,3 @@ def test_a_glu_runs_in_pytorch_and_the_chain_goes_on_in_a_later_region(path: Pat
         torch.testing.assert_close(got, in_pytorch, rtol=1e-12, atol=1e-12)
         for p in region.spec.parameters:
             assert getattr(model._later[region.index], p.name) is getattr(reference, p.name)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("stem", ["gated_forms", "tcn_causal_chomp"])
-def test_gated_and_sliced_models_run_their_kernels_on_a_gpu(stem: str, tmp_path: Path) -> None:
-    """The models of tests/models with a glu or a slice, optimized in eval mode with every chain on kernels (the
-    glu and the slice in PyTorch between regions, what follows at C/2 channels in a later region): each output
-    as close to float64 as eager's."""
-    import copy
-
-    from fusetune.optimizer import fused_chains
-    from conftest import import_file
-    from test_optimize import optimized_on_gpu
-
-    module = import_file(ROOT / "tests" / "models" / f"{stem}.py")
-    torch.manual_seed(0)
-    model = module.Model(*module.get_init_inputs()).cuda().eval()
-    inputs = tuple(x.cuda() for x in module.get_inputs())
-    opt = optimized_on_gpu(model, inputs, tmp_path)
-    chains = list(fused_chains(opt))
-    assert chains and all(c.kernel_model is not None for c in chains)
-    with torch.no_grad():
-        exact = copy.deepcopy(model).double()(*(x.double() for x in inputs))
-        want, got = model(*inputs), opt(*inputs)
-    as_tuple = lambda y: y if isinstance(y, tuple) else (y,)  # noqa: E731
-    for e, w, g in zip(as_tuple(exact), as_tuple(want), as_tuple(got)):
-        eager = ((w.double() - e).norm() / e.norm()).item()
-        ours = ((g.double() - e).norm() / e.norm()).item()
-        print(f"\n{stem}: error vs float64: eager {eager:.2e}, optimized {ours:.2e}")
-        assert g.shape == e.shape and ours <= max(8 * eager, 1e-5)
-    assert all(c.kernel_calls == 1 for c in chains)

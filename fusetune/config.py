@@ -316,6 +316,11 @@ def _parse_parameters(raw: Any, path: str) -> dict[str, ParamDecl]:
             if k not in ("shape", "init"):
                 raise ConfigError(path, f"{key}.{k}", "unknown key; expected 'shape' or 'init'")
         shape = decl.get("shape", "per_channel")
+        if isinstance(shape, list):
+            raise ConfigError(path, f"{key}.shape", f"a parameter's shape is written by its kind, not its sizes: "
+                                                    f"per_channel (one value per channel of the value it meets, as a "
+                                                    f"(C, 1, 1) tensor broadcasts) or scalar (a single value); got "
+                                                    f"{shape!r}")
         if shape not in PARAM_SHAPES:
             raise ConfigError(path, f"{key}.shape", f"expected one of {', '.join(PARAM_SHAPES)} (one value per "
                                                     f"channel, or a single value), got {shape!r}")

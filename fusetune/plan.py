@@ -36,7 +36,7 @@ from fusetune.config import ProblemSpec
 from fusetune.errors import PlanError
 from fusetune.ops import AdaptivePool, Add, DimReduce, Elementwise, LayerNorm, Norm, Op, Pool, Reduce
 from fusetune.ops.channel import CHANNEL_MAPS, ChannelNorm
-from fusetune.ops.reduce import Softmax
+from fusetune.ops.reduce import KERNEL_MODES, Softmax
 from fusetune.ops.reductions import REDUCTIONS, KernelReduction
 from fusetune.regions import CANCELS_BIAS, FROM_STATISTICS, Step, affine, rewrite
 
@@ -419,8 +419,9 @@ def _kernel_refusal(op: Op) -> str | None:
     if isinstance(op, Reduce) and op.mode not in REDUCTIONS:
         return f"the kernels reduce by {', '.join(REDUCTIONS)}; {op.mode} runs in PyTorch"
     if isinstance(op, DimReduce) and op.dims != (1,) and op.dims != (op.dim,):
-        return (f"the kernels reduce over the channel dim or over every spatial dim, not dims {list(op.dims)}; "
-                "it runs after this region (in a later one, on a view of its input, or in PyTorch)")
+        return (f"the kernels reduce over the channel dim, or by {', '.join(KERNEL_MODES)} over every spatial dim; "
+                f"not {op.mode} over dims {list(op.dims)}, which runs after this region (in a later one, on a view "
+                "of its input, or in PyTorch)")
     return None
 
 

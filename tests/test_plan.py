@@ -175,7 +175,7 @@ def test_seed_slots():
      "a layer_norm over [43], fewer trailing dims than every spatial one, runs after this region"),
     ("groupnorm", [{"op": "layer_norm", "normalized_shape": [35, 43]}, {"op": "amax", "dim": 1}], ["reduce"],
      "per-element affine only in a region that ends in a map, a pool or a reduction over space"),
-    ("groupnorm", [{"op": "logsumexp", "dim": [2, 3]}], ["reduce"], "not dims [2, 3]"),  # over channels: fused
+    ("groupnorm", [{"op": "logsumexp", "dim": [2, 3]}], ["reduce"], "not logsumexp over dims [2, 3]"),  # over channels: fused
     ("groupnorm", [{"op": "group_norm", "num_groups": 4}, {"op": "max_pool", "kernel_size": 3, "stride": 1, "padding": 1},
                    {"op": "add", "by": "producer"}], ["group_norm", "max_pool", "add"],
      "epilogue[2] (add) reads the convolution's output (by: producer) after a pool"),  # after a norm: fused

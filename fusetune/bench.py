@@ -237,9 +237,10 @@ def _run_bench(spec: ProblemSpec, shape: Shape, plan: Plan, generated: Any, entr
     bandwidth = copy_bandwidth_gbs()
     result["copy_gbs"] = bandwidth
     impl = entry.winner["candidate"].get("producer.impl", DEFAULT)
-    if WORLDS[impl].runs_reference:
-        # nothing beat PyTorch's own forward (eager) or torch.compile's of it (inductor): no kernels of
-        # fusetune's to measure; the fusetune column is that forward, the max-autotune column its twin.
+    if WORLDS[impl].runs_reference or WORLDS[impl].launch == "folded":
+        # nothing beat PyTorch's own forward (eager) or torch.compile's of it (inductor), or cuDNN's fused
+        # convolution of the folded chain (cudnn_fused): no kernels of fusetune's to measure apart; the
+        # fusetune column is that forward.
         result["impl"] = impl
     elif WORLDS[impl].computes_conv_inside:
         # The convolution runs inside the kernels: no producer output, so no epilogue to time alone.
@@ -289,7 +290,8 @@ def table(results: list[dict[str, Any]]) -> str:
     rows = [header]
     for r in results:
         reference = WORLDS.get(r.get("impl", DEFAULT))
-        eager = reference is not None and reference.runs_reference  # eager or inductor: no kernels of ours
+        # eager or inductor, or cuDNN's fused convolution: no kernels of ours
+        eager = reference is not None and (reference.runs_reference or reference.launch == "folded")
         direct = not eager and (reference is None or reference.computes_conv_inside)
         rows.append((r["config"], "x".join(map(str, r["shape"])), f"{r['eager_ms']:.3f}",
                      f"{r.get('compile_default_ms', float('nan')):.3f}",

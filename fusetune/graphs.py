@@ -10,7 +10,9 @@ The optimized model is a torch.fx trace: its control flow was fixed when it was 
 signature runs the same ops. What can still differ between calls is either in the key (each input's shape,
 strides, dtype and device; inference mode or not; which chains run kernels; the addresses of the parameters
 and buffers, so a moved or replaced tensor gets a graph of its own, while an in-place update, as
-``load_state_dict`` does, is read by the graph as eager code reads it) or makes the call run plainly:
+``load_state_dict`` does, is read by the graph as eager code reads it, but by a chain whose weights fold the
+tensors after its convolution (the cudnn_fused world), whose sources' versions are in the key too, so that
+an update gets a graph of the new fold) or makes the call run plainly:
 autograd recording, a module in training mode, a forward hook or pre-hook on any module (or a global one:
 a replay would skip them), autocast, keyword or non-tensor arguments, a capture already in progress, and
 the call after a submodule was replaced (the model's structure is checked each call; the new structure gets
@@ -114,7 +116,7 @@ class GraphedForward:
         if _module._global_forward_hooks or _module._global_forward_pre_hooks or not _plain_structure(model):
             return None
         signature = tuple((tuple(a.shape), a.stride(), a.dtype, a.device) for a in args)
-        chains = tuple(c.pays for c in _chains(model))
+        chains = tuple((c.pays, c.fold_versions()) for c in _chains(model))
         tensors = tuple(t.data_ptr() for t in _tensors(model))
         return signature, torch.is_inference_mode_enabled(), chains, tensors
 

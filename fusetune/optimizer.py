@@ -978,6 +978,13 @@ class FusedChain(nn.Module):
         """The generated ModelNew, bound to the user's tensors (None where the chain is not tuned)."""
         return self.state.kernel_model
 
+    def fold_versions(self) -> tuple:
+        """The address and version of each tensor its kernels' fold was computed from (the cudnn_fused world's:
+        the generated ModelNew keeps the fold until one changes), () where none folds: a CUDA graph of the model
+        is keyed by them (fusetune/graphs.py), so that an in-place update gets a graph of the new fold."""
+        versions = getattr(self.state.kernel_model, "fold_versions", None)
+        return versions() if versions is not None else ()
+
     @property
     def later(self) -> dict[int, nn.Module]:
         """The later regions that run their tuned kernels inside ``kernel_model`` (index -> the region's

@@ -453,6 +453,7 @@ def test_shape_facts(seed, shape):
                      "family": plan.family or "none", "sm": 90, "forward_form": int(seed == "batchnorm"),  # stride 1: the other convT has 2
                      "spatial_dims": spec.producer.spatial_dims,
                      "cluster": int("gemm_cluster" in plan.impl_stages),
+                     "foldable": False,  # no seed is an eval batch norm's or affine chain (cudnn_fused)
                      "cluster_boxes": cluster_boxes(spec.producer.geometry()) if "gemm_cluster" in plan.impl_stages else {},
                      **WIDE_FACTS.get(seed, {"wide": 0, "wide_main": 0, "wide_depth": {}})}
     assert facts["cluster"] == (seed in ("groupnorm", "instancenorm"))  # instance and group norm on the tensor cores
@@ -473,8 +474,8 @@ def test_producer_starts_cover_every_cudnn_choice_once():
     assert all(s == space.canonical({**space.default(), "producer.layout": s["producer.layout"],
                                      "producer.form": s["producer.form"]}) for s in cudnn)
     others = {s["producer.impl"]: s for s in starts if s["producer.impl"] != "cudnn"}
-    assert sorted(others) == ["direct", "eager", "gemm", "gemm_cluster", "gemm_extrema", "gemm_store", "gemm_wide",
-                              "gemm_wide_recompute", "inductor", "inductor_default", "spectral"]
+    assert sorted(others) == ["cudnn_fused", "direct", "eager", "gemm", "gemm_cluster", "gemm_extrema", "gemm_store",
+                              "gemm_wide", "gemm_wide_recompute", "inductor", "inductor_default", "spectral"]
     spec = load_config(SEEDS["batchnorm"])
     facts = shape_facts(spec, make_plan(spec), spec.shapes[0], "9.0")
     assert [impl for impl, s in others.items() if not space.violations(s, facts)] == [
@@ -484,7 +485,7 @@ def test_producer_starts_cover_every_cudnn_choice_once():
     feasible = [c for c in space.all() if not space.violations(c, facts)]
     nearest = _nearest(others["gemm_wide"], feasible)
     assert nearest == {**others["gemm_wide"], "wide_stats.staging": "row"}
-    assert len({s["producer.impl"] for s in starts[:11]}) == 11  # one per world before cuDNN's other choices
+    assert len({s["producer.impl"] for s in starts[:12]}) == 12  # one per world before cuDNN's other choices
 
 
 def test_tensor_core_kernels_are_not_offered_before_sm80(cache):

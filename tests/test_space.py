@@ -154,12 +154,13 @@ def test_plan_space_of_seeds():
     gemm_store = gemm_stats * (3 * 3) * 2
     # gemm_cluster: one kernel (block, mt, tw, th, split: every choice enumerated, infeasible ones too).
     gemm_cluster = 2 * 2 * 2 * 2 * 4
-    # spectral, gemm_wide and gemm_wide_recompute: not offered for this chain (their constraints refuse
-    # them), so nothing varies under them: one candidate each.
-    spectral = gemm_wide = gemm_wide_recompute = 1
+    # spectral, gemm_wide, gemm_wide_recompute and cudnn_fused: not offered for this chain (their constraints
+    # refuse them), so nothing varies under them (cudnn_fused's layout only where it folds): one candidate each.
+    spectral = gemm_wide = gemm_wide_recompute = cudnn_fused = 1
     eager = inductor_default = inductor = 1  # PyTorch's own forward, torch.compile's of it: no kernel choices
     assert sum(1 for _ in space.all()) == (cudnn + direct + gemm + gemm_extrema + gemm_store + gemm_cluster + gemm_wide
-                                           + gemm_wide_recompute + spectral + eager + inductor_default + inductor)
+                                           + gemm_wide_recompute + spectral + cudnn_fused + eager + inductor_default
+                                           + inductor)
 
 
 def test_candidates_are_canonical_where_a_choice_does_not_matter():

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from fusetune.worlds.base import World
 from fusetune.worlds.cudnn import Cudnn
+from fusetune.worlds.cudnn_fused import CudnnFused
 from fusetune.worlds.direct import Direct
 from fusetune.worlds.eager import Eager
 from fusetune.worlds.facts import CONV_STAGES
@@ -25,12 +26,12 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT", "WORLDS", "World", "all_facts", "conv_passes", "launches", "machine_refusals", "offered",
            "reference_won", "refusals", "won_note"]
 
-#: producer.impl -> its world; cudnn first (the default), then the kernels' worlds, then the search's
-#: floors: eager (PyTorch's own forward), inductor_default and inductor (torch.compile's default mode and
+#: producer.impl -> its world; cudnn first (the default), then the kernels' worlds, cuDNN's fused convolution
+#: (cudnn_fused), then the search's floors: eager (PyTorch's own forward), inductor_default and inductor (torch.compile's default mode and
 #: max-autotune of it).
 WORLDS: dict[str, World] = {world.name: world for world in (
     Cudnn(), Direct(), Gemm(), GemmExtrema(), GemmStore(), GemmCluster(), GemmWide(), GemmWideRecompute(),
-    Spectral(), Eager(), InductorDefault(), Inductor())}
+    Spectral(), CudnnFused(), Eager(), InductorDefault(), Inductor())}
 #: The world a candidate that names none runs in (producer.impl's default): the registry's first.
 DEFAULT: str = next(iter(WORLDS))
 
@@ -80,10 +81,10 @@ def all_facts(plan: Plan) -> dict[str, Any]:
 
 def launches(plan: Plan) -> dict[str, dict[str, Any]]:
     """For the generated model: each offered world's launch ("cudnn", "kernels", "cluster", "spectral",
-    "eager", "inductor"), whether its statistics pass stores the convolution output ("", "float", "choice"),
-    and where the launch compiles the reference, torch.compile's mode."""
+    "folded", "eager", "inductor"), whether its statistics pass stores the convolution output ("", "float",
+    "choice"), and what its launch reads beside (World.launch_data: torch.compile's mode, a fold)."""
     return {name: {"launch": WORLDS[name].launch, "store": WORLDS[name].store(plan),
-                   **({"mode": WORLDS[name].compile_mode} if WORLDS[name].compile_mode else {})}
+                   **WORLDS[name].launch_data(plan)}
             for name in plan.impl_stages}
 
 

@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     from fusetune.plan import Plan
 
 
+#: How a generated model may launch a world (World.launch): its branches in model.py.j2's ModelNew._world.
+LAUNCHES = ("cudnn", "kernels", "cluster", "spectral", "folded", "eager", "inductor")
+
+
 class World(abc.ABC):
     """One value of producer.impl. Subclasses set the class attributes and answer ``why_not`` and
     ``stages``; ``refusal`` adds what every world checks (the dtype, the reduction mode its stages take)."""
@@ -43,8 +47,8 @@ class World(abc.ABC):
     native_mma: ClassVar[tuple[str, ...]] = ()
     #: How the generated model launches it: "cudnn" (cuDNN, then the stages on its output), "kernels"
     #: (the stages with the convolution inside), "cluster" (one cluster kernel), "spectral" (the
-    #: input's spectrum first), "eager" (the reference's own forward), "inductor" (the reference's
-    #: forward compiled by torch.compile).
+    #: input's spectrum first), "folded" (cuDNN's fused convolution, the chain folded into it), "eager"
+    #: (the reference's own forward), "inductor" (the reference's forward compiled by torch.compile).
     launch: ClassVar[str] = "kernels"
     #: Whether its candidate is the reference's forward itself (PyTorch's own, or compiled): no kernel
     #: stages of fusetune's, nothing of fusetune's to profile or to count against a peak.
@@ -106,6 +110,11 @@ class World(abc.ABC):
     def facts(self, plan: Plan) -> dict[str, Any]:
         """Named facts its stages' ``when``, constraints and compile_if read (codegen.plan_facts)."""
         return {}
+
+    def launch_data(self, plan: Plan) -> dict[str, Any]:
+        """What the generated model's launch of this world reads beside its launch kind (WORLDS in
+        model.py.j2): a compiling world's torch.compile mode, the fold of cudnn_fused."""
+        return {"mode": self.compile_mode} if self.compile_mode else {}
 
     def machine_refusal(self) -> str | None:
         """Why this machine cannot run the world whatever the region, None where it can: not part of

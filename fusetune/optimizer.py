@@ -982,6 +982,8 @@ class FusedChain(nn.Module):
         """The address and version of each tensor its kernels' fold was computed from (the cudnn_fused world's:
         the generated ModelNew keeps the fold until one changes), () where none folds: a CUDA graph of the model
         is keyed by them (fusetune/graphs.py), so that an in-place update gets a graph of the new fold."""
+        if self.state.derived:  # recomputed at every call (_derive), so is its fold: a graph captures both
+            return ()
         versions = getattr(self.state.kernel_model, "fold_versions", None)
         return versions() if versions is not None else ()
 

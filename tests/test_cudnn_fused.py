@@ -124,12 +124,15 @@ def test_cudnn_runs_the_fold_on_a_gpu(path: Path, dtype: str, tmp_path: Path) ->
             x = torch.randn(shape, device="cuda", dtype=getattr(torch, dtype))
             extra = [torch.randn(s, device="cuda", dtype=x.dtype) for s in spec.input_shapes(shape)]
             want = exact(x.double(), *(e.double() for e in extra))
-            eager = reference(x, *extra)
             for layout in ("contiguous", "channels_last"):
+                fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
                 model.set_variant({"producer": {"impl": "cudnn_fused", "layout": layout}})
                 with torch.no_grad():
                     got = model(x, *extra)
+                    # eager's error in this layout too, as verification takes it (fusetune.evaluate): cuDNN may
+                    # take TF32's products in one layout and not in the other
+                    eager = [reference(x, *extra), reference(x.contiguous(memory_format=fmt), *extra)]
                 error = ((got.double() - want).norm() / want.norm()).item()
-                bound = ((eager.double() - want).norm() / want.norm()).item()
+                bound = max(((e.double() - want).norm() / want.norm()).item() for e in eager)
                 print(f"\n{path.stem} {dtype} {layout} updated={update}: error {error:.2e} (eager {bound:.2e})")
                 assert got.shape == want.shape and error <= max(8 * bound, 1e-6)

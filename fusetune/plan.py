@@ -232,7 +232,7 @@ class Plan:
 
         def names(ops: Sequence[Op]) -> str:
             return ",".join(op.kind for op in ops) or "-"
-        worlds = "".join(f" {impl}={'+'.join(stages)}" for impl, stages in self.impl_stages.items()
+        worlds = "".join(f" {impl}={'+'.join(stages) or WORLDS[impl].launch}" for impl, stages in self.impl_stages.items()
                          if impl != DEFAULT and not WORLDS[impl].runs_reference)
         return (f"stages={'+'.join(self.impl_stages[DEFAULT])}{worlds} pre={names(self.pre)} "
                 f"norm={self.norm.kind if self.norm else '-'} mid={names(self.mid)} "

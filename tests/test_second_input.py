@@ -34,7 +34,7 @@ MORE = ROOT / "tests" / "second_input"
 #: Each chain, its folder, the input its region 0 reads (None: a later region reads it), and the worlds of kernels
 #: region 0 offers (beside the reference's own forwards).
 CHAINS = [
-    (CORPUS, "conv2d_nobias_batchnorm_eval_add_input_relu", "identity", {"cudnn", "direct", "gemm"}),
+    (CORPUS, "conv2d_nobias_batchnorm_eval_add_input_relu", "identity", {"cudnn", "direct", "gemm", "cudnn_fused"}),
     (MORE, "conv2d_groupnorm_maxpool_mul_input_relu", "gate",
      {"cudnn", "direct", "gemm", "gemm_extrema", "gemm_store", "gemm_cluster"}),
     (MORE, "conv2d_instancenorm_max_channels_add_input_relu", "floor",
@@ -44,7 +44,7 @@ CHAINS = [
     (MORE, "conv2d_relu_mean_spatial_add_input_sigmoid", "shift", {"cudnn", "direct", "gemm"}),
     (MORE, "conv2d_softmax_channels_mul_input", "weights", {"cudnn"}),
     (MORE, "conv2d_wide96_relu_add_input_hardswish", "skip", {"cudnn", "gemm_wide"}),
-    (MORE, "conv2d_wide96_nobias_batchnorm_eval_add_input_relu", "identity", {"cudnn", "gemm_wide"}),
+    (MORE, "conv2d_wide96_nobias_batchnorm_eval_add_input_relu", "identity", {"cudnn", "gemm_wide", "cudnn_fused"}),
     (MORE, "conv2d_wide96_batchnorm_maxpool_mul_input_relu_half", "gate",
      {"cudnn", "gemm_wide", "gemm_wide_recompute"}),
     (MORE, "conv2d_wide96_relu_sum_channels_sub_input_tanh", "offset", {"cudnn", "gemm_wide"}),

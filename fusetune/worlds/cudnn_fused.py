@@ -53,11 +53,11 @@ class CudnnFused(World):
 
 def fold_refusal(plan: Plan) -> str | None:
     """Why the region's chain does not fold into its convolution, None where it does: a plain (not
-    transposed) 2-D or 3-D convolution, zero padding, then per-channel affine ops and eval batch norms, then at
+    transposed) convolution (a 1-D one runs as the 2-D one of height 1 it is), zero padding, then per-channel affine ops and eval batch norms, then at
     most a residual add of an input of the chain's shape, then at most a relu, and nothing else."""
     producer = plan.spec.producer
-    if producer.transposed or producer.spatial_dims not in (2, 3):
-        return "cuDNN's fused convolution takes plain 2-D and 3-D convolutions"
+    if producer.transposed:
+        return "cuDNN's fused convolution takes plain (not transposed) convolutions"
     if producer.padding_mode != "zeros" or producer.asymmetric:
         return "cuDNN's fused convolution pads with zeros, the same amount on both sides"
     if plan.pool is not None or plan.reduce is not None or plan.channel_map is not None:
@@ -110,6 +110,11 @@ def fold_table(plan: Plan) -> dict[str, Any] | None:
         else:
             ops.append({"op": AFFINE_OPS[type(op)], "param": op.param, "scalar": op.scalar})
     dims = producer.spatial_dims
-    return {"ops": ops, "residual": residual, "relu": relu, "stride": list(producer.stride),
-            "padding": list(producer.padding), "dilation": list(producer.dilation or (1,) * dims),
-            "groups": producer.groups, "bias": producer.bias}
+    lift = dims == 1  # cuDNN's fused ops take 4-D and 5-D tensors: a 1-D convolution is a 2-D one of height 1
+    geometry = {"stride": list(producer.stride), "padding": list(producer.padding),
+                "dilation": list(producer.dilation or (1,) * dims)}
+    if lift:
+        geometry = {"stride": [1, *geometry["stride"]], "padding": [0, *geometry["padding"]],
+                    "dilation": [1, *geometry["dilation"]]}
+    return {"ops": ops, "residual": residual, "relu": relu, **geometry, "groups": producer.groups,
+            "bias": producer.bias, "lift": lift}

@@ -166,8 +166,9 @@ def user_names(config: str | Path, spec: ProblemSpec) -> dict[str, str]:
 
 
 def derived_params(config: str | Path, spec: ProblemSpec) -> dict:
-    """The config's parameters that the model computes from its tensors (fusetune/derived.py): name ->
-    Derivation, from the map beside the config; empty where there is none."""
+    """The config's parameters that the model computes from its tensors (fusetune/derived.py), and the
+    convolution's weight or bias where the model computes it (``producer.weight``: weight norm, pruning,
+    fusetune/computed_weights.py): name -> Derivation, from the map beside the config; empty where there is none."""
     from fusetune.derived import Derivation
 
     return {str(k): Derivation.from_json(v) for k, v in _map_chain(config, spec).get("derived", {}).items()}

@@ -65,6 +65,9 @@ _ATEN_ROWS: tuple[tuple[str, str, Callable[..., Any]], ...] = (
     ("unsqueeze", "default", torch.unsqueeze),
     ("elu", "default", F.elu),  # only as elu(x[, alpha]): see _positional_ok
     ("glu", "default", F.glu),
+    ("pad", "default", F.pad),  # a pad a convolution takes as its padding (importer._fold_pad), as F.pad's call
+    # weight norm's computation (a parametrized convolution's weight: fusetune/computed_weights.py)
+    ("_weight_norm", "default", torch._weight_norm),
     # functional convolutions (F.conv2d(x, self.weight, ...)): a module's are lifted whole (_lift_modules)
     *((f"conv{d}d", overload, getattr(F, f"conv{d}d")) for d in (1, 2, 3) for overload in ("default", "padding")),
     *((f"conv_transpose{d}d", overload, getattr(F, f"conv_transpose{d}d")) for d in (1, 2, 3)

@@ -9,7 +9,9 @@ become ``by: producer``). Every module, function and method the importer knows i
 table, ``TABLE``: (call kind, target) -> a builder that returns the config entries of the op, or the
 reason the chain stops before it. An even pad that only an unpadded convolution reads (nn.ReflectionPad2d, F.pad
 with a mode) is that convolution's padding and padding_mode (_fold_pad). A module with forward hooks is no chain's
-op (_hooked): spectral_norm and the old weight_norm recompute its weight in one, and a fused chain never calls it.
+op (_hooked): a fused chain never calls it, so it would not run them; but a convolution whose weight (or bias) the
+model computes by a known rule (weight norm, pruning, a parametrization traced into, F.conv2d on a computed tensor)
+is a producer whose weight is recomputed from the model's tensors at every call (fusetune/computed_weights.py).
 """
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ import torch.nn.functional as F
 import yaml
 
 from fusetune import broadcast
+from fusetune.computed_weights import (hook_derivations, owners_refusal, parametrization_refusal,
+                                       parametrized_convolution)
 from fusetune.config import _reserved, load_config, parse_config
 from fusetune.derived import Derivation, derivation
 from fusetune.errors import ConfigError, FusetuneError
@@ -170,10 +174,14 @@ def trace(model: nn.Module, inputs: Sequence[Any], source: str = "<model>") -> t
     statistics move when it runs, as they would in the model."""
     from torch.fx.passes.shape_prop import ShapeProp
 
+    concrete = _defaults_not_given(model, inputs)
     try:
-        gm = _symbolic_trace(model)
+        gm = _symbolic_trace(model, concrete)
+        if concrete:
+            gm.meta[CONCRETE_ARGS] = tuple(concrete)
     except Exception as exc:
         gm = _export_instead(model, inputs, source, exc)
+    _read_through_in_place_writes(gm)
     if _propagate_fake(gm, inputs):
         return gm
     try:  # ShapeProp prints the failing node's traceback before raising: the error below says it in one line
@@ -201,7 +209,18 @@ class _Tracer(torch.fx.Tracer):
     #: keeps the result as a constant, which a later change of the buffer (load_state_dict) would never reach.
     proxy_buffer_attributes = True
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: The parametrizations (ParametrizationList and its modules) of the convolutions traced into, by id.
+        self._into: set[int] = set()
+
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if id(m) in self._into:  # a parametrization of a convolution traced into
+            return False
+        if parametrized_convolution(m, _CONV_MODULES) and parametrization_refusal(m) is None:
+            # its weight a subgraph of the trace on the originals (fusetune/computed_weights.py): F.conv*d on it
+            self._into.update(id(p) for plist in m.parametrizations.values() for p in plist.modules())
+            return False
         return _named_module(m) is not None or super().is_leaf_module(m, module_qualified_name)
 
 
@@ -213,15 +232,34 @@ class _ValueBufferTracer(_Tracer):
     proxy_buffer_attributes = False
 
 
-def _symbolic_trace(model: nn.Module) -> torch.fx.GraphModule:
+#: The key of a GraphModule's ``meta`` naming the forward's arguments torch.fx took as their defaults (concrete_args):
+#: a call that gives one runs the model's own forward (optimizer.GivenArguments).
+CONCRETE_ARGS = "fusetune_concrete_args"
+
+
+def _defaults_not_given(model: nn.Module, inputs: Sequence[Any]) -> dict[str, Any]:
+    """The forward's arguments after the example's, each with its default (``forward(x, mask=None)`` called as
+    ``model(x)``): torch.fx takes them as they are (concrete_args), where it would otherwise trace ``mask`` as a
+    tensor (``if mask is not None`` true) and the graph would not run on the example."""
+    try:
+        parameters = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        return {}
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) != len(parameters) or len(inputs) > len(positional):  # *args, **kwargs, keyword-only: as is
+        return {}
+    return {p.name: p.default for p in positional[len(inputs):] if p.default is not p.empty}
+
+
+def _symbolic_trace(model: nn.Module, concrete: Mapping[str, Any] | None = None) -> torch.fx.GraphModule:
     """``torch.fx.symbolic_trace`` with _Tracer, else with _ValueBufferTracer (logged: the buffers' arithmetic
-    is then frozen at its traced value)."""
+    is then frozen at its traced value); ``concrete``: forward arguments taken as the values given."""
     try:
         tracer: _Tracer = _Tracer()
-        graph = tracer.trace(model)
+        graph = tracer.trace(model, concrete_args=dict(concrete) if concrete else None)
     except Exception as exc:
         tracer = _ValueBufferTracer()
-        graph = tracer.trace(model)  # (its failure is the caller's: torch.export next)
+        graph = tracer.trace(model, concrete_args=dict(concrete) if concrete else None)  # (else torch.export next)
         log.info("%s traces only with its buffers read as values (%s): arithmetic on buffers alone is a "
                  "constant of the trace", type(model).__name__, _first_line(exc))
     return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
@@ -289,6 +327,12 @@ class ProducerMatch:
     weights: dict[str, str]  # generated Model's state key -> the user's name
     input: torch.fx.Node
     before: tuple[torch.fx.Node, ...] = ()  # nodes between the input and the convolution it takes (a pad: _fold_pad)
+    #: The convolution's tensors the model computes at every call (weight norm, a pruning mask, a parametrization,
+    #: F.conv2d(x, self.weight * self.mask)): generated Model's state key -> how (fusetune/computed_weights.py)
+    derived: dict[str, Derivation] = dataclasses.field(default_factory=dict)
+    #: The trace's nodes computing them that nothing but the convolution reads (the chain's; the others stay the
+    #: model's, and the chain computes its weight again from the model's tensors)
+    computes: tuple[torch.fx.Node, ...] = ()
 
 
 _CONV_MODULES: dict[type, str] = {getattr(nn, kind.module): op for op, kind in KINDS.items()}
@@ -306,8 +350,9 @@ def match_producer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> ProducerMat
         module = gm.get_submodule(node.target)
         kind = next((op for cls, op in _CONV_MODULES.items() if type(module) is cls), None)
         if kind is None:
-            return None
-        hooked = _hooked(module)
+            return parametrization_refusal(module) if parametrized_convolution(module, _CONV_MODULES) else None
+        derived = hook_derivations(module, str(node.target)) or {}  # weight norm, pruning: known pre-hooks
+        hooked = _hooked(module) if not derived else None
         if hooked is not None:
             return hooked
         source = _module_argument(node)
@@ -323,7 +368,8 @@ def match_producer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> ProducerMat
         weights = {"producer.weight": f"{node.target}.weight"}
         if module.bias is not None:
             weights["producer.bias"] = f"{node.target}.bias"
-        return _fold_pad(gm, ProducerMatch(entry, weights, source))
+        weights = {k: v for k, v in weights.items() if k not in derived}
+        return _fold_pad(gm, ProducerMatch(entry, weights, source, derived=derived))
     if node.op == "call_function" and node.target in _CONV_FUNCTIONS:
         kind = _CONV_FUNCTIONS[node.target]
         transposed, dims = KINDS[kind].transposed, KINDS[kind].spatial_dims
@@ -334,25 +380,77 @@ def match_producer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> ProducerMat
         if isinstance(args, str):
             return args
         weight, bias = args["weight"], args["bias"]
-        if not (isinstance(weight, torch.fx.Node) and weight.op == "get_attr"):
-            return f"F.{kind}'s weights are computed in the forward, not a module's parameter"
-        if bias is not None and not (isinstance(bias, torch.fx.Node) and bias.op == "get_attr"):
-            return f"F.{kind}'s bias is computed in the forward, not a module's parameter"
         for key in ("stride", "padding", "output_padding", "groups", "dilation"):
             if _has_node(args[key]):
                 return f"F.{kind}'s {key} is computed in the forward"
-        w = _fetch(gm, weight.target)
+        weights: dict[str, str] = {}
+        derived: dict[str, Derivation] = {}
+        calls: list[torch.fx.Node] = []
+        for name, tensor in (("weight", weight), ("bias", bias)):
+            if tensor is None:
+                continue
+            if isinstance(tensor, torch.fx.Node) and tensor.op == "get_attr":
+                weights[f"producer.{name}"] = str(tensor.target)
+                continue
+            refused = owners_refusal(gm, _attributes_read(tensor))  # torch.export traces through spectral_norm's
+            if refused is not None:
+                return refused
+            found = _computed_tensor(gm, tensor)
+            if found is None:
+                return (f"F.{kind}'s {name} is computed in the forward from more than the model's tensors (an input, "
+                        "a module call, an in-place or random op), not a module's parameter nor a derivation of them")
+            derived[f"producer.{name}"], nodes = found
+            calls += nodes
+        shape = _fetch(gm, weight.target).shape if "producer.weight" in weights else derived["producer.weight"].shape
         groups = int(args["groups"])
-        cin, cout = (w.shape[0], w.shape[1] * groups) if transposed else (w.shape[1] * groups, w.shape[0])
+        cin, cout = (shape[0], shape[1] * groups) if transposed else (shape[1] * groups, shape[0])
+        if "producer.bias" in derived and derived["producer.bias"].shape != (cout,):
+            return f"F.{kind}'s bias is computed of shape {list(derived['producer.bias'].shape)}, not ({cout},)"
         entry = {"op": kind, "in_channels": int(cin), "out_channels": int(cout),
-                 "kernel_size": _window(tuple(w.shape[2:]), dims)}
+                 "kernel_size": _window(tuple(shape[2:]), dims)}
         _conv_options(entry, dims, args["stride"], args["padding"], args["dilation"], groups,
                       args["output_padding"], bias is not None)
-        weights = {"producer.weight": weight.target}
-        if bias is not None:
-            weights["producer.bias"] = bias.target
-        return _fold_pad(gm, ProducerMatch(entry, weights, args["input"]))
+        return _fold_pad(gm, ProducerMatch(entry, weights, args["input"], derived=derived,
+                                           computes=_read_by_alone(gm, node, calls)))
     return None
+
+
+def _computed_tensor(gm: torch.fx.GraphModule, node: Any) -> tuple[Derivation, list[torch.fx.Node]] | None:
+    """A convolution's weight or bias the forward computes from the model's tensors alone (a parametrization's
+    traced subgraph, ``self.weight * self.mask``), as a derivation of its own shape and its call nodes; None where
+    it is computed otherwise (fusetune/derived.py's rules) or of unknown shape."""
+    shape, dtype = _shape(node), _dtype(node)
+    if not isinstance(node, torch.fx.Node) or shape is None or dtype is None or not dtype.is_floating_point:
+        return None
+    return derivation(gm, node, shape, lambda n: _user_tensor(gm, n))
+
+
+def _attributes_read(node: Any) -> tuple[str, ...]:
+    """The targets of the get_attr nodes ``node``'s value is computed from (through any path of the graph)."""
+    seen: set[torch.fx.Node] = set()
+    todo = [node] if isinstance(node, torch.fx.Node) else []
+    while todo:
+        current = todo.pop()
+        if current not in seen:
+            seen.add(current)
+            todo.extend(current.all_input_nodes)
+    return tuple(sorted(str(n.target) for n in seen if n.op == "get_attr"))
+
+
+def _read_by_alone(gm: torch.fx.GraphModule, reader: torch.fx.Node,
+                   nodes: Sequence[torch.fx.Node]) -> tuple[torch.fx.Node, ...]:
+    """Those of ``nodes`` whose value nothing reads but ``reader`` and the others kept (the chain's, cut out with
+    it), in graph order; the rest stay the model's."""
+    kept = set(nodes)
+    changed = True
+    while changed:
+        changed = False
+        for n in list(kept):
+            if any(user is not reader and user not in kept for user in n.users):
+                kept.discard(n)
+                changed = True
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    return tuple(sorted(kept, key=order.__getitem__))
 
 
 #: Padding modules -> the padding_mode of a convolution that pads alike (a ConstantPad only with the value 0).
@@ -821,37 +919,41 @@ def _shape_number(site: Site, node: Any) -> float | None:
     tensor that is not the chain's (the model's input, another branch). Its nodes read a value of the chain and so
     go with it (``_metadata_closure``); the fused kernels run at the traced shapes alone, any other shape runs the
     chain's own ops, which read the size again."""
-    def value(arg: Any) -> Any:
-        if not isinstance(arg, torch.fx.Node):
-            if isinstance(arg, (tuple, list)):
-                return type(arg)(value(a) for a in arg)
-            return arg
-        if _is_shape_read(arg):
-            source = arg.args[0]
-            if not (site.is_x(source) or (isinstance(source, torch.fx.Node) and source not in site.producer
-                                          and _depends_on(source, site.producer))):
-                raise _Stop(f"{arg.name} reads the shape of {getattr(source, 'name', source)}, not a chain value")
-            shape = _shape(source)
-            if shape is None:
-                raise _Stop(f"{arg.name}: the shape of {source.name} was not traced")
-            if arg.op == "call_method" and arg.target == "dim" or arg.op == "call_function" and arg.args[1] == "ndim":
-                return len(shape)
-            if arg.op == "call_function" and arg.args[1] != "shape":
-                raise _Stop(f"{arg.name} reads {arg.args[1]}, not a size")
-            dims = [value(a) for a in arg.args[1:]] if arg.op == "call_method" else []
-            return shape[dims[0]] if dims else tuple(shape)
-        if arg.op == "call_function" and arg.target in _METADATA_FUNCTIONS:
-            return arg.target(*(value(a) for a in arg.args))
-        raise _Stop(f"{arg.name} is not computed from sizes alone")
     if not isinstance(node, torch.fx.Node) or node.op == "placeholder" or _shape(node) is not None:
         return None
     if not (_is_shape_read(node) or (node.op == "call_function" and node.target in _METADATA_FUNCTIONS)):
         return None
     try:
-        result = value(node)
+        result = _size_value(site, node)
     except (_Stop, IndexError, TypeError, ValueError, ZeroDivisionError):
         return None
     return float(result) if isinstance(result, (int, float)) and not isinstance(result, bool) else None
+
+
+def _size_value(site: Site, arg: Any) -> Any:
+    """What ``arg`` computes from sizes read off the chain's values and numbers, at the traced shape: a number or a
+    tuple of them (``x.shape[1:]``, F.layer_norm's normalized_shape); raises _Stop where it reads anything else."""
+    if not isinstance(arg, torch.fx.Node):
+        if isinstance(arg, (tuple, list)):
+            return type(arg)(_size_value(site, a) for a in arg)
+        return arg
+    if _is_shape_read(arg):
+        source = arg.args[0]
+        if not (site.is_x(source) or (isinstance(source, torch.fx.Node) and source not in site.producer
+                                      and _depends_on(source, site.producer))):
+            raise _Stop(f"{arg.name} reads the shape of {getattr(source, 'name', source)}, not a chain value")
+        shape = _shape(source)
+        if shape is None:
+            raise _Stop(f"{arg.name}: the shape of {source.name} was not traced")
+        if arg.op == "call_method" and arg.target == "dim" or arg.op == "call_function" and arg.args[1] == "ndim":
+            return len(shape)
+        if arg.op == "call_function" and arg.args[1] != "shape":
+            raise _Stop(f"{arg.name} reads {arg.args[1]}, not a size")
+        dims = [_size_value(site, a) for a in arg.args[1:]] if arg.op == "call_method" else []
+        return shape[dims[0]] if dims else tuple(shape)
+    if arg.op == "call_function" and arg.target in _METADATA_FUNCTIONS:
+        return arg.target(*(_size_value(site, a) for a in arg.args))
+    raise _Stop(f"{arg.name} is not computed from sizes alone")
 
 
 class _Stop(Exception):
@@ -1018,17 +1120,25 @@ def _method_or_fn_binary(kind: str) -> Builder:
 
 
 def clamp(lo_key: str = "min", hi_key: str = "max", only: str | None = None) -> Builder:
-    """torch.clamp(x, min, max), x.clamp(...), clamp_min / clamp_max."""
+    """torch.clamp(x, min, max), x.clamp(...), clamp_min / clamp_max. A bound that is a tensor (a 0-dim buffer,
+    torch.tensor(c), a parameter) is read as a binary op's operand: a number where it is one, else the clamp is
+    maximum by min then minimum by max, as PyTorch defines a clamp by tensors."""
     def build(site: Site) -> Mapped:
         names = [only] if only else [lo_key, hi_key]
-        a = _bind(site, names, {k: None for k in names})
-        entry: Entry = {"op": "clamp"}
-        for key in names:
-            if a[key] is not None:
-                entry[key] = _num(a[key])
-        if len(entry) == 1:
+        a = _bind_all(site.node, ["input", *names], {k: None for k in names})
+        if isinstance(a, str):
+            raise _Stop(a)
+        if not site.is_x(a["input"]):
+            raise _Stop("it reads the chain's value as an argument other than its input")
+        bounds = {key: _num(a[key]) if not isinstance(a[key], torch.fx.Node) else site.operand(a[key])
+                  for key in names if a[key] is not None}
+        if not bounds:
             raise _Stop("clamp without bounds")
-        return _one(site, entry)
+        extra = [n for key in bounds for n in (_constant_tensor_nodes(site, a[key]) or [])]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in bounds.values()):
+            return Mapped([{"op": "clamp", **{key: _num(v) for key, v in bounds.items()}}], site.node, extra)
+        kinds = {lo_key: "maximum", hi_key: "minimum"}
+        return Mapped([_binary_entry(kinds[key], v) for key, v in bounds.items()], site.node, extra)
     return build
 
 
@@ -1102,6 +1212,8 @@ def view(site: Site) -> Mapped:
         raise _Stop("it reads the chain's value as an argument other than its input")
     if shape_in is None or shape_out is None:
         raise _Stop("its shapes are unknown")
+    if tuple(shape_in) == tuple(shape_out):  # x.view(x.size(0), 1) on an (N, 1) value: the identity
+        return Mapped(entries=[], out=site.node)
     for start in range(1, len(shape_in)):
         for end in range(start + 1, len(shape_in)):
             merged = shape_in[:start] + (math.prod(shape_in[start:end + 1]),) + shape_in[end + 1:]
@@ -1416,9 +1528,14 @@ def layer_norm_fn(site: Site) -> Mapped:
                   {"weight": None, "bias": None, "eps": 1e-5})
     if isinstance(a, str):
         raise _Stop(a)
-    if not site.is_x(a["input"]) or _has_node(a["normalized_shape"]) or _has_node(a["eps"]):
-        raise _Stop("its normalized_shape or eps is computed in the forward")
+    if not site.is_x(a["input"]) or _has_node(a["eps"]):
+        raise _Stop("its input or eps is computed in the forward")
     shape = a["normalized_shape"]
+    if _has_node(shape):  # F.layer_norm(x, x.shape[1:]): the sizes at the traced shape, read off the chain's value
+        try:
+            shape = _size_value(site, shape)
+        except (_Stop, IndexError, TypeError, ValueError) as exc:
+            raise _Stop(f"its normalized_shape is computed in the forward from more than the chain's sizes ({exc})")
     shape = [int(shape)] if isinstance(shape, int) else [int(v) for v in shape]
     weights = _affine_tensors(site, a["weight"], a["bias"], shape)
     return Mapped([{"op": "layer_norm", "normalized_shape": shape, "eps": _num(a["eps"]),
@@ -1576,6 +1693,7 @@ TABLE: dict[tuple[str, Any], Builder] = {
     ("call_method", "log_softmax"): softmax("log_softmax"),
     ("call_module", nn.Softmax): module_op("softmax", lambda m: {"dim": m.dim}),
     ("call_module", nn.LogSoftmax): module_op("log_softmax", lambda m: {"dim": m.dim}),
+    ("call_module", nn.Softmax2d): module_op("softmax", lambda m: {"dim": -3}),  # over dim -3 of a 3-D or 4-D input
     ("call_function", torch.flatten): flatten(0),
     ("call_method", "flatten"): flatten(0),
     ("call_module", nn.Flatten): module_op("flatten", lambda m: {"start_dim": m.start_dim, "end_dim": m.end_dim}),
@@ -1931,7 +2049,7 @@ def lookup(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Builder | None:
     if node.op == "call_module":
         module = gm.get_submodule(node.target)
         why = _hooked(module)
-        if why is not None:
+        if why is not None and not (_is_convolution(gm, node) and hook_derivations(module, str(node.target))):
             return lambda site: why
         for cls in type(module).__mro__:
             if ("call_module", cls) in TABLE:
@@ -1951,7 +2069,8 @@ def lookup(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Builder | None:
 
 def _is_convolution(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     if node.op == "call_module":
-        return type(gm.get_submodule(node.target)) in _CONV_MODULES
+        module = gm.get_submodule(node.target)
+        return type(module) in _CONV_MODULES or parametrized_convolution(module, _CONV_MODULES)
     return node.op == "call_function" and node.target in _CONV_FUNCTIONS
 
 
@@ -2018,6 +2137,13 @@ def _is_shape_read(node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.target is getattr and node.args[1] in SHAPE_ATTRIBUTES
 
 
+def _is_size_arithmetic(node: torch.fx.Node) -> bool:
+    """``x.shape[2] * x.shape[3]``, ``b.shape[1:]``: a number or a size computed from shape reads and numbers alone."""
+    if node.op != "call_function" or node.target not in _METADATA_FUNCTIONS or _shape(node) is not None:
+        return False
+    return bool(node.all_input_nodes) and all(_is_shape_read(n) or _is_size_arithmetic(n) for n in node.all_input_nodes)
+
+
 def _read_what(node: torch.fx.Node) -> str:
     """What a metadata read reads: x.shape, x.dtype, x.size(2), x.dim()."""
     if node.op == "call_function":
@@ -2071,6 +2197,8 @@ class Chain:
     producer_readers: list[str] = dataclasses.field(default_factory=list)  # ops reading the convolution's value
     #: The readers of each node of the chain's derived operands (DerivedRef), by name: settle_derived's
     derived_readers: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    #: The convolution's tensors the model computes at every call (ProducerMatch.derived): state key -> how
+    producer_derived: dict[str, Derivation] = dataclasses.field(default_factory=dict)
 
     @property
     def nodes(self) -> list[str]:
@@ -2099,11 +2227,11 @@ def _aliases(gm: torch.fx.GraphModule, node: torch.fx.Node) -> list[torch.fx.Nod
 _METADATA_FUNCTIONS = (operator.getitem, operator.mul, operator.floordiv, operator.add, operator.sub)
 
 
-def _metadata_closure(node: torch.fx.Node) -> list[torch.fx.Node]:
-    """A read of a value's shape and the nodes computing only from it and numbers (the sizes a later
-    x.view(b, c, d, h, w) takes): they go with the chain that reads that value, so that cutting the chain
-    out leaves none of them reading a node that is gone."""
-    out, todo = [node], [node]
+def _metadata_closure(reads: Sequence[torch.fx.Node]) -> list[torch.fx.Node]:
+    """Reads of a value's shape and the nodes computing only from them and numbers (the sizes a later
+    x.view(b, c, d, h, w) takes, ``x.shape[2] * x.shape[3]``: two reads, one product): they go with the chain that
+    reads that value, so that cutting the chain out leaves none of them reading a node that is gone."""
+    out, todo = list(reads), list(reads)
     while todo:
         for user in todo.pop().users:
             if user in out or user.op != "call_function" or user.target not in _METADATA_FUNCTIONS:
@@ -2117,15 +2245,16 @@ def _metadata_closure(node: torch.fx.Node) -> list[torch.fx.Node]:
 def _readers(gm: torch.fx.GraphModule, nodes: Iterable[torch.fx.Node]) -> tuple[list[torch.fx.Node], list[torch.fx.Node]]:
     """The nodes reading any of ``nodes``' values (not identity aliases), and those reading only their shape."""
     values: list[torch.fx.Node] = []
-    shapes: list[torch.fx.Node] = []
+    reads: list[torch.fx.Node] = []
     for node in nodes:
         for user in node.users:
             if _is_identity(gm, user):
                 continue
             if _is_shape_read(user):
-                shapes.extend(_metadata_closure(user))
+                reads.append(user)
             else:
                 values.append(user)
+    shapes = _metadata_closure(reads)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     return (sorted(dict.fromkeys(values), key=order.__getitem__), sorted(dict.fromkeys(shapes), key=order.__getitem__))
 
@@ -2161,6 +2290,28 @@ def _gate(gm: torch.fx.GraphModule, values: list[torch.fx.Node], cur: list[torch
     return _gate_import().match_gate(site, values)
 
 
+def _read_through_in_place_writes(gm: torch.fx.GraphModule) -> None:
+    """``x.mul_(s)`` as a statement, then ops reading ``x``: each op after an in-place write that reads the tensor
+    it wrote reads the write's result instead, which is that same tensor (an in-place op returns its input), so a
+    chain goes on through the write, and ``relu_(y) + y`` is the relu's value read twice. Exact: the graph computes
+    what it did; a view taken of the tensor before the write still reads it (the walk refuses that case)."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "call_method", "call_module") or not _in_place(gm, node):
+            continue
+        written = (_module_argument(node) if node.op == "call_module"
+                   else node.args[0] if node.args else node.kwargs.get("input", node.kwargs.get("self")))
+        if not isinstance(written, torch.fx.Node):
+            continue
+        for user in list(written.users):
+            if user is not node and order[user] > order[node]:
+                user.replace_input_with(written, node)
+                changed = True
+    if changed:
+        gm.recompile()
+
+
 def _channel_norm(gm: torch.fx.GraphModule, values: list[torch.fx.Node], cur: list[torch.fx.Node],
                   producer: list[torch.fx.Node], channels: int, dims: int) -> Any:
     """A layer norm over the channels whose first nodes are every reader of the chain's value (channel_import's
@@ -2190,8 +2341,9 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
     producer = _aliases(gm, node)
     dims = KINDS[match.entry["op"]].spatial_dims
     cur = list(producer)
-    chain = Chain(node.name, match.entry, dict(match.weights), in_shape, [], [n.name for n in (*match.before, *producer)],
-                  "", None)
+    chain = Chain(node.name, match.entry, dict(match.weights), in_shape, [],
+                  [n.name for n in (*match.computes, *match.before, *producer)], "", None,
+                  producer_derived=dict(match.derived))
     pending: list[torch.fx.Node] = []  # readers of the convolution's output still to come
     while True:
         channels = _gate_import().channels(int(match.entry["out_channels"]), chain.steps)  # half after a glu over dim 1
@@ -2248,7 +2400,9 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
             break
         builder = lookup(gm, nxt)
         if builder is None:
-            what = ("is a convolution (a chain of its own starts there)" if _is_convolution(gm, nxt)
+            refused = match_producer(gm, nxt) if _is_convolution(gm, nxt) else None
+            what = (f"is a convolution fusetune does not take ({refused})" if isinstance(refused, str)
+                    else "is a convolution (a chain of its own starts there)" if _is_convolution(gm, nxt)
                     else "pads a convolution's input (that convolution's chain takes it as its padding)"
                     if _folded_pad(gm, nxt) else "is not in the vocabulary")
             chain.end, chain.end_node = f"{_describe(gm, nxt)} {what}", nxt.name
@@ -2396,9 +2550,10 @@ def chain_config(chain: Chain, name: str, steps: int | None = None) -> tuple[dic
 
 def chain_derived(chain: Chain, steps: int | None = None) -> dict[str, Derivation]:
     """The parameters of the config of the chain's first ``steps`` steps that the fused chain computes from the
-    model's tensors (DerivedRef operands), by their config names (as chain_config names them)."""
+    model's tensors (DerivedRef operands), by their config names (as chain_config names them), after the
+    convolution's own tensors the model computes (``producer.weight``, ``producer.bias``: Chain.producer_derived)."""
     params: dict[str, str] = {}
-    out: dict[str, Derivation] = {}
+    out: dict[str, Derivation] = dict(chain.producer_derived)  # the convolution's own (producer.weight, ...)
     for step in (chain.steps[:steps] if steps is not None else chain.steps):
         for entry in step.entries:
             ref = entry.get("by")
@@ -2592,8 +2747,10 @@ def _copy(model: nn.Module) -> nn.Module:
     """A copy to trace and run: the user's model (a training-mode batch norm's statistics) is left as it was."""
     import copy
 
-    try:
-        return copy.deepcopy(model)
+    from fusetune.computed_weights import hook_tensors
+
+    try:  # a hook's computed weight (weight_norm, prune) is shared: the hook computes it again at each call
+        return copy.deepcopy(model, hook_tensors(model))
     except Exception:
         return model
 
@@ -2620,10 +2777,14 @@ def import_traced(loaded: LoadedModel, gm: torch.fx.GraphModule, out_dir: Path) 
         if bound:
             header += ("# Parameters: init randn here; the trained values come from the model's "
                        + ", ".join(f"{weights[p]} ({p}{_shape_note(gm, weights[p], raw, p)})" for p in bound) + ".\n")
-        if derived:
+        computed = [f"{p} = {d.describe()}" for p, d in derived.items() if p in chain.producer_derived]
+        operands = [f"{p} = {d.describe()}" for p, d in derived.items() if p not in chain.producer_derived]
+        if computed:
+            header += ("# Computed weights: at each call the fused chain computes the convolution's from the model's "
+                       "tensors as the model does: " + "; ".join(computed) + ".\n")
+        if operands:
             header += ("# Derived parameters: init randn here; at each call the fused chain computes them from the "
-                       "model's tensors as the forward does: " + "; ".join(f"{p} = {d.describe()}"
-                                                                            for p, d in derived.items()) + ".\n")
+                       "model's tensors as the forward does: " + "; ".join(operands) + ".\n")
         inputs = chain_inputs(chain, k)
         if inputs:
             header += ("# Inputs: the model's tensors the chain reads beside the convolution's input, as forward "
@@ -2645,6 +2806,7 @@ def _pytorch_reasons(gm: torch.fx.GraphModule, written: list[Written], refused: 
             why = f"ends chain{i} ({w.chain.end})"
             enders[w.chain.end_node] = f"{enders[w.chain.end_node]}; {why}" if w.chain.end_node in enders else why
     convs = {r.node: r.reason for r in refused}
+    outputs = {w.chain.output_node: i for i, w in enumerate(written)}  # a value read past its chain's end
     out: dict[str, str] = {}
     for node in gm.graph.nodes:
         if node.name in covered:
@@ -2655,6 +2817,9 @@ def _pytorch_reasons(gm: torch.fx.GraphModule, written: list[Written], refused: 
             out[node.name] = "the model's output"
         elif node.op == "get_attr":
             out[node.name] = "a parameter or constant of the model"
+        elif node.op == "call_function" and getattr(node.target, "__name__", "") == "_assert_is_none":
+            out[node.name] = ("torch.fx's check that the argument is None, as the example leaves it (optimize runs the "
+                              "model's own forward for a call that gives it)")
         elif node.op == "call_module" and node.target == "_guards_fn":
             out[node.name] = ("torch.export's check that the inputs have the example's shapes (its trace is "
                               "specialized to them)")
@@ -2665,8 +2830,18 @@ def _pytorch_reasons(gm: torch.fx.GraphModule, written: list[Written], refused: 
         elif _is_shape_read(node):
             out[node.name] = (f"{_describe(gm, node)} reads a tensor's {_read_what(node)}, not its values: free in "
                               "PyTorch")
+        elif _is_size_arithmetic(node):
+            out[node.name] = f"{_describe(gm, node)} computes on sizes read off tensors, not on values: free in PyTorch"
         elif lookup(gm, node) is None and not _is_identity(gm, node):
             out[node.name] = f"{_describe(gm, node)} is not in the vocabulary"
+        elif any(n.name in outputs for n in node.all_input_nodes):
+            i = next(outputs[n.name] for n in node.all_input_nodes if n.name in outputs)
+            out[node.name] = (f"{_describe(gm, node)} is in the vocabulary, but it reads chain{i}'s value, where "
+                              f"that chain ends ({written[i].chain.end})")
+        elif any(n.name in convs for n in node.all_input_nodes):
+            conv = next(n.name for n in node.all_input_nodes if n.name in convs)
+            out[node.name] = (f"{_describe(gm, node)} is in the vocabulary, but it reads the output of {conv}, a "
+                              f"convolution without a chain (see {conv})")
         else:
             out[node.name] = f"{_describe(gm, node)} is in the vocabulary, but its input is not a chain's last value"
     return out

@@ -226,8 +226,11 @@ def _median_ms(fn: Callable[[], Any]) -> float:
 def shared_copy(model: nn.Module) -> nn.Module:
     """A copy of the module tree whose parameters and buffers are the model's own tensor objects:
     the copy's mode and attributes are its own, its weights the user's."""
+    from fusetune.computed_weights import hook_tensors
+
     memo: dict[int, Any] = {id(t): t for t in model.parameters()}
     memo.update({id(t): t for t in model.buffers()})
+    memo.update(hook_tensors(model))  # weight_norm's and prune's module.weight: recomputed at each call
     try:
         return copy.deepcopy(model, memo)
     except Exception as exc:
@@ -259,6 +262,7 @@ def _finish(model: nn.Module, root: nn.Module, gm: torch.fx.GraphModule, fused: 
     """Drop the trace's constants no node reads any more, give every module the user's mode, and where torch.export
     traced the model, run its own forward at other input shapes (ExportedShapes)."""
     from fusetune.exported import TRACED_BY
+    from fusetune.importer import CONCRETE_ARGS
 
     used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
     for name in [n for n in gm._buffers if n.startswith("_tensor_constant") and n not in used]:
@@ -274,6 +278,8 @@ def _finish(model: nn.Module, root: nn.Module, gm: torch.fx.GraphModule, fused: 
     _share(model, gm)
     if gm.meta.get(TRACED_BY) == "torch.export":
         gm._specialised = ExportedShapes(root, inputs)
+    elif gm.meta.get(CONCRETE_ARGS):
+        gm._specialised = GivenArguments(root, inputs, gm.meta[CONCRETE_ARGS])
     return gm
 
 
@@ -333,6 +339,26 @@ class ExportedShapes:
                     mine[key] = ours[key]
         self.root.training = gm.training
         return self.root(*args, **kwargs)
+
+
+class GivenArguments(ExportedShapes):
+    """A forward whose later arguments the example leaves at their defaults (``forward(x, mask=None)``) is traced
+    with them as those values (importer._defaults_not_given): a call that gives one runs the model's own forward,
+    said once; any other call runs the trace (at any shape, as torch.fx's)."""
+
+    def __init__(self, root: nn.Module, inputs: Sequence[Any], names: Sequence[str]) -> None:
+        super().__init__(root, inputs)
+        self.count, self.names = len(inputs), frozenset(names)
+
+    def accepts(self, args: tuple, kwargs: dict) -> bool:
+        return len(args) <= self.count and not self.names & kwargs.keys()
+
+    def run(self, gm: torch.fx.GraphModule, args: tuple, kwargs: dict) -> Any:
+        if not self.said:
+            self.said = True
+            log.info("fusetune.optimize: %s was traced with %s at their defaults; a call that gives them runs the "
+                     "model's own forward", type(self.root).__name__, ", ".join(sorted(self.names)))
+        return super().run(gm, args, kwargs)
 
 
 def _signature(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple:
@@ -1076,14 +1102,15 @@ def _derive(kernel_model: nn.Module, root: nn.Module, derived: Mapping[str, Any]
     with torch.no_grad():
         for name, how in derived.items():
             value = how.compute(lambda path: getattr(*_owner(root, path)))
-            current = kernel_model._buffers.get(name)
-            if current is not None and value.device != current.device:  # one of constants alone: made on the CPU
-                value = value.to(current.device)
+            owner, attr = _owner(kernel_model, name)  # a parameter of the config, or the producer's weight or bias
+            current = owner._buffers.get(attr)
+            if current is not None and not how.reads and value.device != current.device:  # of constants alone: made
+                value = value.to(current.device)  # on the CPU (one of the user's tensors is where the user put them)
             if current is not None and (current.shape, current.dtype, current.device) == (
                     value.shape, value.dtype, value.device):
                 current.copy_(value)
             else:
-                changed |= _set_tensor(kernel_model, name, value.detach().clone())
+                changed |= _set_tensor(owner, attr, value.detach().clone())
     return changed
 
 
@@ -1109,10 +1136,14 @@ def _bind(kernel_model: nn.Module, root: nn.Module, weights: Mapping[str, str],
     for key, user in weights.items():
         owner, _, attr = key.rpartition(".")
         groups.setdefault(owner, []).append((attr, user))
+    # a module with a tensor the model computes (a weight-normed convolution's weight: fusetune/computed_weights.py)
+    # is never the user's module: the kernels read its weight, which _derive computes, not the module's attribute
+    computed = {key.rpartition(".")[0] for key in derived or {}}
     loose: list[tuple[nn.Module, str, nn.Module, str, tuple[int, ...] | None]] = []
     for owner, items in groups.items():
         users = {u.rpartition(".")[0] for _, u in items}
-        if owner and "." not in owner and len(users) == 1 and all(a == u.rpartition(".")[2] for a, u in items):
+        if owner and "." not in owner and owner not in computed and len(users) == 1 and all(
+                a == u.rpartition(".")[2] for a, u in items):
             theirs = root.get_submodule(next(iter(users))) if next(iter(users)) else root
             mine = kernel_model.get_submodule(owner)
             if isinstance(theirs, type(mine)) and all(getattr(theirs, a, None) == getattr(mine, a, None)

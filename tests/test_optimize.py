@@ -446,7 +446,10 @@ def optimized_on_gpu(model, inputs: tuple, tmp_path: Path, budget_s: float = 240
                                   "srresnet_prelu", "inplace_and_pow_forms", "timm_batchnorm_act",
                                   "conv2d_reflect_instancenorm_relu", "kb_conv2d_derived_operands",
                                   "conv2d_ceil_mode_partial_windows", "mobilenetv2_inverted_residual",
-                                  "yolo_c2f_csp", "gated_forms", "tcn_causal_chomp"])
+                                  "yolo_c2f_csp", "gated_forms", "tcn_causal_chomp",
+                                  "sweep_conv2d_where_clamp_tensors", "sweep_conv2d_inplace_param_ops_tuple_out",
+                                  "sweep_conv2d_spatial_views_mean", "sweep_conv2d_negative_dims",
+                                  "sweep_conv3d_layernorm_hw_normalize_logsumexp_spatial"])
 # Not fast_style_reflection_pads: on an H200 its kernels were 1.7e-4 from float64 where the whole model's eager was
 # 9.4e-8 in either layout; verification takes eager's error chain by chain (a chain's channels-last convolution
 # there may be TF32's), which this bound on the whole model does not reproduce.
@@ -813,3 +816,39 @@ def test_optimize_says_in_one_line_how_many_chains_run_kernels_and_why_the_other
     assert said == ["fusetune.optimize: Model: 2 of 2 convolution chains run fused kernels",
                     "fusetune.optimize: Model: 0 of 2 convolution chains run fused kernels; 2 beaten by their own ops "
                     "in the search"]
+
+
+@pytest.mark.parametrize("stem", ["sweep_conv2d_spatial_views_mean", "sweep_conv2d_inplace_param_ops_tuple_out"])
+def test_every_imported_chain_is_bound(stem: str, cache_dir: Path) -> None:
+    """Each chain the import finds is one optimize replaces (a size computed from two shape reads goes with its
+    chain; in-place statements are read through), and the model's outputs are kept."""
+    from fusetune.importer import import_traced, load_model, trace
+
+    loaded = load_model(str(MODELS / f"{stem}.py"))
+    found = len(import_traced(loaded, trace(loaded.model, loaded.inputs), Path(cache_dir) / f"import-{stem}").written)
+    model, inputs = _model(stem)
+    model.eval()
+    opt = _optimize(model, inputs, cache_dir)
+    assert found and len(list(fused_chains(opt))) == found
+    fresh = tuple(torch.randn_like(x) for x in inputs)
+    with torch.no_grad():
+        ours, theirs = opt(*fresh), model(*fresh)
+    for a, b in zip(*((o,) if isinstance(o, torch.Tensor) else o for o in (ours, theirs))):
+        assert torch.equal(a, b)
+
+
+def test_a_forward_argument_left_at_its_default_is_traced_as_it(cache_dir: Path, caplog) -> None:
+    """forward(x, y, scale, mask=None) called without mask: traced with mask None (a tensor to torch.fx otherwise,
+    and the trace would not run); a call that gives mask runs the model's own forward, said once."""
+    model, inputs = _model("sweep_forward_arguments_and_dict_output")
+    model.eval()
+    opt = _optimize(model, inputs, cache_dir)
+    assert len(list(fused_chains(opt))) == 3
+    caplog.set_level(logging.INFO, logger="fusetune.optimize")
+    x, y = (torch.randn_like(t) for t in inputs[:2])
+    mask = torch.rand(2, 2, 7, 8)
+    with torch.no_grad():
+        for args, kwargs in [((x, y, 0.25), {}), ((x, y, 0.25), {"mask": mask}), ((x, y, 0.25, mask), {})]:
+            ours, theirs = opt(*args, **kwargs), model(*args, **kwargs)
+            assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert sum("traced with mask at their defaults" in r.getMessage() for r in caplog.records) == 1

@@ -1,6 +1,6 @@
 """In-place forms (y.mul_(s), .relu_(), F.elu_) and powers by other names (torch.rsqrt, .square(), 2 / x,
 torch.reciprocal) on a chain; and an in-place F.hardsigmoid whose input the multiply after it also reads
-(b * hardsigmoid_(b) is hardsigmoid(b) squared, not hardswish): that chain stops before it. Two chains."""
+(b * hardsigmoid_(b) is hardsigmoid(b) squared, not hardswish: the multiply reads the write's result). Two chains."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

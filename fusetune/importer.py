@@ -192,6 +192,54 @@ def trace(model: nn.Module, inputs: Sequence[Any], source: str = "<model>") -> t
     return gm
 
 
+def trace_differs(root: nn.Module, gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> str | None:
+    """How the trace's output differs from the model's own on the example inputs (without autograd, from one
+    random state, each on its own copy of the inputs), as a clause for an error, None where it does not.
+    torch.fx runs the forward's Python once on proxies: ``out += b`` on a proxy records ``out + b``, so where
+    ``out`` was another name's tensor too, the eager forward's later reads of that name see the sum and the
+    trace's do not. Nothing else checks a trace: configs imported from it, and a model optimize builds on it,
+    would compute other values, silently."""
+    from torch.utils import _pytree as pytree
+
+    def run(fn: Callable[..., Any]) -> list[Any]:
+        copies = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+        devices = sorted({x.device.index or 0 for x in copies if isinstance(x, torch.Tensor) and x.is_cuda})
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            torch.manual_seed(0)
+            return pytree.tree_leaves(fn(*copies))
+
+    try:
+        want, got = run(root), run(gm)
+    except Exception as exc:  # the trace runs on the example (trace checked it); the model itself may not, twice
+        return f"forward and its trace could not be compared on the example inputs ({type(exc).__name__}: {exc})"
+    why = _first_difference(want, got)
+    return None if why is None else (
+        f"traced forward differs from its own on the example inputs ({why}): torch.fx records an in-place op on "
+        "a proxy as a new tensor (out += b, where out is another name's tensor too, which eager then reads changed)")
+
+
+def _first_difference(want: list[Any], got: list[Any]) -> str | None:
+    """The first output (pytree leaves) where ``got`` is not ``want``: another shape, or values beyond float
+    noise (1e-3 of the output's largest magnitude)."""
+    if len(want) != len(got):
+        return f"{len(got)} outputs, not {len(want)}"
+    for i, (w, g) in enumerate(zip(want, got)):
+        if not isinstance(w, torch.Tensor) or not isinstance(g, torch.Tensor):
+            if w != g:
+                return f"output {i}: {g!r}, not {w!r}"
+            continue
+        if w.shape != g.shape:
+            return f"output {i} of shape {list(g.shape)}, not {list(w.shape)}"
+        if not w.is_floating_point():
+            if not torch.equal(g, w):
+                return f"output {i}: other values"
+            continue
+        scale = float(w.abs().nan_to_num(nan=0.0, posinf=0.0).max()) if w.numel() else 1.0
+        if not torch.allclose(g.to(w.dtype), w, rtol=1e-3, atol=1e-3 * max(scale, 1e-30), equal_nan=True):
+            return f"output {i}: largest difference {float((g.double() - w.double()).abs().nan_to_num().max()):.3g}"
+    return None
+
+
 def _failed_at(exc: Exception) -> str:
     """Where and why a traced model failed to run: ShapeProp wraps the op's own error in one that prints the node
     and its metadata; the node's name and the op's error are what the user needs."""
@@ -2739,7 +2787,11 @@ def find_chains(gm: torch.fx.GraphModule) -> tuple[list[Chain], list[NoChain]]:
 def import_model(spec: str, out_dir: Path, input_shapes: Sequence[Shape] = ()) -> ImportResult:
     """Load, trace, find the chains, write one config per chain and the map."""
     loaded = load_model(spec, input_shapes)
-    gm = trace(_copy(loaded.model), loaded.inputs, spec)
+    model = _copy(loaded.model)
+    gm = trace(model, loaded.inputs, spec)
+    differs = trace_differs(model, gm, loaded.inputs)
+    if differs is not None:  # configs of a chain the model does not compute would be tuned for nothing, or worse
+        raise TraceError(f"{spec}: the model's {differs}")
     return import_traced(loaded, gm, Path(out_dir))
 
 

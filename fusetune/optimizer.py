@@ -80,19 +80,24 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
     why once. ``cuda_graphs``: replay the forward as a CUDA graph per input signature where it runs on the
     GPU without autograd in eval mode (fusetune/graphs.py: a model of many small chains otherwise spends
     longer issuing its forward than the GPU running it); the outputs are the caller's own, cloned out of the
-    graph's memory. A model that neither torch.fx nor torch.export traces (control flow on tensor values) is
-    returned as it is, the very object, with one warning saying why.
+    graph's memory. A model that neither torch.fx nor torch.export traces (control flow on tensor values), or
+    whose trace computes other values than its forward on the example inputs (an in-place op torch.fx records
+    as a new tensor: importer.trace_differs), is returned as it is, the very object, with one warning saying why.
     """
     from fusetune.cache import Cache
     from fusetune.search import Machine
 
-    from fusetune.importer import TraceError
+    from fusetune.importer import TraceError, trace_differs
 
     inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     try:
         root, gm = _traced_copy(model, inputs)
     except TraceError as exc:  # neither torch.fx nor torch.export traces it: nothing to replace, said once
         log.warning("fusetune.optimize: %s; the model is returned unchanged", exc)
+        return model
+    differs = trace_differs(root, gm, inputs)
+    if differs is not None:  # a trace that computes something else: nothing built on it may replace the model
+        log.warning("fusetune.optimize: %s's %s; the model is returned unchanged", type(model).__name__, differs)
         return model
     found = _configs(gm, type(model).__name__, "graph" if cuda_graphs else "launch")
     if machine is None:

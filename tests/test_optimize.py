@@ -250,6 +250,16 @@ def test_untraceable_model_is_returned_unchanged(cache_dir: Path, caplog) -> Non
     assert len(warnings) == 1 and "torch.fx cannot trace" in warnings[0] and "nor can torch.export" in warnings[0]
 
 
+def test_a_model_whose_trace_computes_something_else_is_returned_unchanged(cache_dir: Path, caplog) -> None:
+    """``out = y; out += 1``: eager adds in place (y changes), torch.fx records a new tensor; a model built on that
+    trace would return other values. The model itself comes back, with one warning saying why."""
+    model, inputs = _model("sweep_iadd_alias")
+    caplog.set_level(logging.INFO, logger="fusetune.optimize")
+    assert _optimize(model.eval(), inputs, cache_dir) is model
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "traced forward differs from its own" in warnings[0]
+
+
 @pytest.mark.parametrize("stem", ["kb_conv2d_shape_branch_export", "yolo_c2f_csp"])
 def test_a_model_only_torch_export_traces_runs_its_own_forward_at_other_shapes(stem: str, cache_dir: Path,
                                                                               caplog) -> None:

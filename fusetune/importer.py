@@ -72,6 +72,9 @@ class LoadedModel:
     inputs: tuple[Any, ...]
     stem: str  # config names and file names start with it
     source: str  # the MODEL argument as given
+    #: The floating dtype the model computes in (its parameters', else its inputs'): it is traced in float32 on
+    #: the CPU, and its configs take this dtype where the kernels have it (model_dtype).
+    dtype: torch.dtype = torch.float32
 
 
 _counter = itertools.count()
@@ -118,7 +121,9 @@ def _load_file(spec: str, input_shapes: Sequence[Shape]) -> LoadedModel:
         inputs = _example_inputs(input_shapes) if input_shapes else tuple(get_inputs())
     except Exception as exc:
         raise ConfigError(spec, "Model", f"building the model failed: {type(exc).__name__}: {exc}") from None
-    return LoadedModel(model=_float32(model), inputs=_float32_inputs(inputs), stem=_stem(path.stem), source=spec)
+    dtype = model_dtype(model, inputs)  # before _float32 casts the module in place
+    return LoadedModel(model=_float32(model), inputs=_float32_inputs(inputs), stem=_stem(path.stem), source=spec,
+                       dtype=dtype)
 
 
 def _load_factory(spec: str, input_shapes: Sequence[Shape]) -> LoadedModel:
@@ -141,8 +146,9 @@ def _load_factory(spec: str, input_shapes: Sequence[Shape]) -> LoadedModel:
         raise ConfigError(spec, attr, f"calling the factory failed: {type(exc).__name__}: {exc}") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(spec, attr, f"expected the factory to return an nn.Module, got {type(model).__name__}")
+    dtype = model_dtype(model, ())  # before _float32 casts the module in place
     return LoadedModel(model=_float32(model), inputs=_example_inputs(input_shapes), stem=_stem(attr.split(".")[-1]),
-                       source=spec)
+                       source=spec, dtype=dtype)
 
 
 def _stem(text: str) -> str:
@@ -152,6 +158,13 @@ def _stem(text: str) -> str:
 def _example_inputs(shapes: Sequence[Shape]) -> tuple[torch.Tensor, ...]:
     generator = torch.Generator().manual_seed(0)
     return tuple(torch.randn(*shape, generator=generator) for shape in shapes)
+
+
+def model_dtype(model: nn.Module, inputs: Iterable[Any]) -> torch.dtype:
+    """The floating dtype of the model's first floating parameter or buffer, else of its first floating input,
+    else float32 (read before load_model casts both to float32 for tracing on the CPU)."""
+    tensors = itertools.chain(model.parameters(), model.buffers(), (x for x in inputs if isinstance(x, torch.Tensor)))
+    return next((t.dtype for t in tensors if t.is_floating_point()), torch.float32)
 
 
 def _float32(model: nn.Module) -> nn.Module:
@@ -2711,6 +2724,23 @@ def fit_chain(chain: Chain, name: str, path: Path) -> tuple[int, dict[str, Any],
     return last_error or "no op of the vocabulary follows the convolution"
 
 
+def _in_model_dtype(raw: dict[str, Any], dtype: torch.dtype, path: Path) -> tuple[dict[str, Any], str]:
+    """The config at the model's dtype (traced in float32, its chain is the same at any), and a header line saying
+    so; float32 where the kernels do not take the model's dtype (float64) or the config at it does not plan, said."""
+    from fusetune.dtypes import DTYPES
+
+    name = next((n for n, d in DTYPES.items() if getattr(torch, d.torch) == dtype), None)
+    if dtype == torch.float32:
+        return raw, ""
+    if name is None:
+        return raw, (f"# The model computes in {str(dtype).removeprefix('torch.')}; the kernels take "
+                     f"{', '.join(DTYPES)}: this config is float32.\n")
+    refused = _refusal({**raw, "dtype": name}, path)
+    if refused is not None:
+        return raw, f"# The model computes in {name}; at {name} the config does not plan ({refused}): float32 here.\n"
+    return {**raw, "dtype": name}, f"# dtype {name}: the model's (traced in float32 on the CPU).\n"
+
+
 def _refusal(raw: Mapping[str, Any], path: Path) -> str | None:
     """Why the config would not be written: its validation's message, or the planner's error (a config the
     planner cannot take stays in PyTorch with that reason rather than failing the import); None where it plans."""
@@ -2824,6 +2854,8 @@ def import_traced(loaded: LoadedModel, gm: torch.fx.GraphModule, out_dir: Path) 
         nodes = ", ".join(chain.nodes)
         header = (f"# Imported by `fusetune import {loaded.source}`: fx nodes {nodes}.\n"
                   f"# Ends: {chain.end}.\n")
+        raw, note = _in_model_dtype(raw, loaded.dtype, path)
+        header += note
         derived = chain_derived(chain, k)
         bound = [p for p in raw.get("parameters", {}) if p not in derived]
         if bound:

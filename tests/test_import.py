@@ -111,6 +111,17 @@ def _derive(generated: torch.nn.Module, user: torch.nn.Module, derived: dict[str
             ours[key].copy_(value)
 
 
+@pytest.mark.parametrize("stem, dtype, note", [
+    ("sweep_conv2d_bfloat16_model", "bfloat16", "# dtype bfloat16: the model's"),
+    ("sweep_conv2d_float64_model", "float32", "# The model computes in float64; the kernels take float32"),
+])
+def test_a_config_takes_the_models_dtype_where_the_kernels_have_it(stem: str, dtype: str, note: str,
+                                                                   tmp_path: Path) -> None:
+    result = import_model(str(MODELS / f"{stem}.py"), tmp_path)
+    for written in result.written:
+        assert load_config(written.config).dtype == dtype and note in written.config.read_text()
+
+
 def test_expected_lists_existing_files() -> None:
     assert set(EXPECTED) <= set(STEMS) and set(NOT_IMPORTED) <= {p.stem for p in MODELS.glob("*.py")}
 

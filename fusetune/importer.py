@@ -416,14 +416,19 @@ def match_producer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> ProducerMat
         hooked = _hooked(module) if not derived else None
         if hooked is not None:
             return hooked
-        source = _module_argument(node)
-        if source is None:
-            return f"{type(module).__name__} is called with more than its input (output_size)"
         dims = KINDS[kind].spatial_dims
+        source, output_padding = _module_argument(node), module.output_padding if KINDS[kind].transposed else 0
+        if source is None and KINDS[kind].transposed:  # self.up(x, output_size=skip.size()): at the traced shapes
+            sized = _output_size_padding(node, module, dims)
+            if isinstance(sized, str):
+                return sized
+            source, output_padding = sized
+        if source is None:
+            return f"{type(module).__name__} is called with more than its input"
         entry: Entry = {"op": kind, "in_channels": module.in_channels, "out_channels": module.out_channels,
                         "kernel_size": _window(module.kernel_size, dims)}
         _conv_options(entry, dims, module.stride, module.padding, module.dilation, module.groups,
-                      module.output_padding if KINDS[kind].transposed else 0, module.bias is not None)
+                      output_padding, module.bias is not None)
         if module.padding_mode != "zeros":  # reflect, replicate, circular: the config takes it as nn.Conv*d does
             entry["padding_mode"] = module.padding_mode
         weights = {"producer.weight": f"{node.target}.weight"}
@@ -590,6 +595,30 @@ def _module_argument(node: torch.fx.Node) -> Any:
     if not node.args and set(node.kwargs) == {"input"}:
         return node.kwargs["input"]
     return None
+
+
+def _output_size_padding(node: torch.fx.Node, module: nn.Module, dims: int) -> tuple[Any, tuple[int, ...]] | str:
+    """A transposed convolution called with its output size (``self.up(x, output_size=skip.size())``, U-Net's
+    decoders): its input, and the output_padding that size is at the traced shapes, as PyTorch derives it
+    (the size less the smallest output, below the stride or the dilation); a reason where it is not that call.
+    The fused chain runs its kernels at the tuned input shapes alone, where the forward asks the same size."""
+    args, kwargs = list(node.args), dict(node.kwargs)
+    source = kwargs.pop("input", args.pop(0) if args else None)
+    size = kwargs.pop("output_size", args.pop(0) if args else None)
+    if source is None or size is None or args or kwargs:
+        return f"{type(module).__name__} is called with more than its input and output_size"
+    shape_in, shape_out = _shape(source), _shape(node)
+    if shape_in is None or shape_out is None:
+        return f"{type(module).__name__}'s output_size: its input or output shape was not traced"
+    padding = []
+    for d in range(dims):
+        smallest = ((shape_in[2 + d] - 1) * module.stride[d] - 2 * module.padding[d]
+                    + module.dilation[d] * (module.kernel_size[d] - 1) + 1)
+        extra = shape_out[2 + d] - smallest
+        if not 0 <= extra < max(module.stride[d], module.dilation[d]):
+            return f"{type(module).__name__}'s output_size gives output_padding {extra} on dim {2 + d}"
+        padding.append(extra)
+    return source, tuple(padding)
 
 
 def _conv_options(entry: Entry, dims: int, stride: Any, padding: Any, dilation: Any, groups: int,

@@ -107,7 +107,7 @@ def test_only_the_winners_are_built_unless_the_search_built_every_variant(cache_
                                   "conv2d_reflect_instancenorm_relu",
                                   "inplace_and_pow_forms", "conv1d_keyword_calls", "kb_conv2d_derived_operands",
                                   "conv2d_ceil_mode_partial_windows", "mobilenetv2_inverted_residual", "dcgan",
-                                  "yolo_c2f_csp", "fast_style_reflection_pads"])
+                                  "yolo_c2f_csp", "fast_style_reflection_pads", "sweep_unet_up_output_size"])
 def test_output_equals_the_models(stem: str, cache_dir: Path, caplog) -> None:
     model, inputs = _model(stem)
     model.eval()
@@ -127,7 +127,7 @@ def test_output_equals_the_models(stem: str, cache_dir: Path, caplog) -> None:
                                   "kb_conv2d_scale_bias_scalar_views", "kb_conv2d_shape_branch_export",
                                   "kb_conv2d_bias_view_in_forward", "kb_conv2d_functional_norms", "srresnet_prelu",
                                   "timm_batchnorm_act", "convnet_eval_dropouts_casts", "kb_conv2d_derived_operands",
-                                  "yolo_c2f_csp", "fast_style_reflection_pads"])
+                                  "yolo_c2f_csp", "fast_style_reflection_pads", "sweep_unet_up_output_size"])
 def test_the_kernels_model_holds_the_users_tensors_where_its_reference_reads_them(stem: str, cache_dir: Path) -> None:
     """What the fused kernels read is bound right: the generated ModelNew's own reference forward, on the
     tensors bound to it, computes what the user's ops compute (the kernels themselves need a GPU)."""

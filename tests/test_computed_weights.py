@@ -59,14 +59,7 @@ def _weights_now(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> dict[str
     value of a functional (or traced-into parametrized) convolution, a hooked module's ``weight`` after a call."""
     with torch.no_grad():
         model(*inputs)  # a pre-hook computes module.weight at the call
-        gm = trace(copy.deepcopy(model, hook_tensors(model)), inputs)
-        values: dict[str, torch.Tensor] = {}
-
-        class Keep(torch.fx.Interpreter):
-            def run_node(self, n):
-                values[n.name] = out = super().run_node(n)
-                return out
-        Keep(gm).run(*inputs)
+    gm, values = _traced_values(model, inputs)
     out = {}
     for node in gm.graph.nodes:
         if node.op == "call_module":
@@ -164,7 +157,7 @@ def test_load_tuned_computes_the_weight_from_the_tensors_it_is_given(stem: str, 
     for step in ("as imported", "edited"):
         if step == "edited":
             _edit(model, reads)
-        values = _values(model, x)
+        values = _traced_values(model, x)[1]
         for written in result.written:
             with warnings.catch_warnings():  # no GPU: the reference, with the user's weights (warned)
                 warnings.simplefilter("ignore")
@@ -176,7 +169,9 @@ def test_load_tuned_computes_the_weight_from_the_tensors_it_is_given(stem: str, 
             torch.testing.assert_close(out.double(), values[written.chain.output_node], rtol=1e-5, atol=1e-5)
 
 
-def _values(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
+def _traced_values(model: nn.Module, inputs: tuple[torch.Tensor, ...]
+                   ) -> tuple[torch.fx.GraphModule, dict[str, torch.Tensor]]:
+    """A fresh trace of a copy of the model (a hook's computed weight shared) and every node's value on ``inputs``."""
     gm = trace(copy.deepcopy(model, hook_tensors(model)), inputs)
     values: dict[str, torch.Tensor] = {}
 
@@ -186,7 +181,7 @@ def _values(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> dict[str, tor
             return out
     with torch.no_grad():
         Keep(gm).run(*inputs)
-    return values
+    return gm, values
 
 
 def _input_of(gm: torch.fx.GraphModule, producer: str) -> str:

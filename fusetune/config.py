@@ -451,9 +451,11 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
                                                  f"input the convolution makes, but {structured}")
         if (isinstance(entry.get("by"), str) and entry["by"] in parameters and structured is not None
                 and not parameters[entry["by"]].scalar):
+            kept = len(current[0]) == 2 and current[0][1] == channels  # [N, C]: channels kept, spatial dims dropped
+            hint = ("a per-channel parameter meets values that keep their spatial dims: reduce with keepdim: true "
+                    "before it, and flatten after" if kept else "one value for every channel: declare it shape: scalar")
             raise ConfigError(path, f"{key}.by", f"a per-channel parameter of shape ({channels}, 1, ...) "
-                                                 f"cannot apply here: {structured} (one value for every "
-                                                 f"channel: declare it shape: scalar)")
+                                                 f"cannot apply here: {structured} ({hint})")
         if entry.get("by") == "producer" and current != [producer.out_shape(s) for s in shapes]:
             raise ConfigError(path, f"{key}.by", f"the convolution's output {list(producer.out_shape(shapes[0]))} "
                                                  f"cannot apply to the input {list(current[0])} here: its shape changed "

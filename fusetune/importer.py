@@ -75,6 +75,9 @@ class LoadedModel:
     #: The floating dtype the model computes in (its parameters', else its inputs'): it is traced in float32 on
     #: the CPU, and its configs take this dtype where the kernels have it (model_dtype).
     dtype: torch.dtype = torch.float32
+    #: Each floating parameter's and buffer's dtype before that cast, by its name: a chain's config takes its
+    #: convolution weight's (a model of mixed dtypes), else ``dtype``.
+    tensor_dtypes: dict[str, torch.dtype] = dataclasses.field(default_factory=dict)
 
 
 _counter = itertools.count()
@@ -121,9 +124,9 @@ def _load_file(spec: str, input_shapes: Sequence[Shape]) -> LoadedModel:
         inputs = _example_inputs(input_shapes) if input_shapes else tuple(get_inputs())
     except Exception as exc:
         raise ConfigError(spec, "Model", f"building the model failed: {type(exc).__name__}: {exc}") from None
-    dtype = model_dtype(model, inputs)  # before _float32 casts the module in place
+    dtype, dtypes = model_dtype(model, inputs), tensor_dtypes(model)  # before _float32 casts the module in place
     return LoadedModel(model=_float32(model), inputs=_float32_inputs(inputs), stem=_stem(path.stem), source=spec,
-                       dtype=dtype)
+                       dtype=dtype, tensor_dtypes=dtypes)
 
 
 def _load_factory(spec: str, input_shapes: Sequence[Shape]) -> LoadedModel:
@@ -146,9 +149,9 @@ def _load_factory(spec: str, input_shapes: Sequence[Shape]) -> LoadedModel:
         raise ConfigError(spec, attr, f"calling the factory failed: {type(exc).__name__}: {exc}") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(spec, attr, f"expected the factory to return an nn.Module, got {type(model).__name__}")
-    dtype = model_dtype(model, ())  # before _float32 casts the module in place
+    dtype, dtypes = model_dtype(model, ()), tensor_dtypes(model)  # before _float32 casts the module in place
     return LoadedModel(model=_float32(model), inputs=_example_inputs(input_shapes), stem=_stem(attr.split(".")[-1]),
-                       source=spec, dtype=dtype)
+                       source=spec, dtype=dtype, tensor_dtypes=dtypes)
 
 
 def _stem(text: str) -> str:
@@ -165,6 +168,21 @@ def model_dtype(model: nn.Module, inputs: Iterable[Any]) -> torch.dtype:
     else float32 (read before load_model casts both to float32 for tracing on the CPU)."""
     tensors = itertools.chain(model.parameters(), model.buffers(), (x for x in inputs if isinstance(x, torch.Tensor)))
     return next((t.dtype for t in tensors if t.is_floating_point()), torch.float32)
+
+
+def tensor_dtypes(model: nn.Module) -> dict[str, torch.dtype]:
+    """Each floating parameter's and buffer's dtype, by its name in the model."""
+    named = itertools.chain(model.named_parameters(), model.named_buffers())
+    return {name: t.dtype for name, t in named if t.is_floating_point()}
+
+
+def _chain_dtype(loaded: LoadedModel, chain: Chain) -> torch.dtype:
+    """The dtype a chain computes in: its convolution weight's (the user's tensor, or the first one its
+    computation reads), else the model's."""
+    weight = chain.weights.get("producer.weight")
+    if weight is None and "producer.weight" in chain.producer_derived:
+        weight = next(iter(chain.producer_derived["producer.weight"].reads), None)
+    return loaded.tensor_dtypes.get(weight or "", loaded.dtype)
 
 
 def _float32(model: nn.Module) -> nn.Module:
@@ -216,9 +234,13 @@ def trace_differs(root: nn.Module, gm: torch.fx.GraphModule, inputs: Sequence[An
 
     def run(fn: Callable[..., Any]) -> list[Any]:
         copies = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-        devices = sorted({x.device.index or 0 for x in copies if isinstance(x, torch.Tensor) and x.is_cuda})
+        # every started GPU's generator forked and seeded alike (torch.manual_seed would also seed the others,
+        # and queue a seed for a GPU not started yet: the user's random state, changed)
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
         with torch.no_grad(), torch.random.fork_rng(devices=devices):
-            torch.manual_seed(0)
+            torch.default_generator.manual_seed(0)
+            for index in devices:
+                torch.cuda.default_generators[index].manual_seed(0)
             return pytree.tree_leaves(fn(*copies))
 
     try:
@@ -238,7 +260,7 @@ def _first_difference(want: list[Any], got: list[Any]) -> str | None:
         return f"{len(got)} outputs, not {len(want)}"
     for i, (w, g) in enumerate(zip(want, got)):
         if not isinstance(w, torch.Tensor) or not isinstance(g, torch.Tensor):
-            if w != g:
+            if not _same_leaf(w, g):
                 return f"output {i}: {g!r}, not {w!r}"
             continue
         if w.shape != g.shape:
@@ -251,6 +273,17 @@ def _first_difference(want: list[Any], got: list[Any]) -> str | None:
         if not torch.allclose(g.to(w.dtype), w, rtol=1e-3, atol=1e-3 * max(scale, 1e-30), equal_nan=True):
             return f"output {i}: largest difference {float((g.double() - w.double()).abs().nan_to_num().max()):.3g}"
     return None
+
+
+def _same_leaf(w: Any, g: Any) -> bool:
+    """Whether two outputs that are not both tensors are the same: equal, both NaN, or not comparable (a container
+    pytree does not open, a dataclass of tensors: assumed the same rather than failing the model)."""
+    if isinstance(w, float) and isinstance(g, float) and math.isnan(w) and math.isnan(g):
+        return True
+    try:
+        return bool(w == g)
+    except Exception:  # noqa: BLE001 - an object whose == is a tensor's, or raises
+        return True
 
 
 def _failed_at(exc: Exception) -> str:
@@ -394,6 +427,9 @@ class ProducerMatch:
     #: The trace's nodes computing them that nothing but the convolution reads (the chain's; the others stay the
     #: model's, and the chain computes its weight again from the model's tensors)
     computes: tuple[torch.fx.Node, ...] = ()
+    #: Why its config holds at the traced input shapes alone (a transposed convolution's output_padding, from the
+    #: output size the forward asked there), None where it holds at any
+    at_example: str | None = None
 
 
 _CONV_MODULES: dict[type, str] = {getattr(nn, kind.module): op for op, kind in KINDS.items()}
@@ -418,11 +454,14 @@ def match_producer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> ProducerMat
             return hooked
         dims = KINDS[kind].spatial_dims
         source, output_padding = _module_argument(node), module.output_padding if KINDS[kind].transposed else 0
+        at_example = None
         if source is None and KINDS[kind].transposed:  # self.up(x, output_size=skip.size()): at the traced shapes
             sized = _output_size_padding(node, module, dims)
             if isinstance(sized, str):
                 return sized
             source, output_padding = sized
+            at_example = (f"{type(module).__name__} ({node.target}) is called with an output size, whose output_padding "
+                          "is the traced shapes'")
         if source is None:
             return f"{type(module).__name__} is called with more than its input"
         entry: Entry = {"op": kind, "in_channels": module.in_channels, "out_channels": module.out_channels,
@@ -435,7 +474,7 @@ def match_producer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> ProducerMat
         if module.bias is not None:
             weights["producer.bias"] = f"{node.target}.bias"
         weights = {k: v for k, v in weights.items() if k not in derived}
-        return _fold_pad(gm, ProducerMatch(entry, weights, source, derived=derived))
+        return _fold_pad(gm, ProducerMatch(entry, weights, source, derived=derived, at_example=at_example))
     if node.op == "call_function" and node.target in _CONV_FUNCTIONS:
         kind = _CONV_FUNCTIONS[node.target]
         transposed, dims = KINDS[kind].transposed, KINDS[kind].spatial_dims
@@ -2289,6 +2328,8 @@ class Chain:
     derived_readers: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     #: The convolution's tensors the model computes at every call (ProducerMatch.derived): state key -> how
     producer_derived: dict[str, Derivation] = dataclasses.field(default_factory=dict)
+    #: Why its config holds at the traced input shapes alone (ProducerMatch.at_example), None where it holds at any
+    at_example: str | None = None
 
     @property
     def nodes(self) -> list[str]:
@@ -2433,7 +2474,7 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
     cur = list(producer)
     chain = Chain(node.name, match.entry, dict(match.weights), in_shape, [],
                   [n.name for n in (*match.computes, *match.before, *producer)], "", None,
-                  producer_derived=dict(match.derived))
+                  producer_derived=dict(match.derived), at_example=match.at_example)
     pending: list[torch.fx.Node] = []  # readers of the convolution's output still to come
     while True:
         channels = _gate_import().channels(int(match.entry["out_channels"]), chain.steps)  # half after a glu over dim 1
@@ -2592,30 +2633,23 @@ def chain_config(chain: Chain, name: str, steps: int | None = None) -> tuple[dic
     weights = dict(chain.weights)
     epilogue: list[Entry] = []
     inputs = chain_inputs(chain, steps)
-    for step in chosen:
+    names = _operand_names(chosen)
+    for s, step in enumerate(chosen):
         first = len(epilogue)
-        for entry in step.entries:
+        for e, entry in enumerate(step.entries):
             entry = dict(entry)
             if isinstance(entry.get("by"), InputRef):
                 entry["by"] = next(name for name, node in inputs.items() if node == entry["by"].node)
-            if isinstance(entry.get("by"), ParamRef):
-                target = entry["by"].target
-                pname = _param_name(target, params)
-                params[pname] = target
-                sizes[pname] = entry["by"].shape
-                weights[pname] = target
-                entry["by"] = pname
-            elif isinstance(entry.get("by"), DerivedRef):  # a parameter the fused chain computes (chain_derived)
-                ref = entry["by"]
-                pname = _param_name(ref.target, params)
+            for key in _operand_keys():
+                pname = names.get((s, e, key))
+                if pname is None:
+                    continue
+                ref = entry[key]
                 params[pname] = ref.target
-                sizes[pname] = ref.derivation.shape
-                entry["by"] = pname
-            for key in _channel_import().PARAM_KEYS:  # a layer norm over the channels: its weight and bias
-                if isinstance(entry.get(key), ParamRef):
-                    pname = _param_name(entry[key].target, params)
-                    params[pname], sizes[pname], weights[pname] = entry[key].target, entry[key].shape, entry[key].target
-                    entry[key] = pname
+                sizes[pname] = ref.derivation.shape if isinstance(ref, DerivedRef) else ref.shape
+                if isinstance(ref, ParamRef):  # a DerivedRef's tensor the fused chain computes (chain_derived)
+                    weights[pname] = ref.target
+                entry[key] = pname
             epilogue.append(entry)
         if step.module is not None:
             i = first  # a module op is one entry: reference_attr's f"{kind}_{i}"
@@ -2638,23 +2672,40 @@ def chain_config(chain: Chain, name: str, steps: int | None = None) -> tuple[dic
     return raw, weights
 
 
+def _operand_keys() -> tuple[str, ...]:
+    """The entry keys that may hold a parameter operand: a binary op's ``by``, a layer norm over the channels'
+    weight and bias."""
+    return ("by", *_channel_import().PARAM_KEYS)
+
+
+def _operand_names(chosen: Sequence[Step]) -> dict[tuple[int, int, str], str]:
+    """(step, entry, key) -> the config name of each parameter operand of these steps (a ParamRef or a DerivedRef
+    ``by``, a channel layer norm's ParamRef weight and bias), named in the chain's order, a tensor named twice
+    keeping its first name: chain_config writes these names, chain_derived reads them."""
+    taken: dict[str, str] = {}
+    names: dict[tuple[int, int, str], str] = {}
+    for s, step in enumerate(chosen):
+        for e, entry in enumerate(step.entries):
+            for key in _operand_keys():
+                ref = entry.get(key)
+                if isinstance(ref, ParamRef) or (key == "by" and isinstance(ref, DerivedRef)):
+                    pname = _param_name(ref.target, taken)
+                    taken[pname] = ref.target
+                    names[(s, e, key)] = pname
+    return names
+
+
 def chain_derived(chain: Chain, steps: int | None = None) -> dict[str, Derivation]:
     """The parameters of the config of the chain's first ``steps`` steps that the fused chain computes from the
-    model's tensors (DerivedRef operands), by their config names (as chain_config names them), after the
-    convolution's own tensors the model computes (``producer.weight``, ``producer.bias``: Chain.producer_derived)."""
-    params: dict[str, str] = {}
+    model's tensors (DerivedRef operands), by their config names (_operand_names, as chain_config writes them),
+    after the convolution's own tensors the model computes (``producer.weight``, ``producer.bias``:
+    Chain.producer_derived)."""
+    chosen = chain.steps[:steps] if steps is not None else chain.steps
     out: dict[str, Derivation] = dict(chain.producer_derived)  # the convolution's own (producer.weight, ...)
-    for step in (chain.steps[:steps] if steps is not None else chain.steps):
-        for entry in step.entries:
-            ref = entry.get("by")
-            for key in _channel_import().PARAM_KEYS:  # named as chain_config names them, in its order
-                if isinstance(entry.get(key), ParamRef):
-                    params[_param_name(entry[key].target, params)] = entry[key].target
-            if isinstance(ref, (ParamRef, DerivedRef)):
-                pname = _param_name(ref.target, params)
-                params[pname] = ref.target
-                if isinstance(ref, DerivedRef):
-                    out[pname] = ref.derivation
+    for (s, e, key), pname in _operand_names(chosen).items():
+        ref = chosen[s].entries[e][key]
+        if isinstance(ref, DerivedRef):
+            out[pname] = ref.derivation
     return out
 
 
@@ -2754,8 +2805,9 @@ def fit_chain(chain: Chain, name: str, path: Path) -> tuple[int, dict[str, Any],
 
 
 def _in_model_dtype(raw: dict[str, Any], dtype: torch.dtype, path: Path) -> tuple[dict[str, Any], str]:
-    """The config at the model's dtype (traced in float32, its chain is the same at any), and a header line saying
-    so; float32 where the kernels do not take the model's dtype (float64) or the config at it does not plan, said."""
+    """The config at the dtype its convolution computes in (traced in float32, its chain is the same at any), and a
+    header line saying so; float32 where the kernels do not take that dtype (float64) or the config at it does not
+    plan, said."""
     from fusetune.dtypes import DTYPES
 
     name = next((n for n, d in DTYPES.items() if getattr(torch, d.torch) == dtype), None)
@@ -2767,7 +2819,7 @@ def _in_model_dtype(raw: dict[str, Any], dtype: torch.dtype, path: Path) -> tupl
     refused = _refusal({**raw, "dtype": name}, path)
     if refused is not None:
         return raw, f"# The model computes in {name}; at {name} the config does not plan ({refused}): float32 here.\n"
-    return {**raw, "dtype": name}, f"# dtype {name}: the model's (traced in float32 on the CPU).\n"
+    return {**raw, "dtype": name}, f"# dtype {name}: the convolution's, as the model keeps it (traced in float32).\n"
 
 
 def _refusal(raw: Mapping[str, Any], path: Path) -> str | None:
@@ -2883,7 +2935,7 @@ def import_traced(loaded: LoadedModel, gm: torch.fx.GraphModule, out_dir: Path) 
         nodes = ", ".join(chain.nodes)
         header = (f"# Imported by `fusetune import {loaded.source}`: fx nodes {nodes}.\n"
                   f"# Ends: {chain.end}.\n")
-        raw, note = _in_model_dtype(raw, loaded.dtype, path)
+        raw, note = _in_model_dtype(raw, _chain_dtype(loaded, chain), path)
         header += note
         derived = chain_derived(chain, k)
         bound = [p for p in raw.get("parameters", {}) if p not in derived]

@@ -100,6 +100,9 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
         log.warning("fusetune.optimize: %s's %s; the model is returned unchanged", type(model).__name__, differs)
         return model
     found = _configs(gm, type(model).__name__, "graph" if cuda_graphs else "launch")
+    at_example = next((f.chain.at_example for f in found if f.chain.at_example), None)
+    if at_example is not None:  # a chain fixed at the example's shapes: other input shapes run the model's forward
+        gm.meta[AT_EXAMPLE] = at_example
     if machine is None:
         try:
             machine = Machine.detect()
@@ -283,6 +286,8 @@ def _finish(model: nn.Module, root: nn.Module, gm: torch.fx.GraphModule, fused: 
     _share(model, gm)
     if gm.meta.get(TRACED_BY) == "torch.export":
         gm._specialised = ExportedShapes(root, inputs)
+    elif gm.meta.get(AT_EXAMPLE):
+        gm._specialised = AtExample(root, inputs, gm.meta[AT_EXAMPLE])
     elif gm.meta.get(CONCRETE_ARGS):
         gm._specialised = GivenArguments(root, inputs, gm.meta[CONCRETE_ARGS])
     return gm
@@ -344,6 +349,28 @@ class ExportedShapes:
                     mine[key] = ours[key]
         self.root.training = gm.training
         return self.root(*args, **kwargs)
+
+
+#: The key of a GraphModule's ``meta`` saying why a chain of it holds at the example's input shapes alone.
+AT_EXAMPLE = "fusetune_at_example"
+
+
+class AtExample(ExportedShapes):
+    """A model with a chain whose config holds at the example's input shapes alone (importer.ProducerMatch's
+    at_example: a transposed convolution's output_padding, from the output size the forward asked there; another
+    model input may give that chain the same input shape and ask another size): other input shapes run the
+    model's own forward, said once."""
+
+    def __init__(self, root: nn.Module, inputs: Sequence[Any], why: str) -> None:
+        super().__init__(root, inputs)
+        self.why = why
+
+    def run(self, gm: torch.fx.GraphModule, args: tuple, kwargs: dict) -> Any:
+        if not self.said:
+            self.said = True
+            log.info("fusetune.optimize: %s: %s; input shapes other than the example's %s run the model's own "
+                     "forward", type(self.root).__name__, self.why, self.signature)
+        return super().run(gm, args, kwargs)
 
 
 class GivenArguments(ExportedShapes):

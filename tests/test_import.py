@@ -111,15 +111,16 @@ def _derive(generated: torch.nn.Module, user: torch.nn.Module, derived: dict[str
             ours[key].copy_(value)
 
 
-@pytest.mark.parametrize("stem, dtype, note", [
-    ("sweep_conv2d_bfloat16_model", "bfloat16", "# dtype bfloat16: the model's"),
-    ("sweep_conv2d_float64_model", "float32", "# The model computes in float64; the kernels take float32"),
+@pytest.mark.parametrize("stem, dtypes, note", [
+    ("sweep_conv2d_bfloat16_model", ["bfloat16"], "# dtype bfloat16: the convolution's"),
+    ("sweep_conv2d_float64_model", ["float32"], "# The model computes in float64; the kernels take float32"),
+    ("sweep_conv2d_mixed_dtypes", ["float32", "float16"], ""),  # each chain its convolution's dtype
 ])
-def test_a_config_takes_the_models_dtype_where_the_kernels_have_it(stem: str, dtype: str, note: str,
-                                                                   tmp_path: Path) -> None:
+def test_a_config_takes_its_convolutions_dtype_where_the_kernels_have_it(stem: str, dtypes: list[str], note: str,
+                                                                          tmp_path: Path) -> None:
     result = import_model(str(MODELS / f"{stem}.py"), tmp_path)
-    for written in result.written:
-        assert load_config(written.config).dtype == dtype and note in written.config.read_text()
+    assert [load_config(w.config).dtype for w in result.written] == dtypes
+    assert all(note in w.config.read_text() for w in result.written)
 
 
 def test_expected_lists_existing_files() -> None:

@@ -260,6 +260,22 @@ def test_a_model_whose_trace_computes_something_else_is_returned_unchanged(cache
     assert len(warnings) == 1 and "traced forward differs from its own" in warnings[0]
 
 
+def test_a_transposed_convolution_given_its_output_size_fuses_at_the_examples_shapes_alone(cache_dir: Path,
+                                                                                            caplog) -> None:
+    """U-Net's self.up(d, output_size=s.size()): the chain's output_padding is the example's (10 from 5 needs 1);
+    a model input of 9 rows gives the chain the same 5 rows but asks 9 back (padding 0): there, and at any input
+    shape but the example's, the model's own forward runs, said once; at the example the trace runs."""
+    model, inputs = _model("sweep_unet_up_output_size")
+    opt = _optimize(model.eval(), inputs, cache_dir)
+    caplog.set_level(logging.INFO, logger="fusetune.optimize")
+    other = torch.randn(2, 3, 9, 11)
+    with torch.no_grad():
+        assert torch.equal(opt(other), model(other)) and torch.equal(opt(other), model(other))
+        assert torch.equal(opt(*inputs), model(*inputs))
+    said = [r.getMessage() for r in caplog.records if "output size" in r.getMessage()]
+    assert len(said) == 1 and "other than the example's" in said[0]
+
+
 @pytest.mark.parametrize("stem", ["kb_conv2d_shape_branch_export", "yolo_c2f_csp"])
 def test_a_model_only_torch_export_traces_runs_its_own_forward_at_other_shapes(stem: str, cache_dir: Path,
                                                                               caplog) -> None:

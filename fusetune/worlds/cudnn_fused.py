@@ -74,7 +74,7 @@ def fold_refusal(plan: Plan) -> str | None:
         i += 1
     if i < len(ops) and isinstance(ops[i], Relu):
         i += 1
-    if i < len(ops) and isinstance(ops[i], BatchNorm):
+    if i < len(ops) and isinstance(ops[i], BatchNorm) and ops[i].training:
         return "a batch norm in training mode: its statistics are the batch's, not constants to fold"
     if i < len(ops):
         return (f"{ops[i].kind}: only per-channel scales and shifts, eval batch norms, then a residual add and a "

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fusetune.importer import Mapped, ParamRef, Site, _bind, _bind_all, _fetch, _has_node, _Stop, reduction
+from fusetune.importer import Mapped, ParamRef, Site, bind_op, bind_all, fetch, has_node, Stop, reduction
 
 #: The config keys of a layer norm over the channels that name parameters (importer.chain_config declares them).
 PARAM_KEYS = ("weight", "bias")
@@ -41,11 +41,11 @@ _SQUARES = (("call_function", torch.square), ("call_method", "square"))
 
 def normalize(site: Site) -> Mapped:
     """F.normalize(x, p=2.0, dim=1, eps=1e-12): the config's normalize (the kernels take p = 2 over dim 1)."""
-    a = _bind(site, ["p", "dim", "eps", "out"], {"p": 2.0, "dim": 1, "eps": 1e-12, "out": None})
+    a = bind_op(site, ["p", "dim", "eps", "out"], {"p": 2.0, "dim": 1, "eps": 1e-12, "out": None})
     if a["out"] is not None:
-        raise _Stop("F.normalize(out=...) is not in the vocabulary")
+        raise Stop("F.normalize(out=...) is not in the vocabulary")
     if isinstance(a["p"], bool) or not isinstance(a["p"], (int, float)) or not 0 < a["p"] < math.inf:
-        raise _Stop(f"F.normalize with p={a['p']!r}: the vocabulary takes a positive finite p")
+        raise Stop(f"F.normalize with p={a['p']!r}: the vocabulary takes a positive finite p")
     return Mapped([{"op": "normalize", "p": float(a["p"]), "dim": int(a["dim"]), "eps": float(a["eps"])}], site.node)
 
 
@@ -132,9 +132,9 @@ def _layer_norm_call(site: Site, node: torch.fx.Node, value: torch.fx.Node) -> d
         return _entry(weight, bias, float(module.eps))
     if not _is(node, (("call_function", F.layer_norm), ("call_function", torch.layer_norm))):
         return None
-    a = _bind_all(node, ["input", "normalized_shape", "weight", "bias", "eps"],
+    a = bind_all(node, ["input", "normalized_shape", "weight", "bias", "eps"],
                   {"weight": None, "bias": None, "eps": 1e-5})
-    if isinstance(a, str) or a["input"] is not value or _has_node(a["normalized_shape"]) or _has_node(a["eps"]):
+    if isinstance(a, str) or a["input"] is not value or has_node(a["normalized_shape"]) or has_node(a["eps"]):
         return None
     shape = a["normalized_shape"]
     if (list(shape) if isinstance(shape, (tuple, list, torch.Size)) else [shape]) != [channels]:
@@ -145,7 +145,7 @@ def _layer_norm_call(site: Site, node: torch.fx.Node, value: torch.fx.Node) -> d
         if arg is None:
             refs.append(None)
             continue
-        tensor = _fetch(site.gm, arg.target) if isinstance(arg, torch.fx.Node) and arg.op == "get_attr" else None
+        tensor = fetch(site.gm, arg.target) if isinstance(arg, torch.fx.Node) and arg.op == "get_attr" else None
         if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point() or tuple(tensor.shape) != (channels,):
             return None
         refs.append(ParamRef(str(arg.target), (channels,)))
@@ -169,7 +169,7 @@ def _over_channels(site: Site, mean: torch.fx.Node, of: torch.fx.Node) -> bool:
         return False
     try:
         (entry,) = reduction("mean")(_at(site, mean, of)).entries
-    except (_Stop, TypeError, ValueError):
+    except (Stop, TypeError, ValueError):
         return False
     rank = len(site.shape_in)
     dims = entry["dim"] if isinstance(entry["dim"], list) else [entry["dim"]]

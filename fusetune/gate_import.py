@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fusetune.importer import Mapped, Site, _bind, _bind_all, _has_node, _module_input, _shape_number, _Stop
+from fusetune.importer import Mapped, Site, bind_op, bind_all, has_node, module_input, shape_number, Stop
 from fusetune.ops.gate import GATE_FUNCTIONS, GLU_GATE
 
 _CHUNKS = (("call_method", "chunk"), ("call_function", torch.chunk))
@@ -35,22 +35,22 @@ _MODULES: dict[str, type[nn.Module]] = {"sigmoid": nn.Sigmoid, "tanh": nn.Tanh, 
 
 def glu_function(site: Site) -> Mapped:
     """F.glu(x, dim=-1)."""
-    a = _bind(site, ["dim"], {"dim": -1})
+    a = bind_op(site, ["dim"], {"dim": -1})
     return Mapped([_entry(site, int(a["dim"]))], site.node)
 
 
 def glu_module(site: Site) -> Mapped:
     """nn.GLU(dim=-1) called on the chain's value."""
-    _module_input(site)
+    module_input(site)
     return Mapped([_entry(site, int(site.module.dim))], site.node)
 
 
 def _entry(site: Site, dim: int, activation: str | None = None, gate: str = GLU_GATE) -> dict[str, Any]:
     shape = site.shape_in
     if shape is None:
-        raise _Stop("the shape of its input is unknown")
+        raise Stop("the shape of its input is unknown")
     if not -len(shape) <= dim < len(shape) or shape[dim] % 2:
-        raise _Stop(f"a glu over dim {dim} of {list(shape)}: PyTorch halves an even size only")
+        raise Stop(f"a glu over dim {dim} of {list(shape)}: PyTorch halves an even size only")
     entry: dict[str, Any] = {"op": "glu", "dim": dim % len(shape)}
     if activation is not None:
         entry["activation"] = activation
@@ -82,7 +82,7 @@ def match_gate(site: Site, readers: Sequence[torch.fx.Node]
         return None
     try:
         entry = _entry(site, dim, activation, gate_name)
-    except _Stop:
+    except Stop:
         return None
     order = {n: i for i, n in enumerate(site.gm.graph.nodes)}
     covered = set(nodes) | set(value_nodes) | set(gate_nodes) | {mul}
@@ -119,12 +119,12 @@ def _split_halves(site: Site, node: torch.fx.Node, shape: tuple[int, ...]):
     """x.chunk(2, dim), x.split(size // 2, dim), x.split([h, h], dim) (and torch's functions), then [0] and [1]."""
     chunk = _is(node, _CHUNKS)
     names = ["chunks", "dim"] if chunk else ["split_size_or_sections", "dim"]
-    bound = _bind_all(node, ["input", *names], {"dim": 0})
+    bound = bind_all(node, ["input", *names], {"dim": 0})
     if isinstance(bound, str) or not site.is_x(bound["input"]):
         return None
     if isinstance(bound[names[0]], torch.fx.Node):  # x.split(x.shape[1] // 2, 1): a size at the traced shape
-        bound[names[0]] = _shape_number(site, bound[names[0]])
-    if any(_has_node(bound[k]) for k in names):
+        bound[names[0]] = shape_number(site, bound[names[0]])
+    if any(has_node(bound[k]) for k in names):
         return None
     dim = _dim(bound["dim"], len(shape))
     if dim is None or shape[dim] % 2:
@@ -176,7 +176,7 @@ def _which_half(site: Site, piece: slice, size: int) -> int | None:
     bounds = []
     for bound in (piece.start, piece.stop):
         if isinstance(bound, torch.fx.Node):
-            bound = _shape_number(site, bound)
+            bound = shape_number(site, bound)
         if bound is not None and (isinstance(bound, bool) or not float(bound).is_integer()):
             return None
         bounds.append(None if bound is None else int(bound))

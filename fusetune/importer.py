@@ -400,13 +400,13 @@ def _shape(node: Any) -> Shape | None:
     return tuple(int(s) for s in meta.shape) if hasattr(meta, "shape") else None
 
 
-def _fetch(gm: nn.Module, target: str) -> Any:
+def fetch(gm: nn.Module, target: str) -> Any:
     return functools.reduce(getattr, target.split("."), gm)
 
 
 def _fetch_or_none(gm: nn.Module, target: str) -> Any:
     try:
-        return _fetch(gm, target)
+        return fetch(gm, target)
     except AttributeError:
         return None
 
@@ -480,13 +480,13 @@ def match_producer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> ProducerMat
         transposed, dims = KINDS[kind].transposed, KINDS[kind].spatial_dims
         names = (["input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation"] if transposed
                  else ["input", "weight", "bias", "stride", "padding", "dilation", "groups"])
-        args = _bind_all(node, names, {"bias": None, "stride": 1, "padding": 0, "output_padding": 0, "groups": 1,
+        args = bind_all(node, names, {"bias": None, "stride": 1, "padding": 0, "output_padding": 0, "groups": 1,
                                        "dilation": 1})
         if isinstance(args, str):
             return args
         weight, bias = args["weight"], args["bias"]
         for key in ("stride", "padding", "output_padding", "groups", "dilation"):
-            if _has_node(args[key]):
+            if has_node(args[key]):
                 return f"F.{kind}'s {key} is computed in the forward"
         weights: dict[str, str] = {}
         derived: dict[str, Derivation] = {}
@@ -506,7 +506,7 @@ def match_producer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> ProducerMat
                         "a module call, an in-place or random op), not a module's parameter nor a derivation of them")
             derived[f"producer.{name}"], nodes = found
             calls += nodes
-        shape = _fetch(gm, weight.target).shape if "producer.weight" in weights else derived["producer.weight"].shape
+        shape = fetch(gm, weight.target).shape if "producer.weight" in weights else derived["producer.weight"].shape
         groups = int(args["groups"])
         cin, cout = (shape[0], shape[1] * groups) if transposed else (shape[1] * groups, shape[0])
         if "producer.bias" in derived and derived["producer.bias"].shape != (cout,):
@@ -617,8 +617,8 @@ def _pad_of(gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[torch.fx.Nod
             return None
         return source, tuple(module.padding), mode
     if node.op == "call_function" and node.target is F.pad:
-        a = _bind_all(node, ["input", "pad", "mode", "value"], {"mode": "constant", "value": None})
-        if isinstance(a, str) or _has_node(a["pad"]) or a["mode"] not in _PAD_MODES or a["value"] not in (None, 0, 0.0):
+        a = bind_all(node, ["input", "pad", "mode", "value"], {"mode": "constant", "value": None})
+        if isinstance(a, str) or has_node(a["pad"]) or a["mode"] not in _PAD_MODES or a["value"] not in (None, 0, 0.0):
             return None
         if not all(isinstance(p, int) for p in a["pad"]):
             return None
@@ -676,7 +676,7 @@ def _conv_options(entry: Entry, dims: int, stride: Any, padding: Any, dilation: 
     entry["bias"] = bool(bias)
 
 
-def _has_node(value: Any) -> bool:
+def has_node(value: Any) -> bool:
     found: list[bool] = []
     torch.fx.node.map_arg(value, lambda n: found.append(True))
     return bool(found)
@@ -744,11 +744,11 @@ def _viewed_tensor(gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[str, 
                 or (node.op == "call_function" and node.target in _VIEW_FUNCTIONS)):
             return None
         if len(node.users) != 1 or not node.args or not isinstance(node.args[0], torch.fx.Node) or any(
-                _has_node(a) for a in (*node.args[1:], *node.kwargs.values())):
+                has_node(a) for a in (*node.args[1:], *node.kwargs.values())):
             return None
         nodes.append(node)
         node = node.args[0]
-    value = _fetch(gm, node.target)
+    value = fetch(gm, node.target)
     if not nodes or not isinstance(value, torch.Tensor) or not value.is_floating_point():
         return None
     shape = _shape(nodes[0])
@@ -837,7 +837,7 @@ class Site:
         if arg in self.producer:
             return "producer"
         if arg.op == "get_attr":
-            value = _fetch(self.gm, arg.target)
+            value = fetch(self.gm, arg.target)
             if isinstance(value, torch.Tensor) and value.numel() == 1 and value.dim() <= 1 and (
                     arg.target.startswith("_tensor_constant") or value.dim() == 0) and not isinstance(value, nn.Parameter):
                 return float(value.item())
@@ -854,13 +854,13 @@ class Site:
         constant = _constant_tensor(self, arg)
         if constant is not None:  # torch.tensor(0.5, device=x.device): a number
             return constant
-        size = _shape_number(self, arg)
+        size = shape_number(self, arg)
         if size is not None:  # x.sum(2) / x.shape[-1]: the size at the traced shape
             return size
         viewed = _viewed_tensor(self.gm, arg)
         if viewed is not None:  # self.bias.view(1, -1, 1, 1), self.scale[None, :, None, None]
             target, nodes = viewed
-            value = _fetch(self.gm, target)
+            value = fetch(self.gm, target)
             if per_channel_form(_shape(arg) or (), self.shape_in or (), self.channels) is not None:
                 return ParamRef(target, tuple(int(s) for s in value.shape), tuple(n.name for n in nodes))
         shape = _shape(arg)
@@ -1018,14 +1018,14 @@ def _evaluate_constant(site: Site, node: torch.fx.Node) -> float | None:
         if arg in env:
             return env[arg]
         if arg.op == "get_attr":
-            return _fetch(site.gm, arg.target)
+            return fetch(site.gm, arg.target)
         attribute = arg.args[1] if arg.target is getattr else None
         if attribute == "device":
             return torch.device("cpu")
         if attribute == "dtype":
             meta = arg.args[0].meta.get("tensor_meta")
             return getattr(meta, "dtype", torch.float32)
-        raise _Stop(f"{arg.name} is not a constant")
+        raise Stop(f"{arg.name} is not a constant")
     try:
         for part in reversed(_constant_tensor_nodes(site, node) or []):
             args = torch.fx.node.map_aggregate(part.args, value)
@@ -1042,7 +1042,7 @@ def _evaluate_constant(site: Site, node: torch.fx.Node) -> float | None:
     return float(result.item())
 
 
-def _shape_number(site: Site, node: Any) -> float | None:
+def shape_number(site: Site, node: Any) -> float | None:
     """The number a size read off the chain's values computes (``x.sum(2) / x.shape[-1]``, ``/ (h * w)`` with ``h, w
     = x.shape[2:]``, ``x.size(1)``), at the traced shape; None where ``node`` is not one or reads the shape of a
     tensor that is not the chain's (the model's input, another branch). Its nodes read a value of the chain and so
@@ -1054,14 +1054,14 @@ def _shape_number(site: Site, node: Any) -> float | None:
         return None
     try:
         result = _size_value(site, node)
-    except (_Stop, IndexError, TypeError, ValueError, ZeroDivisionError):
+    except (Stop, IndexError, TypeError, ValueError, ZeroDivisionError):
         return None
     return float(result) if isinstance(result, (int, float)) and not isinstance(result, bool) else None
 
 
 def _size_value(site: Site, arg: Any) -> Any:
     """What ``arg`` computes from sizes read off the chain's values and numbers, at the traced shape: a number or a
-    tuple of them (``x.shape[1:]``, F.layer_norm's normalized_shape); raises _Stop where it reads anything else."""
+    tuple of them (``x.shape[1:]``, F.layer_norm's normalized_shape); raises Stop where it reads anything else."""
     if not isinstance(arg, torch.fx.Node):
         if isinstance(arg, (tuple, list)):
             return type(arg)(_size_value(site, a) for a in arg)
@@ -1070,22 +1070,26 @@ def _size_value(site: Site, arg: Any) -> Any:
         source = arg.args[0]
         if not (site.is_x(source) or (isinstance(source, torch.fx.Node) and source not in site.producer
                                       and _depends_on(source, site.producer))):
-            raise _Stop(f"{arg.name} reads the shape of {getattr(source, 'name', source)}, not a chain value")
+            raise Stop(f"{arg.name} reads the shape of {getattr(source, 'name', source)}, not a chain value")
         shape = _shape(source)
         if shape is None:
-            raise _Stop(f"{arg.name}: the shape of {source.name} was not traced")
+            raise Stop(f"{arg.name}: the shape of {source.name} was not traced")
         if arg.op == "call_method" and arg.target == "dim" or arg.op == "call_function" and arg.args[1] == "ndim":
             return len(shape)
         if arg.op == "call_function" and arg.args[1] != "shape":
-            raise _Stop(f"{arg.name} reads {arg.args[1]}, not a size")
+            raise Stop(f"{arg.name} reads {arg.args[1]}, not a size")
         dims = [_size_value(site, a) for a in arg.args[1:]] if arg.op == "call_method" else []
         return shape[dims[0]] if dims else tuple(shape)
     if arg.op == "call_function" and arg.target in _METADATA_FUNCTIONS:
         return arg.target(*(_size_value(site, a) for a in arg.args))
-    raise _Stop(f"{arg.name} is not computed from sizes alone")
+    raise Stop(f"{arg.name} is not computed from sizes alone")
 
 
-class _Stop(Exception):
+# What an op's own import module (fusetune/channel_import.py, gate_import.py, slice_import.py) builds its matchers
+# on, public for that: Site and Mapped, Stop, bind_op and bind_all, module_input, has_node, fetch, shape_number.
+
+
+class Stop(Exception):
     """Raised inside a builder: the chain stops before this op, for this reason."""
 
 
@@ -1093,7 +1097,7 @@ def _call_args(site: Site) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return tuple(site.node.args), dict(site.node.kwargs)
 
 
-def _bind_all(node: torch.fx.Node, names: Sequence[str], defaults: Mapping[str, Any]) -> dict[str, Any] | str:
+def bind_all(node: torch.fx.Node, names: Sequence[str], defaults: Mapping[str, Any]) -> dict[str, Any] | str:
     """Positional and keyword arguments by name (the first is the input), defaults filled in."""
     args, kwargs = tuple(node.args), dict(node.kwargs)
     if len(args) > len(names):
@@ -1110,23 +1114,23 @@ def _bind_all(node: torch.fx.Node, names: Sequence[str], defaults: Mapping[str, 
     return out
 
 
-def _bind(site: Site, names: Sequence[str], defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """``_bind_all`` for the op at ``site``: its input must be the chain's value, its other arguments
+def bind_op(site: Site, names: Sequence[str], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """``bind_all`` for the op at ``site``: its input must be the chain's value, its other arguments
     Python values (not computed in the forward)."""
-    bound = _bind_all(site.node, ["input", *names], defaults)
+    bound = bind_all(site.node, ["input", *names], defaults)
     if isinstance(bound, str):
-        raise _Stop(bound)
+        raise Stop(bound)
     if not site.is_x(bound["input"]):
-        raise _Stop("it reads the chain's value as an argument other than its input")
+        raise Stop("it reads the chain's value as an argument other than its input")
     for key in names:
-        if _has_node(bound[key]):
-            raise _Stop(f"its argument {key} is computed in the forward")
+        if has_node(bound[key]):
+            raise Stop(f"its argument {key} is computed in the forward")
     return bound
 
 
-def _module_input(site: Site) -> None:
+def module_input(site: Site) -> None:
     if not site.is_x(_module_argument(site.node)):
-        raise _Stop("the module is called with more than the chain's value")
+        raise Stop("the module is called with more than the chain's value")
 
 
 def _as_list(window: int | list[int], dims: int) -> list[int]:
@@ -1136,22 +1140,22 @@ def _as_list(window: int | list[int], dims: int) -> list[int]:
 
 def _ignore(value: Any, key: str, default: Any) -> None:
     if value != default:
-        raise _Stop(f"{key}={value!r} is not in the vocabulary")
+        raise Stop(f"{key}={value!r} is not in the vocabulary")
 
 
 def _num(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _Stop(f"a non-number argument {value!r}")
+        raise Stop(f"a non-number argument {value!r}")
     return float(value)
 
 
 def _dims(value: Any) -> int | list[int]:
     if isinstance(value, (tuple, list)):
         if not value:
-            raise _Stop("it reduces every dim, the batch dim included")
+            raise Stop("it reduces every dim, the batch dim included")
         return [int(v) for v in value] if len(value) > 1 else int(value[0])
     if value is None:
-        raise _Stop("it reduces every dim, the batch dim included (no dim given)")
+        raise Stop("it reduces every dim, the batch dim included (no dim given)")
     return int(value)
 
 
@@ -1170,7 +1174,7 @@ def unary(kind: str, names: Sequence[str] = (), defaults: Mapping[str, Any] | No
     ignored = dict(ignored or {"inplace": False})
 
     def build(site: Site) -> Mapped:
-        a = _bind(site, [*names, *ignored], {**defaults, **{k: v for k, v in ignored.items()}})
+        a = bind_op(site, [*names, *ignored], {**defaults, **{k: v for k, v in ignored.items()}})
         entry: Entry = {"op": kind}
         for key in names:
             value = a[key]
@@ -1182,7 +1186,7 @@ def unary(kind: str, names: Sequence[str] = (), defaults: Mapping[str, Any] | No
 def module_op(kind: str, read: Callable[[nn.Module], Mapping[str, Any]] = lambda m: {}) -> Builder:
     """A module called on the chain's value: its arguments read off its attributes."""
     def build(site: Site) -> Mapped:
-        _module_input(site)
+        module_input(site)
         return _one(site, {"op": kind, **read(site.module)})
     return build
 
@@ -1194,18 +1198,18 @@ def binary(kind: str) -> Builder:
     def build(site: Site) -> Mapped:
         args, kwargs = _call_args(site)
         if kwargs or len(args) != 2:
-            raise _Stop(f"{_describe(site.gm, site.node)} with arguments {sorted(kwargs)} is not in the vocabulary")
+            raise Stop(f"{_describe(site.gm, site.node)} with arguments {sorted(kwargs)} is not in the vocabulary")
         a, b = args
         if site.is_x(a) and site.is_x(b) and not (site.cur & site.producer):
             if kind == "mul":
                 return _one(site, {"op": "pow", "by": 2.0})
             if kind == "add":
                 return _one(site, {"op": "mul", "by": 2.0})
-            raise _Stop("both operands are the chain's value")
+            raise Stop("both operands are the chain's value")
         if site.is_x(a):
             return Mapped([_binary_entry(kind, site.operand(b))], site.node, _constant_tensor_nodes(site, b) or [])
         if not site.is_x(b):
-            raise _Stop("its operands do not include the chain's value")
+            raise Stop("its operands do not include the chain's value")
         other = site.operand(a)
         extra = _constant_tensor_nodes(site, a) or []
         if kind in ("add", "mul", "minimum", "maximum"):
@@ -1215,16 +1219,16 @@ def binary(kind: str) -> Builder:
         if kind == "div" and not isinstance(other, (str, InputRef)):  # c / x: 1 / x (pow -1), times c unless 1
             scale = [] if other == 1.0 else [_binary_entry("mul", other)]
             return Mapped([{"op": "pow", "by": -1.0}, *scale], site.node, extra)
-        raise _Stop(f"{'c / x' if kind == 'div' else 'c ** x'} (the chain's value on the right, c {other!r}) is not "
+        raise Stop(f"{'c / x' if kind == 'div' else 'c ** x'} (the chain's value on the right, c {other!r}) is not "
                     "in the vocabulary")
     return build
 
 
 def _binary_entry(kind: str, operand: Any) -> Entry:
     if isinstance(operand, str) and operand != "producer":
-        raise _Stop(operand)
+        raise Stop(operand)
     if kind == "div" and operand == 0.0:
-        raise _Stop("division by zero")
+        raise Stop("division by zero")
     return {"op": kind, "by": operand}
 
 
@@ -1235,9 +1239,9 @@ def _method_or_fn_binary(kind: str) -> Builder:
     def build(site: Site) -> Mapped:
         kwargs = dict(site.node.kwargs)
         if kwargs.pop("alpha", 1) != 1:
-            raise _Stop("alpha != 1 is not in the vocabulary")
+            raise Stop("alpha != 1 is not in the vocabulary")
         if kwargs:
-            raise _Stop(f"arguments {sorted(kwargs)} are not in the vocabulary")
+            raise Stop(f"arguments {sorted(kwargs)} are not in the vocabulary")
         node = site.node
         saved = node.kwargs
         try:
@@ -1254,15 +1258,15 @@ def clamp(lo_key: str = "min", hi_key: str = "max", only: str | None = None) -> 
     maximum by min then minimum by max, as PyTorch defines a clamp by tensors."""
     def build(site: Site) -> Mapped:
         names = [only] if only else [lo_key, hi_key]
-        a = _bind_all(site.node, ["input", *names], {k: None for k in names})
+        a = bind_all(site.node, ["input", *names], {k: None for k in names})
         if isinstance(a, str):
-            raise _Stop(a)
+            raise Stop(a)
         if not site.is_x(a["input"]):
-            raise _Stop("it reads the chain's value as an argument other than its input")
+            raise Stop("it reads the chain's value as an argument other than its input")
         bounds = {key: _num(a[key]) if not isinstance(a[key], torch.fx.Node) else site.operand(a[key])
                   for key in names if a[key] is not None}
         if not bounds:
-            raise _Stop("clamp without bounds")
+            raise Stop("clamp without bounds")
         extra = [n for key in bounds for n in (_constant_tensor_nodes(site, a[key]) or [])]
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in bounds.values()):
             return Mapped([{"op": "clamp", **{key: _num(v) for key, v in bounds.items()}}], site.node, extra)
@@ -1278,21 +1282,21 @@ def extremum(kind: str) -> Builder:
         other = kwargs.get("other", args[1] if len(args) > 1 else None)
         if isinstance(other, torch.fx.Node) and "dim" not in kwargs:
             if kwargs.keys() - {"other"}:
-                raise _Stop(f"arguments {sorted(kwargs)} are not in the vocabulary")
+                raise Stop(f"arguments {sorted(kwargs)} are not in the vocabulary")
             saved = (site.node.args, site.node.kwargs)
             try:
                 site.node.args, site.node.kwargs = (args[0], other), {}
                 return binary("maximum" if kind == "max" else "minimum")(site)
             finally:
                 site.node.args, site.node.kwargs = saved
-        a = _bind(site, ["dim", "keepdim"], {"dim": None, "keepdim": False})
+        a = bind_op(site, ["dim", "keepdim"], {"dim": None, "keepdim": False})
         if a["dim"] is None:
-            raise _Stop(f"torch.{kind}(x) without a dim reduces every value, the batch dim included")
+            raise Stop(f"torch.{kind}(x) without a dim reduces every value, the batch dim included")
         users = list(site.node.users)
         values = [u for u in users if (u.op == "call_function" and u.target is operator.getitem and u.args[1] == 0)
                   or (u.op == "call_function" and u.target is getattr and u.args[1] == "values")]
         if len(values) != 1 or len(users) != 1:
-            raise _Stop(f"torch.{kind}(x, dim)'s indices are used (only [0] or .values is in the vocabulary)")
+            raise Stop(f"torch.{kind}(x, dim)'s indices are used (only [0] or .values is in the vocabulary)")
         return Mapped(entries=[{"op": kind, "dim": _dims(a["dim"]), "keepdim": bool(a["keepdim"])}],
                       out=values[0], extra=[values[0]])
     return build
@@ -1301,7 +1305,7 @@ def extremum(kind: str) -> Builder:
 def reduction(kind: str, dim_default: Any = None) -> Builder:
     """torch.sum/mean/amax/amin/logsumexp(x, dim, keepdim), and the methods."""
     def build(site: Site) -> Mapped:
-        a = _bind(site, ["dim", "keepdim", "dtype"], {"dim": dim_default, "keepdim": False, "dtype": None})
+        a = bind_op(site, ["dim", "keepdim", "dtype"], {"dim": dim_default, "keepdim": False, "dtype": None})
         _ignore(a["dtype"], "dtype", None)
         return _one(site, {"op": kind, "dim": _dims(a["dim"]), "keepdim": bool(a["keepdim"])})
     return build
@@ -1310,17 +1314,17 @@ def reduction(kind: str, dim_default: Any = None) -> Builder:
 def softmax(kind: str, names: Sequence[str] = ("dim",)) -> Builder:
     """torch.softmax(x, dim), F.softmax(x, dim, _stacklevel, dtype), x.softmax(dim)."""
     def build(site: Site) -> Mapped:
-        a = _bind(site, [*names, "dtype"], {**{n: None for n in names}, "_stacklevel": 3, "dtype": None})
+        a = bind_op(site, [*names, "dtype"], {**{n: None for n in names}, "_stacklevel": 3, "dtype": None})
         _ignore(a["dtype"], "dtype", None)
         if a["dim"] is None:
-            raise _Stop(f"{kind} without dim (PyTorch's implicit choice) is not in the vocabulary")
+            raise Stop(f"{kind} without dim (PyTorch's implicit choice) is not in the vocabulary")
         return _one(site, {"op": kind, "dim": int(a["dim"])})
     return build
 
 
 def flatten(default_start: int) -> Builder:
     def build(site: Site) -> Mapped:
-        a = _bind(site, ["start_dim", "end_dim"], {"start_dim": default_start, "end_dim": -1})
+        a = bind_op(site, ["start_dim", "end_dim"], {"start_dim": default_start, "end_dim": -1})
         return _one(site, _flatten_entry(site, int(a["start_dim"]), int(a["end_dim"])))
     return build
 
@@ -1328,7 +1332,7 @@ def flatten(default_start: int) -> Builder:
 def _flatten_entry(site: Site, start: int, end: int) -> Entry:
     rank = len(site.shape_in or ())
     if rank and start % rank == 0:
-        raise _Stop("it flattens the batch dim into the others")
+        raise Stop("it flattens the batch dim into the others")
     return {"op": "flatten", "start_dim": start, "end_dim": end}
 
 
@@ -1338,9 +1342,9 @@ def view(site: Site) -> Mapped:
     of them into several (x.view(b, c, d, h, w) after x.view(b, c, -1)), its sizes the example's."""
     shape_in, shape_out = site.shape_in, site.shape_out
     if not site.is_x(site.node.args[0]) if site.node.args else True:
-        raise _Stop("it reads the chain's value as an argument other than its input")
+        raise Stop("it reads the chain's value as an argument other than its input")
     if shape_in is None or shape_out is None:
-        raise _Stop("its shapes are unknown")
+        raise Stop("its shapes are unknown")
     if tuple(shape_in) == tuple(shape_out):  # x.view(x.size(0), 1) on an (N, 1) value: the identity
         return Mapped(entries=[], out=site.node)
     for start in range(1, len(shape_in)):
@@ -1354,11 +1358,11 @@ def view(site: Site) -> Mapped:
         if shape_out[:dim] == shape_in[:dim] and shape_out[dim + split:] == shape_in[dim + 1:] and \
                 math.prod(sizes) == shape_in[dim]:
             return _one(site, {"op": "unflatten", "dim": dim, "sizes": [int(v) for v in sizes]})
-    raise _Stop(f"a reshape from {list(shape_in)} to {list(shape_out)} that is not a flatten after the batch dim")
+    raise Stop(f"a reshape from {list(shape_in)} to {list(shape_out)} that is not a flatten after the batch dim")
 
 
 def squeeze(site: Site) -> Mapped:
-    a = _bind(site, ["dim"], {"dim": None})
+    a = bind_op(site, ["dim"], {"dim": None})
     entry: Entry = {"op": "squeeze"}
     if a["dim"] is not None:
         entry["dim"] = [int(d) for d in a["dim"]] if isinstance(a["dim"], (list, tuple)) else int(a["dim"])
@@ -1366,7 +1370,7 @@ def squeeze(site: Site) -> Mapped:
 
 
 def unsqueeze(site: Site) -> Mapped:
-    a = _bind(site, ["dim"], {})
+    a = bind_op(site, ["dim"], {})
     return _one(site, {"op": "unsqueeze", "dim": int(a["dim"])})
 
 
@@ -1374,12 +1378,12 @@ def pool_fn(kind: str, dims: int) -> Builder:
     """F.max_pool*d / F.avg_pool*d."""
     def build(site: Site) -> Mapped:
         if kind == "max_pool":
-            a = _bind(site, ["kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices"],
+            a = bind_op(site, ["kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices"],
                       {"stride": None, "padding": 0, "dilation": 1, "ceil_mode": False, "return_indices": False})
         else:
             names = ["kernel_size", "stride", "padding", "ceil_mode", "count_include_pad"]
             names += ["divisor_override"] if dims > 1 else []
-            a = _bind(site, names, {"stride": None, "padding": 0, "ceil_mode": False, "count_include_pad": True,
+            a = bind_op(site, names, {"stride": None, "padding": 0, "ceil_mode": False, "count_include_pad": True,
                                     "divisor_override": None})
         return _one(site, _pool_entry(kind, dims, a, site.shape_in))
     return build
@@ -1387,7 +1391,7 @@ def pool_fn(kind: str, dims: int) -> Builder:
 
 def pool_module(kind: str) -> Builder:
     def build(site: Site) -> Mapped:
-        _module_input(site)
+        module_input(site)
         m = site.module
         dims = int(type(m).__name__[-2])
         a = {key: getattr(m, key) for key in ("kernel_size", "stride", "padding", "dilation", "ceil_mode",
@@ -1422,11 +1426,11 @@ def _pool_entry(kind: str, dims: int, a: Mapping[str, Any], shape: Shape | None 
         sizes = list(shape[-dims:]) if shape is not None and len(shape) >= dims else None
         ceil = sizes is None or _ceil_changes(kernel, stride, padding, sizes) is not None
     if _window(a.get("dilation", 1), dims) != 1:
-        raise _Stop(f"dilation={a['dilation']!r} is not in the vocabulary (the pools take dilation 1)")
+        raise Stop(f"dilation={a['dilation']!r} is not in the vocabulary (the pools take dilation 1)")
     if a.get("return_indices"):
-        raise _Stop("return_indices=True is not in the vocabulary")
+        raise Stop("return_indices=True is not in the vocabulary")
     if a.get("divisor_override") is not None:
-        raise _Stop("divisor_override is not in the vocabulary")
+        raise Stop("divisor_override is not in the vocabulary")
     entry: Entry = {"op": kind, "kernel_size": _window(a["kernel_size"], dims)}
     stride = a.get("stride")
     if stride not in (None, [], ()) and _window(stride, dims) != entry["kernel_size"]:
@@ -1443,17 +1447,17 @@ def _pool_entry(kind: str, dims: int, a: Mapping[str, Any], shape: Shape | None 
 def adaptive(kind: str, module: bool) -> Builder:
     def build(site: Site) -> Mapped:
         if module:
-            _module_input(site)
+            module_input(site)
             size, indices = site.module.output_size, getattr(site.module, "return_indices", False)
         else:
             names = ["output_size"] + (["return_indices"] if kind == "adaptive_max_pool" else [])
-            a = _bind(site, names, {"return_indices": False})
+            a = bind_op(site, names, {"return_indices": False})
             size, indices = a["output_size"], a.get("return_indices", False)
         if indices:
-            raise _Stop("return_indices=True is not in the vocabulary")
+            raise Stop("return_indices=True is not in the vocabulary")
         sizes = list(size) if isinstance(size, (list, tuple)) else [size]
         if any(s is None for s in sizes):
-            raise _Stop(f"output_size {size!r} keeps a dim's size (None), not in the vocabulary")
+            raise Stop(f"output_size {size!r} keeps a dim's size (None), not in the vocabulary")
         return _one(site, {"op": kind, "output_size": int(sizes[0]) if len(set(sizes)) == 1 else [int(s) for s in sizes]})
     return build
 
@@ -1462,40 +1466,40 @@ def dropout_fn(training_default: bool) -> Builder:
     """F.dropout and its kin (F.dropout2d, F.alpha_dropout, ...), whose ``training`` defaults differ: each is
     the identity where p = 0 or not training, whatever mask it would draw in training."""
     def build(site: Site) -> Mapped:
-        a = _bind(site, ["p", "training", "inplace"], {"p": 0.5, "training": training_default, "inplace": False})
+        a = bind_op(site, ["p", "training", "inplace"], {"p": 0.5, "training": training_default, "inplace": False})
         return _one(site, _dropout_entry(_num(a["p"]), bool(a["training"])))
     return build
 
 
 def dropout_module(site: Site) -> Mapped:
-    _module_input(site)
+    module_input(site)
     return _one(site, _dropout_entry(float(site.module.p), site.module.training))
 
 
 def _dropout_entry(p: float, training: bool) -> Entry:
     if training and p > 0:
-        raise _Stop(f"dropout in training mode with p = {p} draws random masks (no tuned kernel reproduces "
+        raise Stop(f"dropout in training mode with p = {p} draws random masks (no tuned kernel reproduces "
                     "them); import the model in eval mode for inference")
     return {"op": "dropout", "p": p, "training": training}
 
 
 def prelu_module(site: Site) -> Mapped:
     """nn.PReLU: its weight, one value or one per channel, is the op's parameter (``by``), under the user's name."""
-    _module_input(site)
+    module_input(site)
     return _prelu(site, f"{site.node.target}.weight", site.module.weight)
 
 
 def prelu_fn(site: Site) -> Mapped:
     """F.prelu(x, weight), torch.prelu: the weight a tensor of the model (a parameter, a buffer)."""
-    bound = _bind_all(site.node, ["input", "weight"], {})
+    bound = bind_all(site.node, ["input", "weight"], {})
     if isinstance(bound, str):
-        raise _Stop(bound)
+        raise Stop(bound)
     if not site.is_x(bound["input"]):
-        raise _Stop("it reads the chain's value as an argument other than its input")
+        raise Stop("it reads the chain's value as an argument other than its input")
     weight = bound["weight"]
     if not (isinstance(weight, torch.fx.Node) and weight.op == "get_attr"):
-        raise _Stop("its weight is computed in the forward, not a tensor of the model")
-    return _prelu(site, str(weight.target), _fetch(site.gm, weight.target))
+        raise Stop("its weight is computed in the forward, not a tensor of the model")
+    return _prelu(site, str(weight.target), fetch(site.gm, weight.target))
 
 
 def _prelu(site: Site, target: str, weight: Any) -> Mapped:
@@ -1505,26 +1509,26 @@ def _prelu(site: Site, target: str, weight: Any) -> Mapped:
     channels = shape[1] if len(shape) > 1 else 1
     if not isinstance(weight, torch.Tensor) or not weight.is_floating_point() or weight.numel() not in (1, channels):
         size = list(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
-        raise _Stop(f"its weight {target} of shape {size} is neither one value nor one per channel ({channels})")
+        raise Stop(f"its weight {target} of shape {size} is neither one value nor one per channel ({channels})")
     if weight.numel() > 1 and channels != site.channels:
-        raise _Stop(f"its weight has {channels} values, one per channel of a value that is no longer the "
+        raise Stop(f"its weight has {channels} values, one per channel of a value that is no longer the "
                     f"convolution's {site.channels} channels")
     return _one(site, {"op": "prelu", "by": ParamRef(target, tuple(int(s) for s in weight.shape))})
 
 
 def identity_module(site: Site) -> Mapped:
-    _module_input(site)
+    module_input(site)
     return Mapped(entries=[], out=site.node)
 
 
 def batch_norm(site: Site) -> Mapped:
-    _module_input(site)
+    module_input(site)
     m = site.module
     if not m.track_running_stats:
-        raise _Stop("BatchNorm with track_running_stats=False (batch statistics in eval mode too, no running "
+        raise Stop("BatchNorm with track_running_stats=False (batch statistics in eval mode too, no running "
                     "statistics) is not in the vocabulary")
     if m.momentum is None and m.training:
-        raise _Stop("BatchNorm in training mode with momentum=None (a cumulative average) is not in the vocabulary")
+        raise Stop("BatchNorm in training mode with momentum=None (a cumulative average) is not in the vocabulary")
     # eval mode reads the running statistics alone: its momentum (None too) changes nothing, and the config keeps
     # the default's (training mode runs the user's own module: fusetune/optimizer.py)
     momentum = {} if m.momentum is None else {"momentum": float(m.momentum)}
@@ -1536,23 +1540,23 @@ def sync_batch_norm(site: Site) -> Mapped:
     """nn.SyncBatchNorm: in eval mode the batch norm of its running statistics; in training mode its statistics
     are summed over every process of the group, which one GPU's kernels do not see."""
     if site.module.training:
-        raise _Stop("SyncBatchNorm in training mode takes its statistics over every process of its group, which "
+        raise Stop("SyncBatchNorm in training mode takes its statistics over every process of its group, which "
                     "one GPU's kernels do not see; import the model in eval mode for inference")
     return batch_norm(site)
 
 
 def group_norm(site: Site) -> Mapped:
-    _module_input(site)
+    module_input(site)
     m = site.module
     return _one(site, {"op": "group_norm", "num_groups": m.num_groups, "eps": float(m.eps), "affine": m.affine},
                 module=str(site.node.target))
 
 
 def instance_norm(site: Site) -> Mapped:
-    _module_input(site)
+    module_input(site)
     m = site.module
     if m.track_running_stats and m.training:
-        raise _Stop("InstanceNorm in training mode with track_running_stats=True (each sample's statistics, the "
+        raise Stop("InstanceNorm in training mode with track_running_stats=True (each sample's statistics, the "
                     "running ones updated from them) is not in the vocabulary")
     if m.track_running_stats:  # eval mode normalizes by the running statistics: an eval-mode batch norm's map
         names = ["running_mean", "running_var", "num_batches_tracked"] + (["weight", "bias"] if m.affine else [])
@@ -1562,10 +1566,10 @@ def instance_norm(site: Site) -> Mapped:
 
 
 def layer_norm(site: Site) -> Mapped:
-    _module_input(site)
+    module_input(site)
     m = site.module
     if m.elementwise_affine and m.bias is None:
-        raise _Stop("LayerNorm(bias=False) is not in the vocabulary")
+        raise Stop("LayerNorm(bias=False) is not in the vocabulary")
     return _one(site, {"op": "layer_norm", "normalized_shape": [int(s) for s in m.normalized_shape],
                        "eps": float(m.eps), "elementwise_affine": m.elementwise_affine}, module=str(site.node.target))
 
@@ -1578,24 +1582,24 @@ def _affine_tensors(site: Site, weight: Any, bias: Any, shape: Sequence[int]) ->
     out: dict[str, str] = {}
     for key, value in (("weight", weight), ("bias", bias)):
         if value is None:
-            raise _Stop(f"a {key} of None beside the other's tensor is not in the vocabulary (both or neither)")
-        tensor = _fetch(site.gm, value.target) if isinstance(value, torch.fx.Node) and value.op == "get_attr" else None
+            raise Stop(f"a {key} of None beside the other's tensor is not in the vocabulary (both or neither)")
+        tensor = fetch(site.gm, value.target) if isinstance(value, torch.fx.Node) and value.op == "get_attr" else None
         if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
-            raise _Stop(f"its {key} is computed in the forward, not a tensor of the model")
+            raise Stop(f"its {key} is computed in the forward, not a tensor of the model")
         if tuple(tensor.shape) != tuple(shape):
-            raise _Stop(f"its {key} has shape {list(tensor.shape)}, expected {list(shape)}")
+            raise Stop(f"its {key} has shape {list(tensor.shape)}, expected {list(shape)}")
         out[key] = str(value.target)
     return out
 
 
 def group_norm_fn(site: Site) -> Mapped:
     """F.group_norm(x, num_groups, weight, bias, eps): the weight and bias the model's own tensors."""
-    a = _bind_all(site.node, ["input", "num_groups", "weight", "bias", "eps"],
+    a = bind_all(site.node, ["input", "num_groups", "weight", "bias", "eps"],
                   {"weight": None, "bias": None, "eps": 1e-5})
     if isinstance(a, str):
-        raise _Stop(a)
-    if not site.is_x(a["input"]) or _has_node(a["num_groups"]) or _has_node(a["eps"]):
-        raise _Stop("its arguments other than the tensors are computed in the forward")
+        raise Stop(a)
+    if not site.is_x(a["input"]) or has_node(a["num_groups"]) or has_node(a["eps"]):
+        raise Stop("its arguments other than the tensors are computed in the forward")
     weights = _affine_tensors(site, a["weight"], a["bias"], (site.channels,))
     return Mapped([{"op": "group_norm", "num_groups": int(a["num_groups"]), "eps": _num(a["eps"]),
                     "affine": bool(weights)}], site.node, weights=weights)
@@ -1603,16 +1607,16 @@ def group_norm_fn(site: Site) -> Mapped:
 
 def instance_norm_fn(site: Site) -> Mapped:
     """F.instance_norm(x, weight=..., bias=..., eps=...): each sample's own statistics (no running ones)."""
-    a = _bind_all(site.node, ["input", "running_mean", "running_var", "weight", "bias", "use_input_stats",
+    a = bind_all(site.node, ["input", "running_mean", "running_var", "weight", "bias", "use_input_stats",
                               "momentum", "eps"],
                   {"running_mean": None, "running_var": None, "weight": None, "bias": None, "use_input_stats": True,
                    "momentum": 0.1, "eps": 1e-5})
     if isinstance(a, str):
-        raise _Stop(a)
-    if not site.is_x(a["input"]) or any(_has_node(a[k]) for k in ("use_input_stats", "momentum", "eps")):
-        raise _Stop("its arguments other than the tensors are computed in the forward")
+        raise Stop(a)
+    if not site.is_x(a["input"]) or any(has_node(a[k]) for k in ("use_input_stats", "momentum", "eps")):
+        raise Stop("its arguments other than the tensors are computed in the forward")
     if a["running_mean"] is not None or a["running_var"] is not None or a["use_input_stats"] is not True:
-        raise _Stop("F.instance_norm with running statistics is not in the vocabulary")
+        raise Stop("F.instance_norm with running statistics is not in the vocabulary")
     weights = _affine_tensors(site, a["weight"], a["bias"], (site.channels,))
     return Mapped([{"op": "instance_norm", "eps": _num(a["eps"]), "affine": bool(weights)}], site.node,
                   weights=weights)
@@ -1622,19 +1626,19 @@ def batch_norm_fn(site: Site) -> Mapped:
     """F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps), as timm's BatchNormAct2d
     and hand-written norms call it: the running statistics, weight and bias the model's own tensors. Eval mode reads
     the running statistics alone (its momentum, 0 too, changes nothing); training mode updates them by momentum."""
-    a = _bind_all(site.node, ["input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"],
+    a = bind_all(site.node, ["input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"],
                   {"weight": None, "bias": None, "training": False, "momentum": 0.1, "eps": 1e-5})
     if isinstance(a, str):
-        raise _Stop(a)
-    if not site.is_x(a["input"]) or any(_has_node(a[k]) for k in ("training", "momentum", "eps")):
-        raise _Stop("its arguments other than the tensors are computed in the forward")
+        raise Stop(a)
+    if not site.is_x(a["input"]) or any(has_node(a[k]) for k in ("training", "momentum", "eps")):
+        raise Stop("its arguments other than the tensors are computed in the forward")
     channels = (site.channels,)
     stats: dict[str, str] = {}
     for key in ("running_mean", "running_var"):
         value = a[key]
-        tensor = _fetch(site.gm, value.target) if isinstance(value, torch.fx.Node) and value.op == "get_attr" else None
+        tensor = fetch(site.gm, value.target) if isinstance(value, torch.fx.Node) and value.op == "get_attr" else None
         if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != channels:
-            raise _Stop(f"its {key} is not a tensor of the model of shape {list(channels)} (F.batch_norm without "
+            raise Stop(f"its {key} is not a tensor of the model of shape {list(channels)} (F.batch_norm without "
                         "running statistics is not in the vocabulary)")
         stats[key] = str(value.target)
     owner = stats["running_mean"].rpartition(".")[0]  # a BatchNorm's own count (timm's BatchNormAct2d is one)
@@ -1643,7 +1647,7 @@ def batch_norm_fn(site: Site) -> Mapped:
         stats["num_batches_tracked"] = count
     training, momentum = bool(a["training"]), _num(a["momentum"])
     if training and momentum <= 0:
-        raise _Stop(f"F.batch_norm in training mode with momentum {momentum} (running statistics that never move) "
+        raise Stop(f"F.batch_norm in training mode with momentum {momentum} (running statistics that never move) "
                     "is not in the vocabulary")
     weights = _affine_tensors(site, a["weight"], a["bias"], channels)
     entry: Entry = {"op": "batch_norm", "eps": _num(a["eps"]), **({"momentum": momentum} if training else {}),
@@ -1653,18 +1657,18 @@ def batch_norm_fn(site: Site) -> Mapped:
 
 def layer_norm_fn(site: Site) -> Mapped:
     """F.layer_norm(x, normalized_shape, weight, bias, eps): the shape a list of numbers."""
-    a = _bind_all(site.node, ["input", "normalized_shape", "weight", "bias", "eps"],
+    a = bind_all(site.node, ["input", "normalized_shape", "weight", "bias", "eps"],
                   {"weight": None, "bias": None, "eps": 1e-5})
     if isinstance(a, str):
-        raise _Stop(a)
-    if not site.is_x(a["input"]) or _has_node(a["eps"]):
-        raise _Stop("its input or eps is computed in the forward")
+        raise Stop(a)
+    if not site.is_x(a["input"]) or has_node(a["eps"]):
+        raise Stop("its input or eps is computed in the forward")
     shape = a["normalized_shape"]
-    if _has_node(shape):  # F.layer_norm(x, x.shape[1:]): the sizes at the traced shape, read off the chain's value
+    if has_node(shape):  # F.layer_norm(x, x.shape[1:]): the sizes at the traced shape, read off the chain's value
         try:
             shape = _size_value(site, shape)
-        except (_Stop, IndexError, TypeError, ValueError) as exc:
-            raise _Stop(f"its normalized_shape is computed in the forward from more than the chain's sizes ({exc})")
+        except (Stop, IndexError, TypeError, ValueError) as exc:
+            raise Stop(f"its normalized_shape is computed in the forward from more than the chain's sizes ({exc})")
     shape = [int(shape)] if isinstance(shape, int) else [int(v) for v in shape]
     weights = _affine_tensors(site, a["weight"], a["bias"], shape)
     return Mapped([{"op": "layer_norm", "normalized_shape": shape, "eps": _num(a["eps"]),
@@ -1763,7 +1767,7 @@ def _pow_forms() -> dict[tuple[str, Any], Builder]:
 
 def _pow_form(exponent: float) -> Builder:
     def build(site: Site) -> Mapped:
-        _bind(site, [], {})
+        bind_op(site, [], {})
         return _one(site, {"op": "pow", "by": exponent})
     return build
 
@@ -1773,8 +1777,8 @@ def cast(site: Site) -> Mapped:
     that keeps it otherwise is an identity, _is_identity)."""
     to, now = _dtype(site.node), _dtype(next(iter(site.cur)))
     if to is not None and to == now:
-        raise _Stop(f"it keeps the dtype ({to}) but reads it off a tensor outside the chain, which stays in PyTorch")
-    raise _Stop(f"it casts the value to {to or 'another type'}; the chain computes in {now}, as traced")
+        raise Stop(f"it keeps the dtype ({to}) but reads it off a tensor outside the chain, which stays in PyTorch")
+    raise Stop(f"it casts the value to {to or 'another type'}; the chain computes in {now}, as traced")
 
 
 #: (fx node op, target: a module class, a function or a method name) -> builder. The one place the
@@ -1867,7 +1871,7 @@ def in_place(builder: Builder) -> Builder:
     NoChain: _in_place); not where it writes another tensor, whose later readers would miss the write."""
     def build(site: Site) -> Mapped:
         if not site.node.args or not site.is_x(site.node.args[0]):
-            raise _Stop("it writes in place a tensor other than the chain's value")
+            raise Stop("it writes in place a tensor other than the chain's value")
         return builder(site)
     return build
 
@@ -1935,7 +1939,7 @@ def match_idiom(site: Site, readers: Sequence[torch.fx.Node]
                 break
             try:
                 mapped = builder(dataclasses.replace(site, node=node, cur=cur))
-            except Exception:  # noqa: BLE001 - _Stop, or arguments no row foresaw: no idiom
+            except Exception:  # noqa: BLE001 - Stop, or arguments no row foresaw: no idiom
                 break
             if isinstance(mapped, str) or mapped.out is not node or mapped.module is not None or len(node.users) != 1:
                 break
@@ -1974,7 +1978,7 @@ def match_centring(site: Site, readers: Sequence[torch.fx.Node]) -> tuple[list[t
             continue
         try:
             mapped = reduction("mean")(dataclasses.replace(site, node=mean))
-        except _Stop:
+        except Stop:
             return None
         (entry,) = mapped.entries
         if not entry["keepdim"]:
@@ -2041,7 +2045,7 @@ def _constant(gm: torch.fx.GraphModule, arg: Any) -> bool:
     if isinstance(arg, torch.fx.Node):
         if arg.op != "get_attr":
             return False
-        value = _fetch(gm, arg.target)
+        value = fetch(gm, arg.target)
         return isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter) and value.numel() == 1 \
             and str(arg.target).startswith("_tensor_constant")
     return isinstance(arg, (int, float, bool)) or arg is None
@@ -2123,7 +2127,7 @@ def stochastic_depth(site: Site) -> Mapped:
     """torchvision.ops.stochastic_depth(input, p, mode, training): torch.fx.wrap'ed, so a call of its own in the
     trace (torchvision's EfficientNet, ConvNeXt, Swin before their residual add); the identity in eval mode or at
     p = 0, as a dropout."""
-    a = _bind(site, ["p", "mode", "training"], {"training": True})
+    a = bind_op(site, ["p", "mode", "training"], {"training": True})
     return _one(site, _dropout_entry(_num(a["p"]), bool(a["training"])))
 
 
@@ -2137,7 +2141,7 @@ NAMED_FUNCTIONS: dict[tuple[str, str], Builder] = {
 def frozen_batch_norm(site: Site) -> Mapped:
     """A FrozenBatchNorm2d (torchvision's, detectron2's: the detection backbones'): an eval-mode batch norm of its
     buffers weight, bias, running_mean and running_var, which its forward folds into x * scale + bias."""
-    _module_input(site)
+    module_input(site)
     names = ("weight", "bias", "running_mean", "running_var")
     return Mapped([{"op": "batch_norm", "eps": float(getattr(site.module, "eps", 1e-5)), "affine": True,
                     "training": False}], site.node, weights={n: f"{site.node.target}.{n}" for n in names})
@@ -2541,7 +2545,7 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
         site = Site(gm, nxt, set(cur), set(producer), channels, dims)
         try:
             mapped = builder(site)
-        except _Stop as stop:
+        except Stop as stop:
             chain.end, chain.end_node = f"{_describe(gm, nxt)}: {stop}", nxt.name
             break
         except Exception as exc:  # noqa: BLE001 - arguments no row foresaw: the op stays in PyTorch, named
@@ -2761,7 +2765,7 @@ def _shape_note(gm: torch.fx.GraphModule, target: str, raw: Mapping[str, Any], n
     """", shape [1, 5, 1, 1], bound as a view of shape [5, 1, 1]" where the user's tensor is not of the shape the
     config declares ((C, 1, ..., 1) per channel), and ", a single value (shape: scalar)" for a scalar one (0-dim,
     the user's (1, 1, 1) bound as a 0-dim view)."""
-    value = _fetch(gm, target)
+    value = fetch(gm, target)
     producer = raw["producer"]
     if value.numel() == 1:  # a scalar parameter (chain_config)
         return ", a single value (shape: scalar)" + (", bound as a 0-dim view" if value.dim() else "")

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from fusetune.importer import Mapped, Site, _bind_all, _shape_number, _Stop
+from fusetune.importer import Mapped, Site, bind_all, shape_number, Stop
 
 
 def getitem(site: Site) -> Mapped:
@@ -18,26 +18,26 @@ def getitem(site: Site) -> Mapped:
     whole: one slice entry per sliced dim, in order (slicing one dim after another is slicing them at once)."""
     node = site.node
     if not site.is_x(node.args[0]):
-        raise _Stop("it indexes a tensor other than the chain's value")
+        raise Stop("it indexes a tensor other than the chain's value")
     shape = site.shape_in
     index = node.args[1]
     index = index if isinstance(index, tuple) else (index,)
     if shape is None or any(not isinstance(i, slice) and i is not Ellipsis for i in index):
-        raise _Stop("an index of None, an integer or a tensor is not in the vocabulary (slices only)")
+        raise Stop("an index of None, an integer or a tensor is not in the vocabulary (slices only)")
     if index.count(Ellipsis) > 1 or len(index) - index.count(Ellipsis) > len(shape):
-        raise _Stop("an index with more slices than dims, or two Ellipses")
+        raise Stop("an index with more slices than dims, or two Ellipses")
     if Ellipsis in index:
         at = index.index(Ellipsis)
         index = index[:at] + (slice(None),) * (len(shape) - len(index) + 1) + index[at + 1:]
     cut = [d for d, i in enumerate(index) if i != slice(None, None, None)]
     if not cut or cut[0] == 0:
-        raise _Stop("the vocabulary slices dims after the batch's")
+        raise Stop("the vocabulary slices dims after the batch's")
     entries = []
     for d in cut:
         piece = index[d]
         start, end, step = (_bound(site, b) for b in (piece.start, piece.stop, piece.step))
         if step is not None and step < 1:
-            raise _Stop(f"a slice step of {step} (PyTorch takes positive steps)")
+            raise Stop(f"a slice step of {step} (PyTorch takes positive steps)")
         entry: dict[str, Any] = {"op": "slice", "dim": d}
         if start:
             entry["start"] = start
@@ -51,25 +51,25 @@ def getitem(site: Site) -> Mapped:
 
 def narrow(site: Site) -> Mapped:
     """``x.narrow(dim, start, length)``, ``torch.narrow(x, dim, start, length)``."""
-    bound = _bind_all(site.node, ["input", "dim", "start", "length"], {})
+    bound = bind_all(site.node, ["input", "dim", "start", "length"], {})
     if isinstance(bound, str) or not site.is_x(bound["input"]):
-        raise _Stop(bound if isinstance(bound, str) else "it narrows a tensor other than the chain's value")
+        raise Stop(bound if isinstance(bound, str) else "it narrows a tensor other than the chain's value")
     dim, start, length = (_bound(site, bound[k]) for k in ("dim", "start", "length"))
     shape = site.shape_in
     if shape is None or None in (dim, start, length):
-        raise _Stop("narrow's dim, start and length must be integers")
+        raise Stop("narrow's dim, start and length must be integers")
     if dim % len(shape) == 0 or start < 0:
-        raise _Stop("the vocabulary slices a dim after the batch's from a non-negative start")
+        raise Stop("the vocabulary slices a dim after the batch's from a non-negative start")
     return Mapped([{"op": "slice", "dim": dim % len(shape), "start": start, "end": start + length}], site.node)
 
 
 def _bound(site: Site, value: Any) -> int | None:
     if isinstance(value, torch.fx.Node):
-        value = _shape_number(site, value)
+        value = shape_number(site, value)
         if value is None:
-            raise _Stop("a slice bound computed in the forward from something other than the value's shape")
+            raise Stop("a slice bound computed in the forward from something other than the value's shape")
     if value is None:
         return None
     if isinstance(value, bool) or not float(value).is_integer():
-        raise _Stop(f"a slice bound {value!r} that is not an integer")
+        raise Stop(f"a slice bound {value!r} that is not an integer")
     return int(value)

@@ -409,7 +409,7 @@ def _share(model: nn.Module, gm: torch.fx.GraphModule) -> None:
             ours = gm.get_submodule(name) if name else gm
         except AttributeError:
             continue
-        if ours is theirs:
+        if ours is theirs or isinstance(ours, torch.jit.ScriptModule):  # a scripted one's tensors are its own
             continue
         for kind in ("_parameters", "_buffers"):
             mine, users = getattr(ours, kind), getattr(theirs, kind)

@@ -250,6 +250,16 @@ def test_untraceable_model_is_returned_unchanged(cache_dir: Path, caplog) -> Non
     assert len(warnings) == 1 and "torch.fx cannot trace" in warnings[0] and "nor can torch.export" in warnings[0]
 
 
+def test_a_model_with_scripted_submodules_is_optimized_around_them(cache_dir: Path) -> None:
+    """torch.jit.script'ed submodules (a ScriptModule's tensor tables are not dicts): no chain through them, and the
+    optimized model runs them and computes the model's output (it raised a TypeError, sharing their tensors)."""
+    model, inputs = _model("sweep_jit_script_submodule")
+    opt = _optimize(model.eval(), inputs, cache_dir)
+    fresh = tuple(torch.randn_like(x) for x in inputs)
+    with torch.no_grad():
+        assert torch.equal(opt(*fresh), model(*fresh))
+
+
 def test_a_model_whose_trace_computes_something_else_is_returned_unchanged(cache_dir: Path, caplog) -> None:
     """``out = y; out += 1``: eager adds in place (y changes), torch.fx records a new tensor; a model built on that
     trace would return other values. The model itself comes back, with one warning saying why."""

@@ -237,7 +237,7 @@ def _run_bench(spec: ProblemSpec, shape: Shape, plan: Plan, generated: Any, entr
     bandwidth = copy_bandwidth_gbs()
     result["copy_gbs"] = bandwidth
     impl = entry.winner["candidate"].get("producer.impl", DEFAULT)
-    if WORLDS[impl].runs_reference or WORLDS[impl].launch == "folded":
+    if not WORLDS[impl].own_kernels:
         # nothing beat PyTorch's own forward (eager) or torch.compile's of it (inductor), or cuDNN's fused
         # convolution of the folded chain (cudnn_fused): no kernels of fusetune's to measure apart; the
         # fusetune column is that forward.
@@ -290,8 +290,7 @@ def table(results: list[dict[str, Any]]) -> str:
     rows = [header]
     for r in results:
         reference = WORLDS.get(r.get("impl", DEFAULT))
-        # eager or inductor, or cuDNN's fused convolution: no kernels of ours
-        eager = reference is not None and (reference.runs_reference or reference.launch == "folded")
+        eager = reference is not None and not reference.own_kernels  # eager, inductor, cudnn_fused: none of ours
         direct = not eager and (reference is None or reference.computes_conv_inside)
         rows.append((r["config"], "x".join(map(str, r["shape"])), f"{r['eager_ms']:.3f}",
                      f"{r.get('compile_default_ms', float('nan')):.3f}",

@@ -124,9 +124,9 @@ def _load_file(spec: str, input_shapes: Sequence[Shape]) -> LoadedModel:
         inputs = _example_inputs(input_shapes) if input_shapes else tuple(get_inputs())
     except Exception as exc:
         raise ConfigError(spec, "Model", f"building the model failed: {type(exc).__name__}: {exc}") from None
-    dtype, dtypes = model_dtype(model, inputs), tensor_dtypes(model)  # before _float32 casts the module in place
+    dtypes = tensor_dtypes(model)  # before _float32 casts the module in place
     return LoadedModel(model=_float32(model), inputs=_float32_inputs(inputs), stem=_stem(path.stem), source=spec,
-                       dtype=dtype, tensor_dtypes=dtypes)
+                       dtype=model_dtype(dtypes, inputs), tensor_dtypes=dtypes)
 
 
 def _load_factory(spec: str, input_shapes: Sequence[Shape]) -> LoadedModel:
@@ -149,9 +149,9 @@ def _load_factory(spec: str, input_shapes: Sequence[Shape]) -> LoadedModel:
         raise ConfigError(spec, attr, f"calling the factory failed: {type(exc).__name__}: {exc}") from None
     if not isinstance(model, nn.Module):
         raise ConfigError(spec, attr, f"expected the factory to return an nn.Module, got {type(model).__name__}")
-    dtype, dtypes = model_dtype(model, ()), tensor_dtypes(model)  # before _float32 casts the module in place
+    dtypes = tensor_dtypes(model)  # before _float32 casts the module in place
     return LoadedModel(model=_float32(model), inputs=_example_inputs(input_shapes), stem=_stem(attr.split(".")[-1]),
-                       source=spec, dtype=dtype, tensor_dtypes=dtypes)
+                       source=spec, dtype=model_dtype(dtypes, ()), tensor_dtypes=dtypes)
 
 
 def _stem(text: str) -> str:
@@ -163,11 +163,11 @@ def _example_inputs(shapes: Sequence[Shape]) -> tuple[torch.Tensor, ...]:
     return tuple(torch.randn(*shape, generator=generator) for shape in shapes)
 
 
-def model_dtype(model: nn.Module, inputs: Iterable[Any]) -> torch.dtype:
-    """The floating dtype of the model's first floating parameter or buffer, else of its first floating input,
-    else float32 (read before load_model casts both to float32 for tracing on the CPU)."""
-    tensors = itertools.chain(model.parameters(), model.buffers(), (x for x in inputs if isinstance(x, torch.Tensor)))
-    return next((t.dtype for t in tensors if t.is_floating_point()), torch.float32)
+def model_dtype(dtypes: Mapping[str, torch.dtype], inputs: Iterable[Any]) -> torch.dtype:
+    """The dtype of the model's first floating parameter or buffer (``dtypes``: tensor_dtypes), else of its first
+    floating input, else float32 (read before load_model casts both to float32 for tracing on the CPU)."""
+    floating = (x.dtype for x in inputs if isinstance(x, torch.Tensor) and x.is_floating_point())
+    return next(itertools.chain(dtypes.values(), floating), torch.float32)
 
 
 def tensor_dtypes(model: nn.Module) -> dict[str, torch.dtype]:

@@ -57,8 +57,7 @@ def test_each_chain_is_offered_or_refused_with_why_by_every_world(plans):
         assert DEFAULT in stages and stages["eager"] == stages["inductor"] == stages["inductor_default"] == (), chain
         assert all(reason.strip() for reason in why.values()), (chain, why)
         for name, world_stages in stages.items():
-            # no stages of fusetune's kernels: the reference's forward, or cuDNN's fused convolution (folded)
-            assert (WORLDS[name].runs_reference or WORLDS[name].launch == "folded") == (not world_stages), (chain, name)
+            assert WORLDS[name].own_kernels == bool(world_stages), (chain, name)
             assert set(world_stages) <= declared, (chain, name, world_stages)
             assert all((template_dir() / f"{s}.cu.j2").is_file() for s in world_stages), (chain, name)
         assert plan.impl_stages == stages and list(plan.impl_stages) == [w for w in WORLDS if w in stages]

@@ -62,6 +62,12 @@ class World(abc.ABC):
     #: the report); None for the worlds of kernels.
     won: ClassVar[str | None] = None
 
+    @property
+    def own_kernels(self) -> bool:
+        """Whether its candidate runs kernel stages of fusetune's: not the reference's forward (runs_reference),
+        not cuDNN's fused convolution of a folded chain (launch "folded"). What a bench can time apart."""
+        return not self.runs_reference and self.launch != "folded"
+
     def refusal(self, plan: Plan) -> str | None:
         """Why this world is not offered for the region, None where it is: the dtype, its own reasons, a
         reduction mode one of its stages does not compute (facts.STAGE_REDUCE_MODES), and a layer norm's

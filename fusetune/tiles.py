@@ -17,6 +17,7 @@ shared-memory budget decides which convolutions the kernels take at all.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Sequence
 
@@ -81,6 +82,7 @@ def weight_words(cout: int, k_pad: int, elem: int = 4, terms: int = 1) -> int:
     return terms * (k_pad // MMAS[elem].k * -(-cout // 16) * 128)
 
 
+@functools.lru_cache(maxsize=None)  # a pure function the facts of every plan ask thousands of times
 def channel_stride(volume: int, row_step: int, elem: int = 4) -> int:
     """Elements between the staged input's channels: a multiple of 16 bytes (the copies) of at least
     ``volume`` (one channel's box). Lane 4g + t reads A row g at its channel t (4 bytes: word g *

@@ -132,8 +132,14 @@ class Queue:
         return added, already
 
     def claim(self, gpu: str, worker: str) -> Job | None:
-        """The oldest job of ``gpu`` that is queued or whose lease ran out, now leased to ``worker``. A job
-        whose lease ran out ``MAX_ATTEMPTS`` times is failed instead, with the reason as its message."""
+        """The oldest job of ``gpu`` that is queued or whose lease ran out, now leased to ``worker``, those
+        of a config that no live job is tuning first. A job whose lease ran out ``MAX_ATTEMPTS`` times is
+        failed instead, with the reason as its message.
+
+        Why a config not in hand first: a config's shapes build the same modules, and on one host (one
+        cache) a second worker on the same config waits on the first's build locks where another config's
+        builds would run beside them; once the config's first job is done, its other shapes find their
+        modules built. Measured on four GPUs, the seeds' 8 jobs in id order put two workers on one config."""
         with self.storage.engine.begin() as conn:
             conn.exec_driver_sql(
                 "UPDATE fusetune_jobs SET state = 'failed', lease_until = NULL, finished_at = now(), "
@@ -146,8 +152,10 @@ class Queue:
             row = conn.exec_driver_sql(
                 "UPDATE fusetune_jobs SET state = 'running', worker = %(worker)s, attempts = attempts + 1, "
                 "lease_until = now() + make_interval(secs => %(grace)s) WHERE id = ("
-                "  SELECT id FROM fusetune_jobs WHERE gpu = %(gpu)s AND (state = 'queued' OR "
-                "  (state = 'running' AND lease_until < now())) ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) "
+                "  SELECT id FROM fusetune_jobs j WHERE gpu = %(gpu)s AND (state = 'queued' OR "
+                "  (state = 'running' AND lease_until < now())) ORDER BY EXISTS ("
+                "    SELECT 1 FROM fusetune_jobs r WHERE r.config_sha = j.config_sha AND r.state = 'running' "
+                "    AND r.lease_until >= now()), id LIMIT 1 FOR UPDATE OF j SKIP LOCKED) "
                 "RETURNING id, config_name, config_path, config_text, shape, gpu, attempts",
                 {"worker": worker, "grace": self.grace_s, "gpu": gpu}).first()
         if row is None:

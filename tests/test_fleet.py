@@ -678,3 +678,21 @@ def test_a_job_that_kills_its_workers_fails_after_max_attempts(storage):
     assert queue.pending("FakeGPU") == 0  # the workers end
     submit(storage, "FakeGPU", shapes=1)  # submitted again: a fresh budget
     assert queue.claim("FakeGPU", "w10").attempts == 1
+
+
+def test_a_worker_claims_a_config_no_live_job_is_tuning_before_the_oldest(storage):
+    """A config's shapes share their builds: a second worker takes another config's job first, and a job whose
+    lease ran out keeps no config in hand."""
+    queue = Queue(storage)
+    first = submit(storage, "FakeGPU", shapes=2)
+    other = load_config(SEEDS["maxpool_gap"])
+    assert queue.submit(other, SEEDS["maxpool_gap"].read_text(), other.shapes[:2], ["FakeGPU"]) == (2, 0)
+    later = sorted(j["id"] for j in queue.jobs() if j["id"] not in first)
+    assert queue.claim("FakeGPU", "w0").id == first[0]
+    assert queue.claim("FakeGPU", "w1").id == later[0]
+    assert queue.claim("FakeGPU", "w2").id == first[1]  # both configs in hand: the oldest
+    with storage.engine.begin() as conn:  # w1 died: its config is no longer in hand
+        conn.exec_driver_sql("UPDATE fusetune_jobs SET lease_until = now() - interval '1 second' WHERE id = %(id)s",
+                             {"id": later[0]})
+    assert queue.claim("FakeGPU", "w3").id == later[0]  # the oldest claimable, its lease run out
+    assert queue.claim("FakeGPU", "w4").id == later[1]

@@ -555,7 +555,7 @@ def deploy(ctx: click.Context, config_dir: str, budget: float, strict: bool, as_
         click.echo(documents.dumps(documents.deploy_document(report)))
     else:
         click.echo(f"tune-on-deploy: {len(report.cached)} cached, {len(report.tuned)} tuned, "
-                   f"{len(report.fallback)} on eager PyTorch")
+                   f"{len(report.fallback)} on eager PyTorch ({report.seconds:.2f} s)")
         for line in report.fallback:
             click.echo(f"  fallback: {line}")
     if not report.configs:

@@ -38,6 +38,7 @@ class DeployReport:
     cached: list[str] = dataclasses.field(default_factory=list)
     fallback: list[str] = dataclasses.field(default_factory=list)  # "config shape: why"
     configs: list[str] = dataclasses.field(default_factory=list)  # every config file found
+    seconds: float = 0.0  # the deploy's own time: without the process's start (Python, torch, CUDA)
 
     @property
     def ok(self) -> bool:
@@ -57,6 +58,7 @@ def ensure_tuned(config_dir: Path, cache: Cache, budget_s: float, make_bench_for
     """
     reporter = reporter or PlainReporter(echo)
     report = DeployReport()
+    start = time.perf_counter()
     if not Path(config_dir).is_dir():
         raise ConfigError(str(config_dir), "", "no such folder of configs")
     configs = configs_in(Path(config_dir))
@@ -92,6 +94,7 @@ def ensure_tuned(config_dir: Path, cache: Cache, budget_s: float, make_bench_for
             continue
         {"cached": report.cached, "tuned": report.tuned}.get(result.status, report.fallback).append(
             label if result.status != "failed" else f"{label}: {result.message}")
+    report.seconds = time.perf_counter() - start
     return report
 
 

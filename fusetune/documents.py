@@ -80,4 +80,4 @@ def clear_document(removed: int, keys: Iterable[str] | None) -> dict[str, Any]:
 def deploy_document(report: Any) -> dict[str, Any]:
     """``fusetune deploy --json`` (``report``: a ``deploy.DeployReport``)."""
     return {"configs": report.configs, "cached": report.cached, "tuned": report.tuned,
-            "fallback": report.fallback, "ok": report.ok}
+            "fallback": report.fallback, "ok": report.ok, "seconds": round(report.seconds, 3)}

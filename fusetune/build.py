@@ -3,14 +3,19 @@
 Why a child process: a build can hang or run long, and must be stoppable at a time limit
 without leaving the parent in an unknown state. Why one directory per module: builds that
 share one serialise on torch's lock file, and a killed build leaves that lock behind, which
-hangs the next build; we hold our own fcntl lock per module, so any torch lock found while
-holding it is stale and removed.
+hangs the next build. The parent holds an fcntl lock per module (one build of it at a time on the
+host), and the child one on its build directory, which it holds for as long as it builds: any torch
+lock the child finds while holding its own is stale and removed. The child's lock matters where the
+parent's was released by the parent's death (a fleet worker killed with SIGKILL) while its build went
+on: the next build of the module waits for it, rather than losing its torch lock to it. The child and
+its compilers also die with the parent (``_die_with_parent``): an orphaned build is work nobody reads.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
 import dataclasses
+import fcntl
 import importlib.util
 import json
 import os
@@ -25,6 +30,7 @@ from types import ModuleType
 from fusetune.cache import Cache
 from fusetune.codegen import RenderedModule
 from fusetune.errors import FusetuneError
+from fusetune.lifeline import PARENT_PID_ENV, child_env
 from fusetune.progress import Reporter
 
 #: Build processes running now, so Ctrl-C can kill those started from other threads.
@@ -110,10 +116,7 @@ def build(rendered: RenderedModule, cache: Cache, timeout: float = 900.0, arch: 
             return BuildResult(rendered.name, True, 0.0, "", module_dir, build_dir, cached=True)
         marker.unlink(missing_ok=True)  # a build for another torch: model.py clears its outputs and builds
         build_dir.mkdir(parents=True, exist_ok=True)
-        (build_dir / "lock").unlink(missing_ok=True)  # torch's FileBaton from a killed build
-        env = dict(os.environ)
-        if arch:
-            env["TORCH_CUDA_ARCH_LIST"] = arch
+        env = child_env({"TORCH_CUDA_ARCH_LIST": arch} if arch else {})
         start = time.perf_counter()
         with reporter.building(rendered.name) if reporter else contextlib.nullcontext():
             ok, stopped, log = _run_child([sys.executable, "-m", "fusetune.build", str(module_dir), str(build_dir)],
@@ -224,10 +227,30 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
+#: The build child's own lock, in its build directory (see the module's docstring).
+BUILDER_LOCK = "fusetune-builder.lock"
+
+
+def _die_with_parent() -> None:
+    """In the build child (started with ``child_env``, leading its own process group): when the parent
+    dies, the kernel sends SIGTERM, on which the child kills its group, ninja and nvcc with it."""
+    text = os.environ.pop(PARENT_PID_ENV, "")
+    if not text.isdigit():
+        return
+    signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))
+    from fusetune.worker import die_with_parent
+
+    die_with_parent(int(text), signal.SIGTERM)
+
+
 def _main(argv: list[str]) -> int:
     module_dir, build_dir = Path(argv[0]), argv[1]
-    generated = load_generated(module_dir)
-    generated.load_kernels(build_directory=build_dir)
+    _die_with_parent()
+    with open(Path(build_dir) / BUILDER_LOCK, "a+") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released by the kernel when this process dies
+        (Path(build_dir) / "lock").unlink(missing_ok=True)  # torch's FileBaton from a killed build
+        generated = load_generated(module_dir)
+        generated.load_kernels(build_directory=build_dir)
     return 0
 
 

@@ -28,8 +28,9 @@ PR_SET_PDEATHSIG = 1
 WARM_TIMEOUT = 120.0
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Have the kernel kill this process (SIGKILL) when its parent dies (Linux; elsewhere a no-op).
+def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
+    """Have the kernel send ``sig`` (SIGKILL: kill this process) when its parent dies (Linux; elsewhere a
+    no-op). A build sends itself SIGTERM, which it handles by killing its compilers with it.
 
     A parent killed with SIGKILL (a fleet worker, a search) runs no cleanup: without this its
     evaluation process would stay on the GPU, perhaps spinning in a kernel that never ends. The signal
@@ -39,7 +40,7 @@ def die_with_parent(parent_pid: int) -> None:
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
     except (OSError, AttributeError):
         return
     if os.getppid() != parent_pid:  # the parent died before the request was made

@@ -69,3 +69,49 @@ def test_a_build_failure_is_remembered_and_a_killed_build_is_not(tmp_path):
     # a crash of the build's own process is its sources' (a loader fault, say): remembered
     crash = _module("ft_crash", "os.kill(os.getpid(), signal.SIGSEGV)")
     assert not build(crash, cache).ok and build(crash, cache).cached
+
+
+def test_a_build_dies_with_its_parent_and_the_next_build_takes_its_place(tmp_path):
+    """A fleet worker killed with SIGKILL mid-build: its build and the build's compilers die with it (an
+    orphaned build is work nobody reads, and its torch lock, removed by the next build, would be released
+    under that build: seen on four H200s as 'No such file or directory: .../lock'); the next build of the
+    module runs, finding the dead one's torch lock stale."""
+    import subprocess
+    import sys
+    import time
+
+    pids = tmp_path / "compiler.pid"
+    body = (f"compiler = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+            f"    open({str(pids)!r}, 'w').write(str(compiler.pid))\n    compiler.wait()")
+    script = tmp_path / "parent.py"  # a process that builds, as a fleet worker does
+    script.write_text(f"import sys\nfrom pathlib import Path\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+                      f"from fusetune.build import build\nfrom fusetune.cache import Cache\nfrom test_build import _module\n"
+                      f"build(_module('ft_slow', {('import subprocess' + chr(10) + '    ' + body)!r}), "
+                      f"Cache(Path({str(tmp_path)!r})))\n")
+    parent = subprocess.Popen([sys.executable, str(script)])
+    deadline = time.monotonic() + 60
+    while not pids.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pids.exists(), "the build never started its compiler"
+    time.sleep(0.2)
+    compiler = int(pids.read_text())
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(compiler) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(compiler), "the build's compiler outlived the process that started the build"
+    cache = Cache(tmp_path)
+    build_dir = cache.build_dir("ft_slow")
+    (build_dir / "lock").write_text("")  # torch's lock, left by the killed build
+    done = build(_module("ft_slow", "open(os.path.join(build_directory, 'out'), 'w').write('x')"), cache)
+    assert done.ok and (build_dir / "out").exists() and not (build_dir / "lock").exists()
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not reaped by its parent, counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -12,7 +12,7 @@ import click
 
 from fusetune.cache import Cache, CacheWarning, default_root
 from fusetune.config import ProblemSpec, load_config
-from fusetune.errors import EXIT_CODES, ConfigError, FusetuneError
+from fusetune.errors import EXIT_CODES, ConfigError, FusetuneError, no_cache_entry
 from fusetune.ops import Shape
 from fusetune.paths import expand_configs
 from fusetune.progress import NORMAL, QUIET, VERBOSE, Reporter, configure_logging, make_reporter
@@ -94,35 +94,52 @@ def _fail_cleanly(fn: Callable) -> Callable:
     return wrapper
 
 
-def _parse_shape(text: str) -> Shape:
-    try:
-        return tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers like 128,3,16,32,32, got {text!r}") from None
+class _ShapeType(click.ParamType):
+    """An option's shape, N,C,... as positive integers: parsed by click before the command runs, so that a
+    malformed one is a usage error naming the option (exit 2), before any progress line or work."""
+
+    name = "N,C,..."
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Shape:
+        if isinstance(value, tuple):  # a default, or a value already converted
+            return value
+        try:
+            shape = tuple(int(part) for part in str(value).split(","))
+        except ValueError:
+            self.fail(f"expected comma-separated integers like 128,3,16,32,32, got {value!r}", param, ctx)
+        if any(size < 1 for size in shape):
+            self.fail(f"expected positive sizes, got {value!r}", param, ctx)
+        return shape
 
 
-def _select_shapes(spec: ProblemSpec, wanted: tuple[str, ...]) -> list[Shape]:
+SHAPE = _ShapeType()
+
+
+def _shape_text(shape: Shape) -> str:
+    """A shape as ``--shape`` takes it."""
+    return ",".join(map(str, shape))
+
+
+def _select_shapes(spec: ProblemSpec, wanted: tuple[Shape, ...]) -> list[Shape]:
     if not wanted:
         return list(spec.shapes)
-    shapes = []
-    for text in wanted:
-        shape = _parse_shape(text)
+    for shape in wanted:
         if shape not in spec.shapes:
-            configured = "; ".join(",".join(map(str, s)) for s in spec.shapes)
-            raise ConfigError(spec.path, "shapes", f"--shape {text} is not among the configured shapes ({configured})")
-        shapes.append(shape)
-    return shapes
+            configured = "; ".join(map(_shape_text, spec.shapes))
+            raise ConfigError(spec.path, "shapes", f"--shape {_shape_text(shape)} is not among the configured shapes "
+                                                   f"({configured})")
+    return list(wanted)
 
 
-def _select_for_all(specs: list[ProblemSpec], wanted: tuple[str, ...]) -> list[tuple[ProblemSpec, list[Shape]]]:
+def _select_for_all(specs: list[ProblemSpec], wanted: tuple[Shape, ...]) -> list[tuple[ProblemSpec, list[Shape]]]:
     """With several configs, each ``--shape`` applies to the configs that list it, and must match one."""
     if len(specs) == 1 or not wanted:
         return [(spec, _select_shapes(spec, wanted)) for spec in specs]
-    parsed = [_parse_shape(text) for text in wanted]
-    for text, shape in zip(wanted, parsed):
+    for shape in wanted:
         if not any(shape in spec.shapes for spec in specs):
-            raise ConfigError(", ".join(s.path for s in specs), "shapes", f"--shape {text} is in none of the configs")
-    return [(spec, [s for s in parsed if s in spec.shapes]) for spec in specs]
+            raise ConfigError(", ".join(s.path for s in specs), "shapes",
+                              f"--shape {_shape_text(shape)} is in none of the configs")
+    return [(spec, [s for s in wanted if s in spec.shapes]) for spec in specs]
 
 
 def _cache(ctx: click.Context) -> Cache:
@@ -186,16 +203,33 @@ def main(ctx: click.Context, cache_dir: str | None, quiet: bool, verbose: bool, 
     configure_logging(ctx.obj["verbosity"])
 
 
+#: The longest description of a search parameter ``fusetune plan`` prints before ``-v``: a line to read,
+#: not a page (``producer.impl``'s describes every world, 3,000 characters).
+PLAN_DOC_CHARS = 200
+
+
+def _brief(doc: str, verbosity: int) -> str:
+    """A parameter's description as ``plan`` prints it: in full under ``-v``, else cut at a word near
+    ``PLAN_DOC_CHARS`` and saying where the rest is."""
+    import textwrap
+
+    if verbosity >= VERBOSE or len(doc) <= PLAN_DOC_CHARS:
+        return doc
+    return textwrap.shorten(doc, PLAN_DOC_CHARS, placeholder=" ... (fusetune -v plan: in full)")
+
+
 @main.command()
 @click.argument("configs", nargs=-1, required=True, type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="One JSON document: per config its regions, worlds and space.")
+@click.pass_context
 @_fail_cleanly
-def plan(configs: tuple[str, ...], as_json: bool) -> None:
+def plan(ctx: click.Context, configs: tuple[str, ...], as_json: bool) -> None:
     """Show how each config's chain is fused and the space searched (no GPU needed)."""
     from fusetune.codegen import plan_space
     from fusetune.plan import make_plan
     from fusetune.worlds import machine_refusals, refusals
 
+    verbosity = (ctx.find_root().obj or {}).get("verbosity", NORMAL)
     found = []
     for spec in [load_config(c) for c in expand_configs(configs)]:
         plan_ = make_plan(spec)
@@ -217,7 +251,8 @@ def plan(configs: tuple[str, ...], as_json: bool) -> None:
             for p in family.params:
                 kind = "compile-time" if p.compile_time else "run-time"
                 when = f" [when {p.when or family.when}]" if (p.when or family.when) else ""
-                click.echo(f"  {family.family}.{p.name}: {list(p.choices)} default {p.default} ({kind}){when} - {p.doc}")
+                click.echo(f"  {family.family}.{p.name}: {list(p.choices)} default {p.default} ({kind}){when} - "
+                           f"{_brief(p.doc, verbosity)}")
         click.echo(f"  {sum(1 for _ in space.all())} distinct candidates (before each shape's constraints)")
     if as_json:
         from fusetune import documents
@@ -252,7 +287,8 @@ def _plan_document(spec, plan_, space) -> dict:
 
 @main.command()
 @click.argument("configs", nargs=-1, required=True, type=click.Path())
-@click.option("--shape", "shapes", multiple=True, help="Tune only this configured shape (N,C,...); repeatable.")
+@click.option("--shape", "shapes", type=SHAPE, multiple=True,
+              help="Tune only this configured shape (N,C,...); repeatable.")
 @click.option("--trials", type=click.IntRange(min=1), help="Trials per shape (default: the config's).")
 @click.option("--timeout", type=click.FloatRange(min=1), help="Seconds per shape (default: the config's).")
 @click.option("--budget-s", "budget_s", type=click.FloatRange(min=1), default=None,
@@ -269,7 +305,7 @@ def _plan_document(spec, plan_, space) -> dict:
               "like 0,1 (a search process per GPU at a time; default: this process on the current GPU).")
 @click.pass_context
 @_fail_cleanly
-def search(ctx: click.Context, configs: tuple[str, ...], shapes: tuple[str, ...], trials: int | None,
+def search(ctx: click.Context, configs: tuple[str, ...], shapes: tuple[Shape, ...], trials: int | None,
            timeout: float | None, budget_s: float | None, force: bool, job_timeout: float, as_json: bool,
            storage: str | None, gpus: str | None) -> None:
     """Tune every shape of each CONFIG (a file, a folder of configs or a quoted glob) and cache the winners."""
@@ -368,14 +404,15 @@ def _summary(rows: list) -> str:
 
 @main.command(name="export")
 @click.argument("config", type=click.Path())
-@click.option("--shape", "shapes", multiple=True, help="Export this configured shape's winner (default: all).")
+@click.option("--shape", "shapes", type=SHAPE, multiple=True,
+              help="Export this configured shape's winner (default: all).")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
 @click.option("--gpu", default=None, help="Export winners tuned on this GPU (default: this machine's, if any).")
 @click.option("--prebuilt", is_flag=True, help="Include the extension built for this GPU's architecture, so that a "
                                                "service with the same torch and CUDA starts without nvcc.")
 @click.pass_context
 @_fail_cleanly
-def export_cmd(ctx: click.Context, config: str, shapes: tuple[str, ...], out_dir: str, gpu: str | None,
+def export_cmd(ctx: click.Context, config: str, shapes: tuple[Shape, ...], out_dir: str, gpu: str | None,
                prebuilt: bool) -> None:
     """Write CONFIG's tuned kernels (the winners' variants only) as a self-contained module."""
     from fusetune.export import export
@@ -442,9 +479,10 @@ def cache_show(ctx: click.Context, key: str, as_json: bool) -> None:
     """Everything stored for KEY (a key prefix or a config name): fields, winner, each outcome."""
     from fusetune import documents
 
-    found = _cache(ctx.parent).find(key)
+    cache = _cache(ctx.parent)
+    found = cache.find(key)
     if not found:
-        raise FusetuneError(f"no cache entry matches {key!r}; see `fusetune cache list`")
+        raise FusetuneError(no_cache_entry(key, documents.problem_names(cache.entries())))
     if as_json:
         click.echo(documents.dumps([documents.entry_detail(e) for e in found]))
         return
@@ -483,9 +521,13 @@ def cache_clear(ctx: click.Context, keys: tuple[str, ...], yes: bool, as_json: b
                        "without KEY")
     cache = _cache(ctx.parent)
     if keys:
-        found = {e.key: e for k in keys for e in cache.find(k)}
+        matched = {k: cache.find(k) for k in keys}
+        found = {e.key: e for entries in matched.values() for e in entries}
+        unmatched = [no_cache_entry(k, documents.problem_names(cache.entries())) for k, es in matched.items() if not es]
         if not found:
-            raise FusetuneError(f"no cache entry matches {', '.join(keys)}")
+            raise FusetuneError("; ".join(unmatched))
+        for why in unmatched:  # a KEY that matched nothing beside others that did: said, not silently passed over
+            click.echo(f"fusetune: warning: {why}", err=True)
         for key in sorted(found):
             click.echo(_entry_line(found[key]), err=as_json)
         if not _confirm(f"remove these {len(found)} entries and their studies?", yes):
@@ -495,11 +537,21 @@ def cache_clear(ctx: click.Context, keys: tuple[str, ...], yes: bool, as_json: b
             return
         result(cache.clear(sorted(found)), sorted(found))
         return
+    if _holds_nothing(cache.root):  # nothing to ask about (a script without --yes is not refused for it)
+        click.echo(f"nothing to remove: the cache {cache.root} is empty", err=as_json)
+        if as_json:
+            result(0, None)
+        return
     if not _confirm(f"remove everything under {cache.root}?", yes):
         if as_json:
             result(0, [])
         return
     result(cache.clear(), None)
+
+
+def _holds_nothing(root: Path) -> bool:
+    """Whether a cache folder holds no entry, study, module or build (its lock files are no content)."""
+    return not any(p.is_file() and "locks" not in p.relative_to(root).parts for p in Path(root).rglob("*"))
 
 
 @main.command()
@@ -526,7 +578,8 @@ def deploy(ctx: click.Context, config_dir: str, budget: float, strict: bool, as_
         cache = _cache(ctx)
         try:
             machine = Machine.detect()
-        except FusetuneError:
+        except FusetuneError as exc:  # why (a CPU-only torch, no device visible), said once: not an error here
+            click.echo(f"fusetune: warning: {exc}; every shape stays on eager PyTorch", err=True)
             machine = None
         worker_box: list = []  # the evaluation worker, then the searches' factory (runner.SearchFactory)
 
@@ -566,12 +619,13 @@ def deploy(ctx: click.Context, config_dir: str, budget: float, strict: bool, as_
 
 @main.command()
 @click.argument("config", type=click.Path())
-@click.option("--shape", "shapes", multiple=True, help="Benchmark this configured shape (default: the first).")
+@click.option("--shape", "shapes", type=SHAPE, multiple=True,
+              help="Benchmark this configured shape (default: the first).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the results here.")
 @click.option("--reps", type=click.IntRange(min=5), default=50, show_default=True, help="Timed runs per method.")
 @click.pass_context
 @_fail_cleanly
-def bench(ctx: click.Context, config: str, shapes: tuple[str, ...], json_path: str | None, reps: int) -> None:
+def bench(ctx: click.Context, config: str, shapes: tuple[Shape, ...], json_path: str | None, reps: int) -> None:
     """Time eager PyTorch, torch.compile and the tuned winner in one process."""
     from fusetune.bench import run_bench, table
 
@@ -590,11 +644,12 @@ def bench(ctx: click.Context, config: str, shapes: tuple[str, ...], json_path: s
 @click.argument("configs", nargs=-1, required=True, type=click.Path())
 @click.option("--storage", metavar="URL", envvar="FUSETUNE_STORAGE", required=True,
               help="The fleet's PostgreSQL URL (default: $FUSETUNE_STORAGE).")
-@click.option("--shape", "shapes", multiple=True, help="Queue only this configured shape (N,C,...); repeatable.")
+@click.option("--shape", "shapes", type=SHAPE, multiple=True,
+              help="Queue only this configured shape (N,C,...); repeatable.")
 @click.option("--gpu", "gpus", multiple=True,
               help="GPU type to tune for, as torch.cuda.get_device_name() says it; repeatable (default: this GPU's).")
 @_fail_cleanly
-def submit(configs: tuple[str, ...], storage: str, shapes: tuple[str, ...], gpus: tuple[str, ...]) -> None:
+def submit(configs: tuple[str, ...], storage: str, shapes: tuple[Shape, ...], gpus: tuple[str, ...]) -> None:
     """Queue every shape of each CONFIG for the fleet's workers (`fusetune worker`)."""
     from fusetune.fleet import Queue
 
@@ -703,15 +758,19 @@ def report(ctx: click.Context, target: str, out: str, bench_files: tuple[str, ..
 @click.argument("model")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Folder for the configs (<stem>_chain<i>.yaml) and the map (<stem>.map.json).")
-@click.option("--inputs", "inputs", multiple=True,
+@click.option("--inputs", "inputs", type=SHAPE, multiple=True,
               help="Example input shape N,C,H,W (for package.module:factory; repeatable, one per input).")
+@click.pass_context
 @_fail_cleanly
-def import_(model: str, out_dir: str, inputs: tuple[str, ...]) -> None:
+def import_(ctx: click.Context, model: str, out_dir: str, inputs: tuple[Shape, ...]) -> None:
     """Find MODEL's convolution chains and write one config per chain (MODEL: a KernelBench-style
     file, or package.module:factory with --inputs)."""
+    # At once, on stderr: torch's import, the model's construction, tracing and checking the trace take
+    # seconds (a ResNet's tens) in which nothing else would show.
+    _reporter(ctx).line("fusetune import: building the model, tracing it and checking the trace on its example inputs")
     from fusetune.importer import import_model
 
-    result = import_model(model, Path(out_dir), [_parse_shape(text) for text in inputs])
+    result = import_model(model, Path(out_dir), list(inputs))
     for line in result.lines:
         click.echo(line)
 

@@ -59,6 +59,11 @@ def entry_summary(entry: Entry) -> dict[str, Any]:
             "eager_ms": winner.get("eager_ms") if winner else None}
 
 
+def problem_names(entries: Iterable[Entry]) -> list[str]:
+    """The config names the entries were tuned under, each once (what a user may name them by)."""
+    return sorted({str(e.fields["problem_name"]) for e in entries if e.fields.get("problem_name")})
+
+
 def sorted_outcomes(entry: Entry) -> list[tuple[str, dict[str, Any]]]:
     """Outcomes fastest first, failures after (as ``cache show`` lists them)."""
     return sorted(entry.outcomes.items(), key=lambda item: item[1].get("time_ms") or float("inf"))

@@ -26,12 +26,51 @@ class ConfigError(FusetuneError):
         super().__init__(f"{where}: {message}")
 
 
-def did_you_mean(word: object, choices: "Iterable[str]") -> str:
-    """``; did you mean 'gelu'?`` where ``word`` is a near miss of one of ``choices``, else ``""``."""
+def _folded(word: object) -> str:
+    """``word`` as compared for a suggestion: PyTorch's spellings (``ReLU``, ``GroupNorm``, ``group-norm``)
+    are near misses of ours (``relu``, ``group_norm``) in case and separators only."""
+    return str(word).lower().replace("_", "").replace("-", "")
+
+
+def closest(word: object, choices: "Iterable[str]") -> str | None:
+    """The one of ``choices`` that ``word`` is a near miss of, if any.
+
+    Compared without case and separators, so that ``Relu`` finds ``relu`` (not ``elu``, nearer letter by
+    letter) and ``GroupNorm`` finds ``group_norm``."""
     import difflib
 
-    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
-    return f"; did you mean '{close[0]}'?" if close else ""
+    by_folded: dict[str, str] = {}
+    for choice in choices:
+        by_folded.setdefault(_folded(choice), choice)
+    close = difflib.get_close_matches(_folded(word), list(by_folded), n=1, cutoff=0.6)
+    return by_folded[close[0]] if close else None
+
+
+def did_you_mean(word: object, choices: "Iterable[str]") -> str:
+    """``; did you mean 'gelu'?`` where ``word`` is a near miss of one of ``choices``, else ``""``."""
+    near = closest(word, choices)
+    return f"; did you mean '{near}'?" if near is not None else ""
+
+
+#: How many cached names a message offers at most (a short prefix may start hundreds).
+NAMES_SHOWN = 5
+
+
+def no_cache_entry(target: str, names: "Iterable[str]") -> str:
+    """Why no cache entry matches ``target`` (a key prefix or a config name, as ``cache show``, ``cache clear``
+    and ``report`` take it), with the names cached that it may have meant: a config name is matched
+    whole, so a prefix of one (``conv2d_groupnorm`` for ``conv2d_groupnorm_scale_maxpool_clamp``) names
+    the names it starts."""
+    known = sorted(set(names))
+    started = [name for name in known if name.startswith(target)]
+    if len(started) == 1:
+        hint = f"; a config name is matched whole: did you mean '{started[0]}'?"
+    elif started:
+        more = f" (and {len(started) - NAMES_SHOWN} more)" if len(started) > NAMES_SHOWN else ""
+        hint = f"; a config name is matched whole: did you mean one of {', '.join(started[:NAMES_SHOWN])}{more}?"
+    else:
+        hint = did_you_mean(target, known)
+    return f"no cache entry matches {target!r} (see `fusetune cache list`){hint}"
 
 
 class PlanError(FusetuneError):

@@ -10,7 +10,7 @@ import glob
 from pathlib import Path
 from typing import Iterable
 
-from fusetune.errors import ConfigError
+from fusetune.errors import ConfigError, closest
 
 #: What a folder's configs are called (as in tune-on-deploy).
 CONFIG_SUFFIXES = (".yaml", ".yml")
@@ -24,7 +24,7 @@ def configs_in(folder: Path) -> list[Path]:
 
 def expand_configs(arguments: Iterable[str]) -> list[str]:
     """Each argument's configs in order, each file once: a folder's configs, a pattern's matches
-    (sorted), or the argument itself (a missing file is reported by ``load_config``)."""
+    (sorted), or the argument itself (one that names nothing is refused, with the config it may have meant)."""
     found: list[str] = []
     for argument in arguments:
         path = Path(argument)
@@ -37,7 +37,20 @@ def expand_configs(arguments: Iterable[str]) -> list[str]:
             matches = sorted(p for p in glob.glob(argument) if Path(p).is_file())
             if not matches:
                 raise ConfigError(argument, "", "no file matches this pattern")
+        elif not path.exists():
+            raise ConfigError(argument, "", missing(path))
         else:
             matches = [argument]
         found += [m for m in matches if m not in found]
     return found
+
+
+def missing(path: Path) -> str:
+    """What to say of a config argument that names nothing: the config beside it it may have meant
+    (``my.yml`` for ``my.yaml``, ``conv2d_relu.yaml`` for ``conv2d_rleu.yaml``), or the folder that is
+    missing too."""
+    folder = path.parent
+    if not folder.is_dir():
+        return f"no such file: the folder {folder} does not exist either"
+    near = closest(path.name, [p.name for p in configs_in(folder)])
+    return "no such file" + (f"; did you mean {folder / near}?" if near else "")

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from fusetune.cache import Cache, Entry
-from fusetune.documents import counts
-from fusetune.errors import ConfigError, FusetuneError, MissingDependencyError
+from fusetune.documents import counts, problem_names
+from fusetune.errors import ConfigError, FusetuneError, MissingDependencyError, no_cache_entry
 from fusetune.paths import CONFIG_SUFFIXES
 from fusetune.worlds import DEFAULT, won_note
 
@@ -68,7 +68,7 @@ def find_entries(target: str, cache: Cache) -> list[Entry]:
         return found
     found = cache.find(target)
     if not found:
-        raise FusetuneError(f"no cache entry matches {target!r}; see `fusetune cache list`")
+        raise FusetuneError(no_cache_entry(target, problem_names(cache.entries())))
     return found
 
 
@@ -168,7 +168,7 @@ def comparison(entry: Entry, bench: list[dict[str, Any]]) -> tuple[dict[str, flo
     shown = {label: float(winner[k]) for k, label in (("eager_ms", "eager PyTorch"), ("time_ms", "fusetune"))
              if winner.get(k) is not None}
     return shown, ("times the search measured; no bench result for this config, shape and GPU: run "
-                   f"`fusetune bench CONFIG --json FILE` and pass `--bench FILE` to compare with torch.compile")
+                   "`fusetune bench CONFIG --json FILE` and pass `--bench FILE` to compare with torch.compile")
 
 
 def section(entry: Entry, cache: Cache, bench: list[dict[str, Any]], storage: Any | None = None) -> Section:

@@ -200,7 +200,7 @@ def test_cache_show_and_clear_unknown(runner, cache_dir):
     shown = runner.invoke(main, ["cache", "show", "nothing"])
     assert shown.exit_code == 1 and "no cache entry matches 'nothing'" in shown.stderr
     cleared = runner.invoke(main, ["cache", "clear", "nothing"])
-    assert cleared.exit_code == 1 and "no cache entry matches nothing" in cleared.stderr
+    assert cleared.exit_code == 1 and "no cache entry matches 'nothing'" in cleared.stderr
 
 
 # -- export -----------------------------------------------------------------------------------
@@ -420,3 +420,126 @@ def test_plan_json_is_the_regions_and_worlds_as_data():
     assert relu["runs"] == "kernels" and [s["op"] for s in relu["ops"]] == ["relu"] and relu["region"] == 2
     assert relu["tuned_as"] == "centre_channels_pytorch_r2" and relu["worlds"] == ["cudnn", "eager"]
     assert "a mean centring over dims [1]" in tail["ends"] and tail["candidates"] > 1
+
+
+# -- issue 27: a new user's mistakes, said before any work ---------------------------------------------
+
+
+@pytest.mark.parametrize("text, why", [("128,x", "expected comma-separated integers"), ("128x8x128x128", "expected "
+                                       "comma-separated integers"), ("0,8,16,16", "expected positive sizes")])
+@pytest.mark.parametrize("command", ["search", "export", "bench", "import"])
+def test_a_malformed_shape_option_is_a_usage_error_naming_the_option(runner, tmp_path, no_gpu, command, text, why):
+    """click parses --shape (and import's --inputs) before the command runs: the error names the option, and
+    no progress line ('reading the configs') or cache comes before it."""
+    cache = tmp_path / "cache"
+    model = ROOT / "tests" / "models" / "conv2d_gelu_two_pools.py"
+    target = [str(model), "-o", str(tmp_path / "out"), "--inputs", text] if command == "import" else [
+        str(SEEDS["groupnorm"]), "--shape", text] + (["-o", str(tmp_path / "out")] if command == "export" else [])
+    result = runner.invoke(main, ["--cache-dir", str(cache), command, *target])
+    assert result.exit_code == 2, result.output
+    option = "--inputs" if command == "import" else "--shape"
+    assert f"Invalid value for '{option}': {why}" in result.stderr and repr(text) in result.stderr
+    assert "reading the configs" not in result.stderr and "Traceback" not in result.output
+    assert not cache.exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command, options", [(["cache", "show"], []), (["cache", "clear"], ["--yes"]),
+                                              (["report"], ["-o", "r.html"])])
+def test_a_prefix_of_a_config_name_suggests_the_whole_name(runner, cache_dir, tmp_path, command, options):
+    """A config name is matched whole (a key by its prefix): a user who types the start of a name is told the
+    name it starts, and nothing is removed or written."""
+    key = _tune(cache_dir, "groupnorm", (3, 8, 37, 45))
+    name = load_config(SEEDS["groupnorm"]).name
+    result = runner.invoke(main, [*command, name[:16], *[str(tmp_path / o) if o.endswith(".html") else o
+                                                         for o in options]])
+    assert not (tmp_path / "r.html").exists()
+    assert result.exit_code == 1, result.output
+    assert f"no cache entry matches '{name[:16]}'" in result.stderr
+    assert f"a config name is matched whole: did you mean '{name}'?" in result.stderr
+    near = runner.invoke(main, ["cache", "show", name.replace("group", "grup")])
+    assert near.exit_code == 1 and f"did you mean '{name}'?" in near.stderr
+    assert [e.key for e in Cache(cache_dir).entries()] == [key]
+
+
+def test_clearing_an_empty_cache_asks_nothing(runner, cache_dir):
+    """Nobody is asked (or refused for want of --yes) to remove nothing."""
+    plain = runner.invoke(main, ["cache", "clear"])  # CliRunner's stdin is not a terminal: a question is refused
+    assert plain.exit_code == 0, plain.output
+    assert f"nothing to remove: the cache {cache_dir} is empty" in plain.output
+    as_json = runner.invoke(main, ["cache", "clear", "--json"])
+    assert as_json.exit_code == 0 and json.loads(as_json.stdout) == {"removed": 0, "keys": None}
+    key = _tune(cache_dir, "groupnorm", (3, 8, 37, 45))
+    refused = runner.invoke(main, ["cache", "clear"])  # something to remove: asked, so refused here
+    assert refused.exit_code == 2 and "pass --yes" in refused.stderr
+    assert [e.key for e in Cache(cache_dir).entries()] == [key]
+
+
+def test_plan_shortens_a_long_parameter_description_unless_verbose(runner):
+    """producer.impl's description tells every world (3,000 characters): one line of plan's, in full with -v."""
+    spec = load_config(SEEDS["groupnorm"])
+    impl = next(p for f in plan_space(make_plan(spec)).families for p in f.params if p.name == "impl")
+    assert len(impl.doc) > 1000
+    short = runner.invoke(main, ["plan", str(SEEDS["groupnorm"])])
+    line = next(x for x in short.output.splitlines() if x.startswith("  producer.impl: "))
+    assert line.endswith("... (fusetune -v plan: in full)") and len(line) < 500 and impl.doc not in short.output
+    full = runner.invoke(main, ["-v", "plan", str(SEEDS["groupnorm"])])
+    assert full.exit_code == 0 and f"- {impl.doc}" in full.output
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_import_says_at_once_what_it_is_doing_on_stderr(runner, tmp_path, quiet):
+    """Building, tracing and checking a model takes seconds with nothing else shown: one line on stderr first
+    (none under -q), the configs and the map on stdout."""
+    model = ROOT / "tests" / "models" / "conv2d_gelu_two_pools.py"
+    result = runner.invoke(main, ["-q"] * quiet + ["import", str(model), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    said = "fusetune import: building the model, tracing it and checking the trace on its example inputs"
+    assert result.stderr.splitlines()[:1] == ([] if quiet else [said])
+    assert said not in result.stdout and "chain0 -> " in result.stdout
+
+
+@pytest.mark.parametrize("cuda, why", [(None, "is a CPU-only build"), ("13.0", "(CUDA 13.0) sees no CUDA GPU")])
+def test_deploy_without_gpu_says_why_once(runner, cache_dir, tmp_path, no_gpu, monkeypatch, cuda, why):
+    """A deploy without a GPU falls back (exit 0) and says why as search would (a CPU-only torch is not
+    'no GPU visible'), once, not per shape."""
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    result = runner.invoke(main, ["deploy", str(CONFIGS)])
+    assert result.exit_code == 0, result.output
+    warnings_ = [line for line in result.stderr.splitlines() if line.startswith("fusetune: warning: ")]
+    assert len(warnings_) == 1 and why in warnings_[0] and warnings_[0].endswith("every shape stays on eager PyTorch")
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("command", ["plan", "search"])
+def test_a_config_that_is_not_there_names_the_one_beside_it(runner, tmp_path, no_gpu, command):
+    """`fusetune plan my.yml` beside my.yaml: exit 2, the file named and the config it may have meant;
+    a folder mistyped too is said so."""
+    shutil.copy(SEEDS["groupnorm"], tmp_path / "my.yaml")
+    cache = tmp_path / "cache"
+    for typed, said in [(tmp_path / "my.yml", f"no such file; did you mean {tmp_path / 'my.yaml'}?"),
+                        (tmp_path / "nothing_like_it.yaml", "no such file"),
+                        (tmp_path / "confgs" / "my.yaml",
+                         f"no such file: the folder {tmp_path / 'confgs'} does not exist either")]:
+        result = runner.invoke(main, ["--cache-dir", str(cache), command, str(typed)])
+        assert result.exit_code == 2, result.output
+        assert result.stderr.splitlines()[-1] == f"error: {typed}: {said}"
+    assert not cache.exists()
+
+
+def test_cache_clear_names_a_key_that_matched_nothing_beside_one_that_did(runner, cache_dir):
+    key = _tune(cache_dir, "groupnorm", (3, 8, 37, 45))
+    result = runner.invoke(main, ["cache", "clear", key[:6], "nothing", "--yes"])
+    assert result.exit_code == 0 and "removed 1 entries" in result.stdout
+    assert "fusetune: warning: no cache entry matches 'nothing'" in result.stderr
+    assert Cache(cache_dir).entries() == []
+
+
+def test_a_short_prefix_offers_a_few_of_the_names_it_starts():
+    from fusetune.errors import NAMES_SHOWN, no_cache_entry
+
+    names = [load_config(p).name for p in ALL_CONFIGS] + [f"conv_{i}" for i in range(NAMES_SHOWN + 2)]  # all "conv.."
+    said = no_cache_entry("conv", names)
+    offered = said.split("did you mean one of ", 1)[1]
+    assert offered.count(",") == NAMES_SHOWN - 1 and offered.endswith(f" (and {len(names) - NAMES_SHOWN} more)?")

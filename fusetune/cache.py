@@ -211,12 +211,31 @@ def repair_journal(path: Path, settle_s: float = 0.2) -> bool:
     return True
 
 
+def _read_umask() -> int:
+    """The process's umask, read by setting it and back: done once, at import, before any thread of ours
+    could create a file under the value set in between."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+
+
+def usual_mode(folder: bool = False) -> int:
+    """The mode ``open`` or ``mkdir`` would give a new file or folder under the umask. ``mkstemp`` and ``mkdtemp``
+    create theirs 0600 and 0700, which a file renamed into place keeps: configs, exports and cache entries that
+    a service account or a colleague could not read."""
+    return (0o777 if folder else 0o666) & ~_UMASK
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the new, never a mix: a temporary
-    file beside it, flushed to disk, renamed over it."""
+    file beside it, flushed to disk, renamed over it, with the mode a plain write would give it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, usual_mode())
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fusetune.cache import Cache, Entry
+from fusetune.cache import Cache, Entry, usual_mode
 from fusetune.codegen import render
 from fusetune.config import ProblemSpec
 from fusetune.errors import FusetuneError
@@ -48,6 +48,7 @@ def export(spec: ProblemSpec, shapes: list[Shape], cache: Cache, out_dir: Path, 
     first = _winners_module(spec, shapes, cache, gpu, prebuilt)  # raises before anything is written
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out_dir, prefix=f".{spec.name}."))
+    staging.chmod(usual_mode(folder=True))  # mkdtemp's 0700 would stay the export's
     try:  # write everything beside, then swap in: never a half-written export
         record = _write_module(first, staging)
         later = {}

@@ -5,11 +5,12 @@ import hashlib
 import json
 import multiprocessing
 import os
+import stat
 import warnings
 
 import pytest
 
-from fusetune.cache import SCHEMA, Cache, Entry, atomic_write_bytes, atomic_write_text, make_key
+from fusetune.cache import SCHEMA, Cache, Entry, atomic_write_bytes, atomic_write_text, make_key, usual_mode
 from fusetune.config import load_config
 from fusetune.search import Machine, key_fields
 
@@ -354,3 +355,13 @@ def test_repair_journal_keeps_the_readable_prefix(tmp_path, damage, keep):
         assert repair_journal(path, settle_s=0.0) is False  # now readable: left alone
         assert repair_journal(tmp_path / "absent.journal") is False
     assert [p.name for p in tmp_path.iterdir()] == ["s.journal"]  # no temporary file left
+
+
+def test_written_files_take_the_mode_a_plain_write_would(tmp_path):
+    """mkstemp creates 0600, which a file renamed into place keeps: configs, cache entries and exports that a
+    service account or a colleague could not read. A written file has the umask's mode, as open() gives."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    path = tmp_path / "entry.json"
+    atomic_write_text(path, "{}")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask == usual_mode()

@@ -4,12 +4,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from fusetune.cache import Cache
+from fusetune.cache import Cache, usual_mode
 from fusetune.cli import main
 from fusetune.codegen import plan_space
 from fusetune.worlds import refusals
@@ -237,6 +238,7 @@ def test_export_tuned_winner(runner, cache_dir, tmp_path, no_gpu):
     assert sorted(p.name for p in target.iterdir()) == sorted(
         ["model.py", *rendered.cuda_sources, "binding.cpp", "winner.json", "__init__.py"])
     assert [p.name for p in out.iterdir()] == [spec.name]  # no staging folder left behind
+    assert stat.S_IMODE(target.stat().st_mode) == usual_mode(folder=True)  # not mkdtemp's 0700
     for name in ("model.py", *rendered.cuda_sources, "binding.cpp"):
         assert (target / name).read_text() == rendered.files[name]
     record = json.loads((target / "winner.json").read_text())

@@ -65,7 +65,7 @@ class Machine:
 def no_gpu_reason(torch: Any) -> str:
     """Why no GPU can be used, from what this torch is rather than a guess."""
     if torch.version.cuda is None:
-        return (f"this torch ({torch.__version__}) is a CPU-only build: fusetune search and bench need a CUDA "
+        return (f"this torch ({torch.__version__}) is a CPU-only build: tuning and running the kernels need a CUDA "
                 "build of torch (see https://pytorch.org/get-started/locally/) and an NVIDIA GPU")
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     hint = f"CUDA_VISIBLE_DEVICES is {visible!r} (does it name a device?); " if visible is not None else ""

@@ -134,8 +134,11 @@ class ProblemSpec:
 
     def channels_at(self, i: int) -> int:
         """The channels of epilogue op ``i``'s input: the convolution's, or half of them after a glu over the
-        channels (fusetune/ops/gate.py). A per-channel norm's module and parameters are sized by it."""
-        return self.shapes_through(self.shapes[0])[i][1]
+        channels (fusetune/ops/gate.py). A per-channel norm's module and parameters are sized by it. A tensor of
+        rank 1 (a whole-sample reduction's [N]) has no channel dim: one value a sample, so 1 (no op that reads
+        channels stands there: parsing refused it)."""
+        shape = self.shapes_through(self.shapes[0])[i]
+        return shape[1] if len(shape) > 1 else 1
 
     def param_channels(self, name: str) -> int:
         """The channels where per-channel parameter ``name`` is read (config validation made every reader of one
@@ -451,11 +454,9 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
                                                  f"input the convolution makes, but {structured}")
         if (isinstance(entry.get("by"), str) and entry["by"] in parameters and structured is not None
                 and not parameters[entry["by"]].scalar):
-            kept = len(current[0]) == 2 and current[0][1] == channels  # [N, C]: channels kept, spatial dims dropped
-            hint = ("a per-channel parameter meets values that keep their spatial dims: reduce with keepdim: true "
-                    "before it, and flatten after" if kept else "one value for every channel: declare it shape: scalar")
+            hint = _per_channel_hint(current[0], producer, channels)
             raise ConfigError(path, f"{key}.by", f"a per-channel parameter of shape ({channels}, 1, ...) "
-                                                 f"cannot apply here: {structured} ({hint})")
+                                                 f"cannot apply here: {structured}{hint}")
         if entry.get("by") == "producer" and current != [producer.out_shape(s) for s in shapes]:
             raise ConfigError(path, f"{key}.by", f"the convolution's output {list(producer.out_shape(shapes[0]))} "
                                                  f"cannot apply to the input {list(current[0])} here: its shape changed "
@@ -493,6 +494,21 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
         raise ConfigError(path, f"inputs[{inputs.index(unread[0])}]", f"input '{unread[0]}' is declared but no op "
                                                                      f"reads it (expected an op with by: {unread[0]})")
     return tuple(ops)
+
+
+def _per_channel_hint(shape: Shape, producer: Producer, channels: int) -> str:
+    """What to write instead of a per-channel parameter where the chain lost its (N, C, spatial) structure: keepdim
+    where the channels are kept as [N, C]; else a scalar, one value for every position. Where one channel is left
+    at the chain's rank (a channel reduction with keepdim), also that C values would broadcast back to C channels,
+    a shape no op of a chain makes: a scalar means one channel, not that."""
+    if len(shape) == 2 and shape[1] == channels:  # [N, C]: channels kept, spatial dims dropped
+        return (" (a per-channel parameter meets values that keep their spatial dims: reduce with keepdim: true "
+                "before it, and flatten after)")
+    scalar = " (one value for every channel: declare it shape: scalar)"
+    if len(shape) == 2 + producer.spatial_dims and shape[1] == 1:
+        return (f"; PyTorch would broadcast the one channel left against its {channels} values, back to {channels} "
+                f"channels, and no op of a chain widens it again{scalar}")
+    return scalar
 
 
 def _needs_spatial(cls: type[Op]) -> bool:

@@ -36,7 +36,7 @@ from fusetune.config import ProblemSpec
 from fusetune.errors import PlanError
 from fusetune.ops import AdaptivePool, Add, DimReduce, Elementwise, LayerNorm, Norm, Op, Pool, Reduce
 from fusetune.ops.channel import CHANNEL_MAPS, ChannelNorm
-from fusetune.ops.reduce import KERNEL_MODES, Softmax
+from fusetune.ops.reduce import KERNEL_MODES, Softmax, kernel_mode
 from fusetune.ops.reductions import REDUCTIONS, KernelReduction
 from fusetune.regions import CANCELS_BIAS, FROM_STATISTICS, Step, affine, rewrite
 
@@ -416,13 +416,17 @@ def _kernel_refusal(op: Op) -> str | None:
         what = "ceil_mode=True (a partial last window)" if op.ceil_mode else "count_include_pad=False"
         how = "in floor mode" + (", dividing by the whole window's size" if op.mode == "avg" else "")
         return f"the kernels pool whole windows, {how}; {what} runs in PyTorch after this region"
-    if isinstance(op, Reduce) and op.mode not in REDUCTIONS:
+    if isinstance(op, Reduce) and kernel_mode(op.mode) not in REDUCTIONS:
         return f"the kernels reduce by {', '.join(REDUCTIONS)}; {op.mode} runs in PyTorch"
     if isinstance(op, DimReduce) and op.dims != (1,) and op.dims != (op.dim,):
         return (f"the kernels reduce over the channel dim, or by {', '.join(KERNEL_MODES)} over every spatial dim; "
                 f"not {op.mode} over dims {list(op.dims)}, which runs after this region (in a later one, on a view "
                 "of its input, or in PyTorch)")
     return None
+
+
+#: Where an op the region does not take goes (fusetune/pipeline.py decides which, and says it per region).
+_AFTER_REGION = "it runs after this region (in a later one, on a view of its input, or in PyTorch)"
 
 
 def _family(spec: ProblemSpec, pool: Pool | AdaptivePool | None, reduce: Step | None) -> str | None:
@@ -433,8 +437,8 @@ def _family(spec: ProblemSpec, pool: Pool | AdaptivePool | None, reduce: Step | 
         return "window_map"
     if isinstance(reduce.op, (Softmax, ChannelNorm)):
         if pool is not None:
-            raise PlanError(f"{spec.path}: the kernels do not normalise over channels after a pool; the "
-                            f"{reduce.op.kind} runs in PyTorch")
+            raise PlanError(f"{spec.path}: {reduce.where}: the kernels do not normalise over channels after a pool; "
+                            f"{_AFTER_REGION}")
         return "channel_softmax"
     if FROM_STATISTICS in reduce.marks:
         return None
@@ -442,9 +446,8 @@ def _family(spec: ProblemSpec, pool: Pool | AdaptivePool | None, reduce: Step | 
         return "plane_reduce"
     if reduce.op.dim == 1:
         if pool is not None:
-            raise PlanError(f"{spec.path}: the kernels do not reduce over channels after a pool; the reduction "
-                            "runs in PyTorch")
+            raise PlanError(f"{spec.path}: {reduce.where}: the kernels do not reduce over channels after a pool; "
+                            f"{_AFTER_REGION}")
         return "channel_reduce"
-    raise PlanError(f"{spec.path}: the kernels reduce over the channel dim or over every spatial dim, not over "
-                    f"dim {reduce.op.dim}; it runs after this region (in a later one, on a view of its input, or in "
-                    "PyTorch)")
+    raise PlanError(f"{spec.path}: {reduce.where}: the kernels reduce over the channel dim or over every spatial "
+                    f"dim, not over dim {reduce.op.dim}; {_AFTER_REGION}")

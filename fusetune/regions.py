@@ -39,13 +39,9 @@ from typing import Callable, Sequence
 from fusetune.config import ProblemSpec
 from fusetune.ops import (Add, AdaptivePool, DimReduce, Div, Flatten, LayerNorm, MeanCentre, Mul, Norm, Op, Pool,
                           Reduce, SpatialReduce, Sub, Unsqueeze)
-from fusetune.ops.reduce import Squeeze
-from fusetune.ops.slicing import Slice
-from fusetune.ops.reduce import KERNEL_MODES
+from fusetune.ops.reduce import KERNEL_MODES, Squeeze, kernel_mode
 from fusetune.ops.reductions import REDUCTIONS
-
-#: amax/amin hold the same values as max/min without indices.
-_SAME_MODE = {"amax": "max", "amin": "min"}
+from fusetune.ops.slicing import Slice
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,7 +234,7 @@ def _merge_reductions(steps: list[Step], rank: int) -> list[Step]:
     def merge(a: Step, b: Step, in_rank: int) -> list[Step] | None:
         if not (isinstance(a.op, DimReduce) and isinstance(b.op, DimReduce)):
             return None
-        mode_a, mode_b = (_SAME_MODE.get(s.op.mode, s.op.mode) for s in (a, b))
+        mode_a, mode_b = (kernel_mode(s.op.mode) for s in (a, b))
         if mode_a != mode_b or mode_a == "logsumexp" or a.op.keepdim != b.op.keepdim:
             return None
         kept = list(range(in_rank)) if a.op.keepdim else [d for d in range(in_rank) if d not in a.op.dims]
@@ -267,7 +263,7 @@ def _split_full_reductions(steps: list[Step], rank: int) -> list[Step]:
         op = step.op
         if (isinstance(op, DimReduce) and op.mode in _SPLITTABLE and current > 2 and current == rank
                 and op.dims == tuple(range(1, current))):
-            mode = _SAME_MODE.get(op.mode, op.mode)
+            mode = kernel_mode(op.mode)
             spatial = tuple(range(2, current))
             out.append(Step(DimReduce(mode=mode, over="dim", dim=2, dims=spatial, keepdim=True), None, step.entries))
             out.append(Step(DimReduce(mode=mode, over="dim", dim=1, dims=(1,), keepdim=True), None, step.entries))
@@ -294,8 +290,8 @@ def _kernel_reductions(steps: list[Step], rank: int) -> list[Step]:
         op = step.op
         if isinstance(op, AdaptivePool) and op.global_ and current == rank:
             out.append(Step(op.as_reduce(), None, step.entries))
-        elif isinstance(op, DimReduce) and _SAME_MODE.get(op.mode, op.mode) in REDUCTIONS and current == rank:
-            mode = _SAME_MODE.get(op.mode, op.mode)  # logsumexp: over the channel dim only (channel_reduce)
+        elif isinstance(op, DimReduce) and kernel_mode(op.mode) in REDUCTIONS and current == rank:
+            mode = kernel_mode(op.mode)  # logsumexp: over the channel dim only (channel_reduce)
             if _kernel_form(op.dims, rank) and op.dims != (1,) and mode in KERNEL_MODES:
                 out.append(Step(SpatialReduce(mode=mode), None, step.entries))
                 if not op.keepdim:

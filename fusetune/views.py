@@ -25,11 +25,9 @@ import math
 from typing import Any, Callable, Sequence
 
 from fusetune.ops import DimReduce, LayerNorm, MeanCentre, Op, Shape
-from fusetune.ops.reduce import KERNEL_MODES, Softmax
+from fusetune.ops.reduce import KERNEL_MODES, Softmax, kernel_mode
 from fusetune.ops.reductions import REDUCTIONS
 
-#: amax/amin hold max/min's values (the kernels' mode names).
-_SAME_MODE = {"amax": "max", "amin": "min"}
 #: The views, and what the kernels see in each.
 FORMS = {
     "channels": "the run as the channel dim of (before, run, after): channel_reduce, channel_softmax",
@@ -95,7 +93,7 @@ def _reduce_view(op: DimReduce, shape: Shape) -> RegionView | str | None:
     needs none; over another run, the plane view where the run is trailing and plane_reduce takes the mode,
     else the channels view."""
     rank = len(shape)
-    mode = _SAME_MODE.get(op.mode, op.mode)
+    mode = kernel_mode(op.mode)
     if mode not in REDUCTIONS:
         return f"the kernels reduce by {', '.join(REDUCTIONS)}; {op.mode} runs in PyTorch"
     if 3 <= rank <= 5 and ((op.dims == (1,) and not op.keepdim)
@@ -160,7 +158,7 @@ def _viewer(op: Op) -> Callable[[Any, Shape], RegionView | str | None] | None:
 def view_op(op: Op, view: RegionView) -> Op:
     """The op the region's problem runs on the view in place of ``op`` (a map is itself)."""
     if isinstance(op, DimReduce):
-        mode = _SAME_MODE.get(op.mode, op.mode)
+        mode = kernel_mode(op.mode)
         if view.form == "plane":  # every spatial dim, kept: the kernels' spatial reduction (regions.py)
             return DimReduce(mode=mode, over="dim", dim=2, dims=(2,), keepdim=True)
         return DimReduce(mode=mode, over="dim", dim=1, dims=(1,), keepdim=False)

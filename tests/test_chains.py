@@ -29,6 +29,7 @@ from click.testing import CliRunner
 from fusetune import codegen
 from fusetune.cli import main
 from fusetune.config import TOP_KEYS, load_config
+from fusetune.pipeline import later_segments
 from fusetune.plan import make_plan
 
 from conftest import ROOT, import_file, import_script
@@ -78,10 +79,10 @@ def _rendered(stem: str):
 def test_corpus_is_large_and_named_by_content():
     assert len(CHAINS) >= 64
     producers = {_raw(path)["producer"]["op"] for path in CHAINS}
-    for path in CHAINS:  # a name says its producer first, as the seeds' do
+    for path in CHAINS:  # a name says its producer first, as the seeds' do (after the sweep that found it: sweep3_)
         kind = _raw(path)["producer"]["op"]
         prefix = {"conv_transpose1d": "convt1d", "conv_transpose2d": "convt2d", "conv_transpose3d": "convt3d"}
-        assert path.stem.startswith(prefix.get(kind, kind) + "_"), path.name
+        assert re.sub(r"^sweep\d+_", "", path.stem).startswith(prefix.get(kind, kind) + "_"), path.name
     assert len(producers) >= 6
     # some chains in the K-tiled world (64 channels and more), some with two shapes, some with one
     assert sum(_raw(p)["producer"]["out_channels"] >= 64 for p in CHAINS) >= 8
@@ -229,6 +230,20 @@ def test_chain_reference_model_runs_on_cpu(path, tmp_path):
     assert torch.isfinite(out).all(), "the chain's reference is not finite: verification could never pass"
     fused = generated.ModelNew()
     assert sorted(fused.state_dict()) == sorted(generated.Model().state_dict())
+
+
+@pytest.mark.parametrize("path", CHAINS, ids=IDS)
+def test_why_region_zero_ends_names_the_op_and_where_it_goes(path):
+    """Plan.ends names the entry region 0 stops at, and says no op runs in PyTorch where a later region of kernels
+    takes it (fusetune/pipeline.py's segments say which; 'after this region (in a later one, ..., or in PyTorch)'
+    leaves it to them)."""
+    plan = _plan(path.stem)
+    if plan.ends is None:
+        return
+    assert re.search(r"epilogue\[\d+\]", plan.ends), plan.ends
+    working = [s for s in later_segments(plan) if any(step.op.role != "view" for step in s.steps)]
+    if working and working[0].kernels:
+        assert "runs in PyTorch" not in plan.ends.replace("or in PyTorch)", ""), (plan.ends, working[0].steps)
 
 
 @pytest.mark.parametrize("path", CHAINS, ids=IDS)

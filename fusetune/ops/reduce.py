@@ -21,6 +21,13 @@ REDUCE_MODES = ("max", "min", "sum", "mean", "amax", "amin", "logsumexp")
 #: the channels take logsumexp too (fusetune/worlds/facts.py's STAGE_REDUCE_MODES). How each mode is
 #: computed is fusetune/ops/reductions.py's table.
 KERNEL_MODES = ("max", "min", "sum", "mean")
+#: amax and amin hold max's and min's values (without their indices): the kernels reduce them as those modes.
+SAME_MODE = {"amax": "max", "amin": "min"}
+
+
+def kernel_mode(mode: str) -> str:
+    """The mode the kernels reduce a reduction of ``mode`` by (SAME_MODE; the others are their own)."""
+    return SAME_MODE.get(mode, mode)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,10 +143,11 @@ def take_dims(raw: Mapping[str, Any], key: str, ctx: OpContext, *, default: Any)
             raise ctx.error(key, f"expected dims in [{-rank}, {rank - 1}] for an input of rank {rank}, got {v}")
         dims.append(v % rank)
     if len(set(dims)) != len(dims):
-        raise ctx.error(key, f"a dim is named twice in {value!r}")
+        raise ctx.error(key, f"expected distinct dims, got {value!r}: a dim is named twice")
     if 0 in dims:
-        raise ctx.error(key, "reducing over the batch dim (0) is not supported: a sample's output would "
-                             "depend on the other samples")
+        raise ctx.error(key, f"reducing over the batch dim (0) is not supported: a sample's output would "
+                             f"depend on the other samples (expected dims in [1, {rank - 1}], or their negative "
+                             f"forms), got {value!r}")
     return tuple(sorted(dims))
 
 

@@ -205,7 +205,8 @@ class Celu(Elementwise):
         reject_unknown(raw, ["alpha"], ctx)
         alpha = float(take_number(raw, "alpha", ctx, default=1.0))
         if alpha == 0:
-            raise ctx.error("alpha", "alpha cannot be 0 for celu (it divides by alpha)")
+            raise ctx.error("alpha", f"expected a nonzero alpha, got {alpha!r}: alpha cannot be 0 for celu (it "
+                                     "divides by alpha)")
         return cls(alpha=alpha)
 
     def monotone(self) -> bool:
@@ -269,7 +270,8 @@ class Softplus(Elementwise):
         reject_unknown(raw, ["beta", "threshold"], ctx)
         beta = float(take_number(raw, "beta", ctx, default=1.0))
         if beta == 0:
-            raise ctx.error("beta", "beta cannot be 0 (softplus divides by beta)")
+            raise ctx.error("beta", f"expected a nonzero beta, got {beta!r}: beta cannot be 0 (softplus divides "
+                                    "by beta)")
         threshold = float(take_number(raw, "threshold", ctx, default=SOFTPLUS_THRESHOLD))
         return cls(beta=beta, threshold=threshold)
 

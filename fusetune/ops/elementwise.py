@@ -91,7 +91,8 @@ class _Binary(Elementwise):
             return cls(param=by)
         value = take_number(raw, "by", ctx)
         if cls.symbol == "/" and value == 0:
-            raise ctx.error("by", "division by zero")
+            raise ctx.error("by", f"expected a nonzero divisor, got {value!r} (division by zero: every value inf "
+                                  "or nan)")
         return cls(scalar=float(value))
 
     def canonical(self) -> dict[str, Any]:

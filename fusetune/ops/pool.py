@@ -45,8 +45,9 @@ class Pool(Op):
         padding = take_window(raw, "padding", ctx, default=0, minimum=0)
         for p, k in zip(padding, kernel):
             if 2 * p > k:
-                raise ctx.error("padding", f"expected at most half the kernel size {list(kernel)} (as PyTorch), "
-                                           f"got {list(padding)}")
+                raise ctx.error("padding", f"expected at most half the kernel size (kernel_size {list(kernel)}: "
+                                           f"padding at most {[k // 2 for k in kernel]}, as PyTorch), got "
+                                           f"{list(padding)}")
         ceil_mode = take_bool(raw, "ceil_mode", ctx, default=False)
         count_include_pad = take_bool(raw, "count_include_pad", ctx, default=True) or not any(padding)
         return cls(kernel_size=kernel, stride=stride, padding=padding if any(padding) else None, ceil_mode=ceil_mode,

@@ -430,6 +430,9 @@ class ProducerMatch:
     #: Why its config holds at the traced input shapes alone (a transposed convolution's output_padding, from the
     #: output size the forward asked there), None where it holds at any
     at_example: str | None = None
+    #: The slices the chain starts with where the convolution takes an uneven pad evenly (a causal convolution's
+    #: F.pad(x, (k - 1, 0)): padding k - 1 on both sides, the last k - 1 outputs cropped; _fold_pad)
+    crop: tuple[Entry, ...] = ()
 
 
 _CONV_MODULES: dict[type, str] = {getattr(nn, kind.module): op for op, kind in KINDS.items()}
@@ -585,17 +588,42 @@ def _fold_pad(gm: torch.fx.GraphModule, match: ProducerMatch) -> ProducerMatch:
     if found is None:
         return match
     source, pads, mode = found
-    if len(pads) % 2 or len(pads) > 2 * dims or any(pads[i] != pads[i + 1] or pads[i] < 0
-                                                         for i in range(0, len(pads), 2)):
+    if len(pads) % 2 or len(pads) > 2 * dims or any(p < 0 for p in pads):
         return match
-    per_dim = [0] * (dims - len(pads) // 2) + [int(pads[i]) for i in range(len(pads) - 2, -1, -2)]
+    pairs = [(0, 0)] * (dims - len(pads) // 2) + [(int(pads[i]), int(pads[i + 1])) for i in range(len(pads) - 2, -1, -2)]
+    stride = entry.get("stride", 1)
+    crop = _crop(pairs, list(stride) if isinstance(stride, (list, tuple)) else [int(stride)] * dims, mode)
+    if crop is None:
+        return match
+    per_dim = [max(pair) for pair in pairs]
     folded = {k: v for k, v in entry.items() if k != "padding"}
     window = _window(per_dim, dims)
     if window != 0:
         folded["padding"] = window
     if mode != "zeros":
         folded["padding_mode"] = mode
-    return dataclasses.replace(match, entry=folded, input=source, before=(pad, *match.before))
+    return dataclasses.replace(match, entry=folded, input=source, before=(pad, *match.before), crop=crop)
+
+
+def _crop(pairs: Sequence[tuple[int, int]], stride: Sequence[int], mode: str) -> tuple[Entry, ...] | None:
+    """The slices that make a convolution padded max(left, right) on both sides of each spatial dim compute the
+    one on the unevenly padded input (F.pad(x, (left, right))): its outputs from the (max - left)-th, less the last
+    (max - right); () where every pad is even, None where that is not exact (a stride other than 1 on an uneven
+    dim: the windows would not line up; a pad of another mode than zeros)."""
+    entries: list[Entry] = []
+    for d, (left, right) in enumerate(pairs):
+        if left == right:
+            continue
+        if stride[d] != 1 or mode != "zeros":
+            return None
+        high = max(left, right)
+        entry: Entry = {"op": "slice", "dim": 2 + d}
+        if high > left:
+            entry["start"] = high - left
+        if high > right:
+            entry["end"] = right - high
+        entries.append(entry)
+    return tuple(entries)
 
 
 def _folded_pad(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
@@ -867,14 +895,16 @@ class Site:
         derived = self._derived(arg, shape)
         if derived is not None:
             return derived
-        before = _computed_before(self.gm, arg, self.producer)
-        if shape is not None and shape == self.shape_in and before and not _depends_on(arg, self.producer):
+        before = _available(self.gm, arg, self.producer)
+        if shape is not None and shape == self.shape_in and before:
             return InputRef(arg.name, str(arg.target) if arg.op == "placeholder" else arg.name)
         kind = broadcast.kind_of_shape(shape, self.shape_in) if shape is not None and self.shape_in else None
         argument = _viewed_argument(arg)
-        if kind not in (None, broadcast.FULL) and (before or argument is not None) and not _depends_on(arg, self.producer):
-            # temb[:, :, None, None], t.view(N, C, 1, 1), a forward argument of shape (N, C, 1, 1) or (1, C, 1, 1):
-            # a view of a forward argument may come after the convolution (the fused call comes after the chain)
+        if kind not in (None, broadcast.FULL) and (before or argument is not None) and not _depends_on(
+                arg, self.producer, through_shapes=False):
+            # temb[:, :, None, None], t.view(N, C, 1, 1), a forward argument of shape (N, C, 1, 1) or (1, C, 1, 1),
+            # a diffusion block's self.temb_proj(F.silu(temb))[:, :, None, None] (computed after the convolution
+            # from no convolution after it: the fused call comes after the chain, where it is computed)
             return InputRef(arg.name, str(argument.target) if argument is not None else arg.name, kind)
         if shape is None and arg.op == "placeholder":
             return (f"the other operand ({arg.name}) is an argument of forward that is not a tensor of the example "
@@ -882,9 +912,11 @@ class Site:
         what = (f"of shape {list(shape)}, not the chain value's {list(self.shape_in or ())}" if shape is not None
                 else "of unknown shape")
         if shape is not None and shape == self.shape_in:
-            # computed after the convolution: another chain's value, which that chain's walk may take with this
-            # one's as its input (a residual's main path takes the shortcut's, computed before its convolution)
-            what = "computed after the convolution" if not before else "computed from the convolution's output"
+            # computed from a convolution after this one: another chain's value, which that chain's walk may take
+            # with this one's as its input (a residual's main path takes the shortcut's, computed before its
+            # convolution)
+            what = ("computed from the convolution's output" if _depends_on(arg, self.producer, through_shapes=False)
+                    else "computed after the convolution, from a later convolution")
         return (f"the other operand ({arg.name}) is a tensor of the forward {what}: not a number, the "
                 "convolution's output, a per-channel parameter or an extra input of the chain's shape")
 
@@ -927,19 +959,34 @@ def _viewed_argument(node: torch.fx.Node) -> torch.fx.Node | None:
     return current
 
 
-def _computed_before(gm: torch.fx.GraphModule, node: torch.fx.Node, producer: set[torch.fx.Node]) -> bool:
-    """Whether ``node`` comes before the convolution (the first of ``producer``) in the graph: an extra input
-    of the chain is there when the fused module starts."""
-    for current in gm.graph.nodes:
-        if current is node:
-            return True
-        if current in producer:
+def _available(gm: torch.fx.GraphModule, node: torch.fx.Node, producer: set[torch.fx.Node]) -> bool:
+    """Whether ``node`` may be an extra input of the chain of the convolution ``producer``: computed before the
+    convolution, or after it from no convolution after it (an FPN's upsampled top-down value, a diffusion block's
+    projected time embedding). The fused call comes after the chain's last node, where either is computed; a value
+    read from a later convolution is that convolution's chain's to take, with this chain's value as its input
+    (a residual's shortcut and main path: the one computed second takes the add), so that one chain takes it."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    start = min(order[p] for p in producer)
+    if order[node] < start:
+        return True
+    seen: set[torch.fx.Node] = set()
+    todo = [node]
+    while todo:
+        current = todo.pop()
+        if current in seen or order[current] < start:
+            continue
+        seen.add(current)
+        if current in producer or _is_convolution(gm, current):
             return False
-    return False
+        if not _is_shape_read(current):  # a size read off a value: fixed at the traced shapes (Chain.sizes)
+            todo.extend(current.all_input_nodes)
+    return True
 
 
-def _depends_on(node: torch.fx.Node, sources: set[torch.fx.Node]) -> bool:
-    """Whether ``node``'s value is computed from any of ``sources`` (through any path of the graph)."""
+def _depends_on(node: torch.fx.Node, sources: set[torch.fx.Node], through_shapes: bool = True) -> bool:
+    """Whether ``node``'s value is computed from any of ``sources`` (through any path of the graph); with
+    ``through_shapes`` False, not through reads of their shapes (``F.interpolate(top, size=lateral.shape[-2:])``
+    reads no value of ``lateral``)."""
     seen: set[torch.fx.Node] = set()
     todo = [node]
     while todo:
@@ -948,7 +995,8 @@ def _depends_on(node: torch.fx.Node, sources: set[torch.fx.Node]) -> bool:
             return True
         if current not in seen:
             seen.add(current)
-            todo.extend(current.all_input_nodes)
+            if through_shapes or not _is_shape_read(current):
+                todo.extend(current.all_input_nodes)
     return False
 
 
@@ -1232,24 +1280,68 @@ def _binary_entry(kind: str, operand: Any) -> Entry:
     return {"op": kind, "by": operand}
 
 
+#: The names torch's binary functions give their two operands (torch.add(input, other), torch.pow(self, exponent),
+#: torch.true_divide(dividend, divisor)): a keyword call is bound by them.
+_FIRST_OPERAND = ("input", "self", "dividend")
+_SECOND_OPERAND = ("other", "exponent", "divisor")
+
+
 def _method_or_fn_binary(kind: str) -> Builder:
-    """torch.add(x, y, alpha=...) / x.add(y): alpha must be 1."""
+    """torch.add(x, y, alpha=a) / x.sub(y, alpha=a) / x.div(y, rounding_mode=None), positional or by keyword:
+    ``binary``'s op, alpha (x + a * y) folded into a number operand (x - 1 * a) or into a multiply of the chain's
+    value (y + a * x: mul a then add y; x + a * x: mul 1 + a); a true division (rounding_mode None)."""
     inner = binary(kind)
 
     def build(site: Site) -> Mapped:
-        kwargs = dict(site.node.kwargs)
-        if kwargs.pop("alpha", 1) != 1:
-            raise Stop("alpha != 1 is not in the vocabulary")
-        if kwargs:
-            raise Stop(f"arguments {sorted(kwargs)} are not in the vocabulary")
+        a, b, options = _binary_operands(site.node)
+        alpha = options.pop("alpha", 1)
+        if options.pop("rounding_mode", None) is not None and kind == "div":
+            raise Stop(f"rounding_mode={site.node.kwargs['rounding_mode']!r} (a rounded division) is not in the "
+                       "vocabulary")
+        if options:
+            raise Stop(f"arguments {sorted(options)} are not in the vocabulary")
+        if alpha != 1:
+            if kind not in ("add", "sub") or isinstance(alpha, (bool, torch.fx.Node)) or not isinstance(alpha, (int, float)):
+                raise Stop(f"alpha={alpha!r} is not in the vocabulary")
+            return _scaled_binary(site, kind, a, b, float(alpha))
         node = site.node
-        saved = node.kwargs
+        saved = node.args, node.kwargs
         try:
-            node.kwargs = {}
+            node.args, node.kwargs = (a, b), {}
             return inner(site)
         finally:
-            node.kwargs = saved
+            node.args, node.kwargs = saved
     return build
+
+
+def _binary_operands(node: torch.fx.Node) -> tuple[Any, Any, dict[str, Any]]:
+    """A binary function's or method's two operands, positional or by keyword, and its other keyword arguments."""
+    args, kwargs = list(node.args), dict(node.kwargs)
+    for names in (_FIRST_OPERAND, _SECOND_OPERAND):
+        given = [k for k in names if k in kwargs]
+        if len(args) < 2 and given:
+            args.append(kwargs.pop(given[0]))
+    if len(args) != 2:
+        raise Stop(f"called with {len(args)} operands")
+    return args[0], args[1], kwargs
+
+
+def _scaled_binary(site: Site, kind: str, a: Any, b: Any, alpha: float) -> Mapped:
+    """a + alpha * b (add) or a - alpha * b (sub), one of them the chain's value."""
+    sign = 1.0 if kind == "add" else -1.0
+    if site.is_x(a) and site.is_x(b):
+        return _one(site, {"op": "mul", "by": 1.0 + sign * alpha})
+    if site.is_x(a):
+        other = site.operand(b)
+        if isinstance(other, float):
+            return Mapped([_binary_entry(kind, alpha * other)], site.node, _constant_tensor_nodes(site, b) or [])
+        raise Stop(f"alpha={alpha:g} scales the other operand, a tensor ({getattr(b, 'name', b)}): x {'+' if sign > 0 else '-'} "
+                   f"{alpha:g} * y is in the vocabulary where y is a number, or the chain's value is y")
+    if not site.is_x(b):
+        raise Stop("its operands do not include the chain's value")
+    other = site.operand(a)
+    return Mapped([{"op": "mul", "by": sign * alpha}, _binary_entry("add", other)], site.node,
+                  _constant_tensor_nodes(site, a) or [])
 
 
 def clamp(lo_key: str = "min", hi_key: str = "max", only: str | None = None) -> Builder:
@@ -1273,6 +1365,28 @@ def clamp(lo_key: str = "min", hi_key: str = "max", only: str | None = None) -> 
         kinds = {lo_key: "maximum", hi_key: "minimum"}
         return Mapped([_binary_entry(kinds[key], v) for key, v in bounds.items()], site.node, extra)
     return build
+
+
+def threshold_fn(site: Site) -> Mapped:
+    """F.threshold(x, threshold, value) / torch.threshold: x where x > threshold, else value."""
+    a = bind_op(site, ["threshold", "value", "inplace"], {"inplace": False})
+    return _threshold(site, a["threshold"], a["value"])
+
+
+def threshold_module(site: Site) -> Mapped:
+    module_input(site)
+    return _threshold(site, site.module.threshold, site.module.value)
+
+
+def _threshold(site: Site, threshold: Any, value: Any) -> Mapped:
+    """x where x > threshold, else value: max(x, threshold), a clamp, where value is the threshold (relu at 0);
+    another value jumps at the threshold, which no op of the vocabulary does."""
+    if _num(threshold) != _num(value):
+        raise Stop(f"threshold {threshold} replacing by {value} (a jump) is not in the vocabulary; a value equal to "
+                   "the threshold is (a clamp)")
+    if _num(threshold) == 0.0:
+        return _one(site, {"op": "relu"})
+    return _one(site, {"op": "clamp", "min": _num(threshold)})
 
 
 def extremum(kind: str) -> Builder:
@@ -1816,6 +1930,9 @@ TABLE: dict[tuple[str, Any], Builder] = {
     ("call_method", "clamp_min"): clamp(only="min"),
     ("call_function", torch.clamp_max): clamp(only="max"),
     ("call_method", "clamp_max"): clamp(only="max"),
+    ("call_function", F.threshold): threshold_fn,
+    ("call_function", torch.threshold): threshold_fn,
+    ("call_module", nn.Threshold): threshold_module,
     **_binaries(),
     **_reductions(),
     ("call_function", torch.softmax): softmax("softmax"),
@@ -1995,7 +2112,11 @@ REGION_FUNCTIONS: frozenset[Any] = frozenset({
     *(getattr(torch, n) for n in ("add", "sub", "mul", "div", "multiply", "subtract", "divide", "true_divide",
                                   "pow", "neg", "erf", "erfc", "tanh", "sigmoid", "exp",
                                   "expm1", "log", "log1p", "abs", "sqrt", "rsqrt", "square", "where", "clamp",
-                                  "clamp_min", "clamp_max", "relu", "maximum", "minimum", "gt", "ge", "lt", "le")),
+                                  "clamp_min", "clamp_max", "relu", "maximum", "minimum", "gt", "ge", "lt", "le",
+                                  # torch.where(x < 0, torch.zeros_like(x), x): a tensor of x's shape, of constants
+                                  "zeros_like", "ones_like", "full_like")),
+    # torch.special's names (an erf GELU written with torch.special.erf)
+    *(getattr(torch.special, n) for n in ("erf", "erfc", "expm1", "log1p", "expit")),
     *(getattr(F, n) for n in ("relu", "relu6", "softplus", "hardtanh", "sigmoid", "tanh", "silu", "gelu", "elu",
                               "leaky_relu", "hardsigmoid")),
 })
@@ -2334,10 +2455,26 @@ class Chain:
     producer_derived: dict[str, Derivation] = dataclasses.field(default_factory=dict)
     #: Why its config holds at the traced input shapes alone (ProducerMatch.at_example), None where it holds at any
     at_example: str | None = None
+    #: The sizes read off the chain's values that ops outside it read (an FPN's ``F.interpolate(top,
+    #: size=lateral.shape[-2:])``), by node name: their values at the traced shapes (settle_sizes)
+    sizes: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Every size node of the chain (its reads of its values' shapes, what is computed from them): its value at
+    #: the traced shapes and its readers, by name (what settle_sizes needs where the chain is cut shorter)
+    size_nodes: dict[str, tuple[Any, list[str]]] = dataclasses.field(default_factory=dict)
 
     @property
     def nodes(self) -> list[str]:
         return self.producer_nodes + [n for s in self.steps for n in s.nodes]
+
+    def example_only(self) -> str | None:
+        """Why the fused chain holds at the traced input shapes alone, None where it holds at any: the
+        convolution's (at_example), or the sizes outside ops read off its values, fixed where it is cut out."""
+        if self.at_example or not self.sizes:
+            return self.at_example
+        inside = set(self.nodes)
+        readers = sorted({r for name in self.sizes for r in self.size_nodes[name][1] if r not in inside})
+        return (f"{', '.join(readers)} read{'s' if len(readers) == 1 else ''} the shape of a value of the chain at "
+                f"{self.producer_node} ({', '.join(self.sizes)}), given its size at the traced shapes")
 
 
 @dataclasses.dataclass
@@ -2479,6 +2616,8 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
     chain = Chain(node.name, match.entry, dict(match.weights), in_shape, [],
                   [n.name for n in (*match.computes, *match.before, *producer)], "", None,
                   producer_derived=dict(match.derived), at_example=match.at_example)
+    if match.crop:  # an uneven pad taken evenly: the chain starts by cropping the convolution's output
+        chain.steps.append(Step(list(match.crop), [], None, value=producer[-1].name))
     pending: list[torch.fx.Node] = []  # readers of the convolution's output still to come
     while True:
         channels = _gate_import().channels(int(match.entry["out_channels"]), chain.steps)  # half after a glu over dim 1
@@ -2496,21 +2635,21 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
                         or _gate(gm, values, cur, producer, channels, dims))
         if channel_norm is not None:  # a layer norm over the channels, by hand or permuted around one: one op
             nodes, entry, out = channel_norm
-            cur, pending = _take_whole(gm, chain, shape_reads, nodes, entry, out), []
+            cur = _take_whole(gm, chain, shape_reads, nodes, entry, out)
             continue
         if len(values) == 2:
             site = Site(gm, values[0], set(cur), set(producer), channels, dims)
             centring = match_centring(site, values)
             if centring is not None:  # x - x.mean(dim, keepdim=True): one op, a barrier like a norm
                 nodes, entry = centring
-                cur, pending = _take_whole(gm, chain, shape_reads, nodes, entry, nodes[-1]), []
+                cur = _take_whole(gm, chain, shape_reads, nodes, entry, nodes[-1])
                 continue
         if len(values) > 1 and not (first and len(values) > 16):
             site = Site(gm, values[0], set(cur), set(producer), channels, dims)
             region = match_pointwise_region(site, values)
             if region is not None:  # every reader of the value is in one elementwise region: one op
                 nodes, entry, join = region
-                cur, pending = _take_whole(gm, chain, shape_reads, nodes, entry, join), []
+                cur = _take_whole(gm, chain, shape_reads, nodes, entry, join)
                 continue
         if len(candidates) > 1:
             site = Site(gm, candidates[0], set(cur), set(producer), channels, dims)
@@ -2570,7 +2709,13 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
         covered += [a.name for a in nxt_aliases[1:]]
         chain.steps.append(Step(mapped.entries, covered, mapped.module, mapped.weights, value=nxt_aliases[-1].name))
         cur = nxt_aliases
+    if match.crop:
+        cropped = _cropped_chain(chain, len(match.crop))
+        if cropped is not None:
+            return NoChain(node.name, cropped)
     chain.output_node = _last_value(chain)
+    chain.size_nodes = _size_nodes(gm, chain)
+    settle_sizes(chain)
     chain.producer_readers = [r.name for r in _readers(gm, producer)[0]]
     nodes = {n.name: n for n in gm.graph.nodes}
     chain.derived_readers = {name: [u.name for u in nodes[name].users] for step in chain.steps for e in step.entries
@@ -2581,6 +2726,68 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
         return NoChain(node.name, f"the convolution's output is also read by {', '.join(outside)}, outside "
                                   "the chain (a chain's intermediate values are not kept)")
     return chain
+
+
+def _size_nodes(gm: torch.fx.GraphModule, chain: Chain) -> dict[str, tuple[Any, list[str]]]:
+    """Chain.size_nodes: each size node among the chain's nodes, with its value at the traced shapes and its
+    readers; one whose value cannot be told is left out (an op outside that reads it keeps the chain eager)."""
+    out: dict[str, tuple[Any, list[str]]] = {}
+    nodes = {n.name: n for n in gm.graph.nodes}
+    for name in chain.nodes:
+        node = nodes.get(name)
+        if node is None or not (_is_shape_read(node) or _is_size_arithmetic(node)):
+            continue
+        try:
+            value = _traced_size(node)
+        except (TypeError, ValueError, IndexError, AttributeError):
+            continue
+        out[name] = (value, [u.name for u in node.users])
+    return out
+
+
+def settle_sizes(chain: Chain) -> None:
+    """The chain's sizes that ops outside it read (Chain.sizes): a read of a chain value's shape (and the size
+    arithmetic on it) goes with the chain (_metadata_closure), so where an op outside reads it, the optimizer gives
+    that op the size at the traced shapes, and the optimized model runs its own forward at any other shapes.
+    Run again where the chain is cut shorter (fit_chain)."""
+    inside = set(chain.nodes)
+    chain.sizes = {name: value for name, (value, readers) in chain.size_nodes.items()
+                   if name in inside and any(r not in inside for r in readers)}
+
+
+def _traced_size(node: Any) -> Any:
+    """What a read of a value's shape (and sizes and numbers computed from it) gives at the traced shapes."""
+    if isinstance(node, (tuple, list)):
+        return type(node)(_traced_size(a) for a in node)
+    if not isinstance(node, torch.fx.Node):
+        return node
+    if _is_shape_read(node):
+        shape = torch.Size(_shape(node.args[0]))
+        if node.op == "call_function":
+            if node.args[1] not in ("shape", "ndim"):  # a dtype or device: the model's own when it runs, not the trace's
+                raise ValueError(f"{node.name} reads {node.args[1]}, not a size")
+            return len(shape) if node.args[1] == "ndim" else shape
+        if node.target == "dim":
+            return len(shape)
+        dims = [_traced_size(a) for a in node.args[1:]] + [_traced_size(v) for v in node.kwargs.values()]
+        return shape[dims[0]] if dims else shape
+    return node.target(*(_traced_size(a) for a in node.args))
+
+
+def _cropped_chain(chain: Chain, crops: int) -> str | None:
+    """A chain that starts by cropping its convolution's output (ProducerMatch.crop) ends before an op reading that
+    output as an operand (``by: producer``: the kernels' is the evenly padded one, larger); why there is no chain
+    where no op is left after the crop."""
+    for i, step in enumerate(chain.steps[1:], start=1):
+        if any(e.get("by") == "producer" for e in step.entries):
+            chain.end = (f"{step.nodes[0] if step.nodes else '?'} reads the convolution's output, which the chain "
+                         "computes padded evenly and then crops (its input's pad is uneven)")
+            chain.end_node = step.nodes[0] if step.nodes else None
+            chain.steps = chain.steps[:i]
+            break
+    if len(chain.steps) <= 1 and crops:
+        return f"no op of the vocabulary follows the convolution: {chain.end}"
+    return None
 
 
 def settle_derived(chain: Chain) -> None:
@@ -2804,6 +3011,7 @@ def fit_chain(chain: Chain, name: str, path: Path) -> tuple[int, dict[str, Any],
             chain.steps = chain.steps[:k]
             chain.output_node = _last_value(chain)
             settle_derived(chain)
+            settle_sizes(chain)
         return k, raw, weights
     return last_error or "no op of the vocabulary follows the convolution"
 
@@ -3001,6 +3209,10 @@ def _pytorch_reasons(gm: torch.fx.GraphModule, written: list[Written], refused: 
                               "PyTorch")
         elif _is_size_arithmetic(node):
             out[node.name] = f"{_describe(gm, node)} computes on sizes read off tensors, not on values: free in PyTorch"
+        elif _pad_of(gm, node) is not None and any(_is_convolution(gm, u) for u in node.users):
+            out[node.name] = (f"{_describe(gm, node)} pads a convolution's input, which that convolution does not take "
+                              "as its padding (it takes one of the spatial dims read by it alone: an even pad, or an "
+                              "uneven zero pad before a stride-1 convolution)")
         elif lookup(gm, node) is None and not _is_identity(gm, node):
             out[node.name] = f"{_describe(gm, node)} is not in the vocabulary"
         elif any(n.name in outputs for n in node.all_input_nodes):

@@ -100,7 +100,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
         log.warning("fusetune.optimize: %s's %s; the model is returned unchanged", type(model).__name__, differs)
         return model
     found = _configs(gm, type(model).__name__, "graph" if cuda_graphs else "launch")
-    at_example = next((f.chain.at_example for f in found if f.chain.at_example), None)
+    at_example = next((f.chain.example_only() for f in found if f.chain.example_only()), None)
     if at_example is not None:  # a chain fixed at the example's shapes: other input shapes run the model's forward
         gm.meta[AT_EXAMPLE] = at_example
     if machine is None:
@@ -1217,7 +1217,7 @@ def _reference_graph(gm: torch.fx.GraphModule, item: Found, replaced_by: Mapping
         return "its nodes are not in the traced graph"
     for node in inside - {out}:
         outside = [u.name for u in node.users if u not in inside]
-        if outside:
+        if outside and node.name not in item.chain.sizes:  # a size: _replace gives its readers its traced value
             return f"{node.name} is also read by {', '.join(outside)}"
     sub = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {match.input: sub.placeholder("x")}
@@ -1271,6 +1271,7 @@ def _replace(gm: torch.fx.GraphModule, item: Found, chain: FusedChain,
     out.replace_all_uses_with(new)
     if replaced_by is not None:
         replaced_by[out.name] = new
+    _give_sizes(inside, item.chain.sizes)
     attrs = {a for n in inside for a in n.all_input_nodes if a.op == "get_attr"}
     for node in reversed(inside):
         gm.graph.erase_node(node)
@@ -1278,6 +1279,19 @@ def _replace(gm: torch.fx.GraphModule, item: Found, chain: FusedChain,
         if not node.users:
             gm.graph.erase_node(node)
     return None
+
+
+def _give_sizes(inside: Sequence[torch.fx.Node], sizes: Mapping[str, Any]) -> None:
+    """The ops outside the chain that read a size of its values (an FPN's ``F.interpolate(top,
+    size=lateral.shape[-2:])``, importer.Chain.sizes) read that size's traced value instead: the nodes computing
+    it go with the chain's; the model runs its own forward at other input shapes (AtExample)."""
+    chain = set(inside)
+    for node in inside:
+        if node.name not in sizes:
+            continue
+        for user in [u for u in node.users if u not in chain]:
+            user.args = torch.fx.node.map_aggregate(user.args, lambda a, n=node: sizes[n.name] if a is n else a)
+            user.kwargs = torch.fx.node.map_aggregate(user.kwargs, lambda a, n=node: sizes[n.name] if a is n else a)
 
 
 def fused_chains(model: nn.Module) -> Iterator[FusedChain]:

@@ -514,3 +514,38 @@ def test_in_place_forms_are_their_ops_only_on_the_chains_value(tmp_path: Path) -
     assert result.written[0].epilogue[4:] == [{"op": "pow", "by": -0.5}, {"op": "pow", "by": 2.0},
                                               {"op": "pow", "by": -1.0}, {"op": "mul", "by": 2.0},
                                               {"op": "pow", "by": -1.0}]
+
+
+def test_alpha_and_rounding_mode_are_read(tmp_path: Path) -> None:
+    """torch.add / torch.sub's alpha folds into a number operand, or a multiply of the chain's value on the right;
+    on a tensor operand it ends the chain, named; rounding_mode None is a true division."""
+    result = import_model(str(MODELS / "sweep3_kb_add_sub_alpha_rounding_mode.py"), tmp_path)
+    first, second, third = (w.epilogue for w in result.written)
+    assert first[0] == {"op": "sub", "by": 0.5} and first[1]["op"] == "div"
+    assert [(e["op"], e.get("by")) for e in second[:4]] == [("add", 1.0), ("mul", -0.5), ("add", "b"), ("mul", 4.0)]
+    assert third == [{"op": "relu"}]
+    assert "alpha=2 scales the other operand, a tensor (b)" in result.pytorch["add_2"]
+
+
+def test_an_operand_computed_after_the_convolution_from_earlier_ones_is_an_input(tmp_path: Path) -> None:
+    """A diffusion block's projected time embedding and an FPN's upsampled top-down value are computed after the
+    convolution whose chain reads them, from no later convolution: extra inputs (per sample and channel, full);
+    the FPN's interpolate reads the lateral's shape, a size of the chain fixed at the traced shape."""
+    unet = import_model(str(MODELS / "sweep3_diffusion_resblock_temb_proj.py"), tmp_path / "unet")
+    temb = load_config(unet.written[0].config)
+    assert temb.input_kinds == (("getitem", "per_sample_channel"),)
+    assert "also read by block1_nin_shortcut" in unet.pytorch["conv_in"]
+    fpn = import_model(str(MODELS / "sweep3_fpn_topdown_interpolate.py"), tmp_path / "fpn")
+    assert [w.chain.sizes for w in fpn.written] == [{"getitem": torch.Size([4, 4])}, {"getitem_1": torch.Size([8, 8])}]
+    assert all(w.chain.example_only() for w in fpn.written)
+
+
+def test_an_uneven_pad_is_taken_evenly_and_cropped(tmp_path: Path) -> None:
+    """A causal F.pad before an unpadded stride-1 convolution: the larger side's padding on both sides, then slices;
+    before a stride-2 convolution the pad stays in PyTorch, and the map says why."""
+    result = import_model(str(MODELS / "sweep3_causal_pad_conv.py"), tmp_path)
+    causal, masked, strided = result.written
+    assert causal.chain.producer["padding"] == 2 and causal.epilogue[0] == {"op": "slice", "dim": 2, "end": -2}
+    assert masked.epilogue[:2] == [{"op": "slice", "dim": 2, "end": -1}, {"op": "slice", "dim": 3, "end": -1}]
+    assert "padding" not in strided.chain.producer
+    assert "does not take as its padding" in result.pytorch["pad_2"]

@@ -244,9 +244,13 @@ def trace_differs(root: nn.Module, gm: torch.fx.GraphModule, inputs: Sequence[An
             return pytree.tree_leaves(fn(*copies))
 
     try:
-        want, got = run(root), run(gm)
-    except Exception as exc:  # the trace runs on the example (trace checked it); the model itself may not, twice
-        return f"forward and its trace could not be compared on the example inputs ({type(exc).__name__}: {exc})"
+        want = run(root)
+    except Exception as exc:  # the user's model itself fails at these inputs (a CPU tensor beside CUDA ones, say)
+        return f"own forward fails on the example inputs ({type(exc).__name__}: {exc})"
+    try:
+        got = run(gm)
+    except Exception as exc:  # the trace ran on the example when traced; a second run may not (state it changed)
+        return f"trace fails on the example inputs where its own forward runs ({type(exc).__name__}: {exc})"
     why = _first_difference(want, got)
     return None if why is None else (
         f"traced forward differs from its own on the example inputs ({why}): torch.fx records an in-place op on "

@@ -1,6 +1,7 @@
 """Conv2d -> torch.where(x > 0, x, x * 0.2) (a leaky relu) -> torch.clamp with tensor bounds (0-dim buffers: numbers)
 -> x / torch.tensor(2.0) -> dropout (eval); a second Conv2d clamped by parameters: x.clamp(min=a (C, 1, 1) parameter,
-max=a 0-dim parameter) (maximum then minimum), then torch.clamp_max by torch.tensor(0.9)."""
+max=a 0-dim parameter) (maximum then minimum), then torch.clamp_max by torch.tensor(0.4, device=x.device) (clamp's
+tensor bounds must be on the input's device: a CPU one fails on a GPU, in eager too)."""
 import torch
 import torch.nn as nn
 
@@ -24,7 +25,7 @@ class Model(nn.Module):
         x = x / torch.tensor(2.0)
         x = self.drop(x)
         x = self.conv2(x).clamp(min=self.floor, max=self.ceiling)
-        return torch.clamp_max(x, torch.tensor(0.4))
+        return torch.clamp_max(x, torch.tensor(0.4, device=x.device))
 
 
 def get_inputs():

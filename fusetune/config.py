@@ -15,10 +15,11 @@ from typing import Any, Mapping
 import yaml
 
 from fusetune import broadcast
-from fusetune.dtypes import DEFAULT_DTYPE
+from fusetune.dtypes import DEFAULT_DTYPE, alias_of
 from fusetune.dtypes import DTYPES as ELEMENT_TYPES
 from fusetune.errors import ConfigError, did_you_mean
 from fusetune.ops import REGISTRY, LayerNorm, Op, OpContext, ParamDecl, Shape
+from fusetune.ops.base import number_text_hint
 from fusetune.ops.channel import ChannelLayerNorm
 from fusetune.ops.gate import Glu
 from fusetune.producers import Producer
@@ -37,6 +38,8 @@ PARAM_INITS = ("ones", "zeros", "randn")
 PARAM_SHAPES = ("per_channel", "scalar")
 TOP_KEYS = ("name", "dtype", "precision", "tolerance", "producer", "parameters", "inputs", "epilogue", "shapes",
             "search")
+#: The keys every config gives (the others have defaults): named where a file holds none of them.
+REQUIRED_KEYS = ("name", "producer", "epilogue", "shapes")
 #: Names an extra input may not take: the generated forwards' own names (the chain's tensor ``x``, the
 #: convolution's output ``y``, ``self``) and the modules model.py imports.
 INPUT_RESERVED = ("x", "y", "self", "torch", "nn", "F", "os", "json", "producer")
@@ -233,13 +236,19 @@ def load_config(path: str | Path) -> ProblemSpec:
 
 def parse_config(raw: Any, path: str = "<config>") -> ProblemSpec:
     """Validate an already-parsed YAML document."""
+    if raw is None:  # yaml's reading of a file with no document (empty, or comments only) or a bare null
+        raise ConfigError(path, "", f"the file is empty: it holds no YAML document (only comments, whitespace or "
+                                    f"null); a config is a mapping that gives at least {', '.join(REQUIRED_KEYS)} "
+                                    "(see README.md)")
     _check_keys(raw, TOP_KEYS, path, "", f"a mapping of keys ({', '.join(TOP_KEYS)})")
     name = raw.get("name")
     if not isinstance(name, str) or not name or not all(ch.isascii() and (ch.isalnum() or ch in "_-") for ch in name):
         raise ConfigError(path, "name", f"expected a non-empty name of letters, digits, '_' and '-', got {name!r}")
     dtype = raw.get("dtype", DEFAULT_DTYPE)
     if dtype not in DTYPES:
-        raise ConfigError(path, "dtype", f"expected one of {', '.join(DTYPES)}, got {dtype!r}")
+        alias = alias_of(dtype) if isinstance(dtype, str) else None
+        hint = f"; did you mean '{alias}'?" if alias else ""
+        raise ConfigError(path, "dtype", f"expected one of {', '.join(DTYPES)}, got {dtype!r}{hint}")
     precision = _parse_precision(raw, dtype, path)
     tolerance = _parse_tolerance(raw.get("tolerance"), path)
     if "producer" not in raw:
@@ -294,7 +303,7 @@ def _parse_tolerance(raw: Any, path: str) -> Tolerance | None:
                                                         f"{key})")
         value = raw[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            hint = " (YAML reads 1e-4 as text: write 1.0e-4)" if isinstance(value, str) else ""
+            hint = number_text_hint(value) if isinstance(value, str) else ""
             raise ConfigError(path, f"tolerance.{key}", f"expected a non-negative finite number, got {value!r}{hint}")
         values[key] = float(value)
     return Tolerance(**values)
@@ -397,11 +406,15 @@ def _parse_shapes(raw: Any, producer: Producer, path: str) -> tuple[Shape, ...]:
     rank = 2 + producer.spatial_dims
     if not isinstance(raw, list) or not raw:
         raise ConfigError(path, "shapes", f"expected a non-empty list of input shapes {producer.shape_names}")
+    if all(_is_int(s) for s in raw):  # one shape given bare: the list of shapes is the shape itself
+        raise ConfigError(path, "shapes", f"expected a list of shapes, each a list of {rank} integers "
+                                          f"{producer.shape_names}, got the flat list {raw!r}: wrap each shape in "
+                                          f"its own brackets, e.g. shapes: [{raw!r}] for one shape")
     shapes: list[Shape] = []
     for i, shape in enumerate(raw):
         key = f"shapes[{i}]"
         if (not isinstance(shape, list) or len(shape) != rank
-                or any(isinstance(s, bool) or not isinstance(s, int) for s in shape)):
+                or not all(_is_int(s) for s in shape)):
             raise ConfigError(path, key, f"expected a list of {rank} integers for {producer.kind} "
                                          f"{producer.shape_names}, got {shape!r}")
         if any(s < 1 for s in shape):
@@ -422,6 +435,16 @@ def _parse_shapes(raw: Any, producer: Producer, path: str) -> tuple[Shape, ...]:
             raise ConfigError(path, key, f"shape {shape} is listed twice")
         shapes.append(tuple(shape))
     return tuple(shapes)
+
+
+def _is_int(value: Any) -> bool:
+    """An integer as YAML gives one: a bool is an int to Python, not a size to a config."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 channel``, ``3 channels``: a count as a message reads it (a channel reduction leaves 1)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, ParamDecl],
@@ -468,7 +491,8 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
             decl = parameters.get(param)
             first = param_at.setdefault(param, (key, channels))
             if decl is not None and not decl.scalar and first[1] != channels:
-                raise ConfigError(path, key, f"per-channel parameter '{param}' is read here at {channels} channels, "
+                raise ConfigError(path, key, f"per-channel parameter '{param}' is read here at "
+                                             f"{_count(channels, 'channel')}, "
                                              f"but {first[0]} reads it at {first[1]}: a parameter has one shape")
         name = op.reads_input()
         if name is not None:
@@ -506,8 +530,8 @@ def _per_channel_hint(shape: Shape, producer: Producer, channels: int) -> str:
                 "before it, and flatten after)")
     scalar = " (one value for every channel: declare it shape: scalar)"
     if len(shape) == 2 + producer.spatial_dims and shape[1] == 1:
-        return (f"; PyTorch would broadcast the one channel left against its {channels} values, back to {channels} "
-                f"channels, and no op of a chain widens it again{scalar}")
+        return (f"; PyTorch would broadcast the one channel left against its {_count(channels, 'value')}, back to "
+                f"{_count(channels, 'channel')}, and no op of a chain widens it again{scalar}")
     return scalar
 
 
@@ -529,7 +553,7 @@ def _structured(shape: Shape, producer: Producer, channels: int) -> str | None:
     if len(shape) != 2 + producer.spatial_dims:
         return f"the input is now {list(shape)}, of rank {len(shape)}"
     if shape[1] != channels:
-        return f"the input now has {shape[1]} channels: {list(shape)}"
+        return f"the input now has {_count(shape[1], 'channel')}: {list(shape)}"
     return None
 
 

@@ -40,3 +40,22 @@ DTYPES: dict[str, Dtype] = {
     "bfloat16": Dtype("bfloat16", "bfloat16", "ft_t", "ft_t4", "__nv_bfloat16", "cuda_bf16.h",
                       "__bfloat162float", "__float2bfloat16_rn", 2, "__nv_bfloat162", "__bfloat1622float2", "bf16"),
 }
+
+#: Other spellings of the dtypes above, as PyTorch (``torch.half``, ``torch.float``), NumPy and mixed-precision
+#: habit (``fp16``, ``bf16``) write them: a config that uses one is refused with the name to write instead, since
+#: a config names each dtype one way (it is part of every cache key). float64 (``double``) has no kernels: not here.
+ALIASES: dict[str, str] = {
+    "fp32": "float32", "f32": "float32", "float": "float32", "single": "float32",
+    "fp16": "float16", "f16": "float16", "half": "float16",
+    "bf16": "bfloat16", "bfloat": "bfloat16",
+}
+
+
+def alias_of(word: object) -> str | None:
+    """The dtype name that ``word`` is another spelling of (``fp16`` -> ``float16``), None where it is none.
+
+    Compared without case and a ``torch.`` prefix, as a user copies ``torch.half`` from a model."""
+    folded = str(word).strip().lower().removeprefix("torch.")
+    if folded in DTYPES:
+        return folded
+    return ALIASES.get(folded)

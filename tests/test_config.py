@@ -7,8 +7,11 @@ import pytest
 import yaml
 
 from fusetune.config import ProblemSpec, SearchSettings, load_config, parse_config
+from fusetune.dtypes import ALIASES, DTYPES, alias_of
 from fusetune.errors import ConfigError
-from fusetune.ops import AdaptiveAvgPool, BatchNorm, Clamp, DimReduce, GroupNorm, InstanceNorm, MaxPool, Mul
+from fusetune.ops import (REGISTRY, AdaptiveAvgPool, BatchNorm, Clamp, DimReduce, GroupNorm, InstanceNorm,
+                          MaxPool, Mul)
+from fusetune.ops.base import number_text_hint
 
 from conftest import SEEDS
 
@@ -314,3 +317,66 @@ def test_utf8_with_byte_order_mark_and_non_ascii_comment_loads(tmp_path):
     path = tmp_path / "bom.yaml"
     path.write_bytes(b"\xef\xbb\xbf" + ("# café\n" + _seed_text()).encode())
     assert load_config(path).name == load_config(SEEDS["groupnorm"]).name
+
+
+# --- Hints for a new user's near misses: dtype spellings, numbers YAML read as text, ops without arguments.
+
+@pytest.mark.parametrize("alias", sorted(ALIASES) + ["FP16", "torch.half", "torch.float32"])
+def test_dtype_alias_is_refused_with_the_name_it_means(alias):
+    """Each alias names a dtype of the table, and a config that writes it is told that name, as the config's own
+    spelling is part of every cache key."""
+    meant = alias_of(alias)
+    assert meant in DTYPES
+    raw = _raw("groupnorm")
+    raw["dtype"] = alias
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw, "x.yaml")
+    assert info.value.key == "dtype"
+    assert str(info.value).endswith(f"got {alias!r}; did you mean '{meant}'?")
+
+
+def test_unsupported_dtype_gets_no_misleading_suggestion():
+    """float64 is a near miss of float16 and float32 letter by letter, but neither is what it means."""
+    raw = _raw("groupnorm")
+    raw["dtype"] = "float64"
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw, "x.yaml")
+    assert "did you mean" not in str(info.value)
+
+
+@pytest.mark.parametrize("text", ["1e-5", "1E-5", "-2e3", "1.0e5", "3.5E2", ".5e3", "+7e+1"])
+def test_exponent_yaml_reads_as_text_gets_a_spelling_it_reads_as_the_same_number(text):
+    assert isinstance(yaml.safe_load(f"v: {text}")["v"], str)  # the premise: YAML 1.1 reads it as text
+    hint = number_text_hint(text)
+    assert "YAML 1.1" in hint and "quoted" not in hint
+    spelt = hint.rsplit("write ", 1)[1].rstrip(")")
+    assert yaml.safe_load(f"v: {spelt}")["v"] == float(text)
+
+
+@pytest.mark.parametrize("text", ["0.1", "5", "-3", "1.0e-5", "+1.5e+3", ".5"])
+def test_number_yaml_reads_as_a_number_was_quoted(text):
+    assert isinstance(yaml.safe_load(f"v: {text}")["v"], (int, float))  # so only quotes made it text
+    assert number_text_hint(text) == f" (a quoted number is text: write {text} without the quotes)"
+
+
+@pytest.mark.parametrize("text", ["tiny", "inf", "nan", "1,5", "0x10", "١"])
+def test_text_that_is_no_finite_number_gets_no_number_hint(text):
+    assert number_text_hint(text) == ""
+
+
+def test_every_op_refuses_an_unknown_key_naming_what_it_takes():
+    """An op that takes arguments lists them; one that takes none says so (not "expected one of: no other keys")."""
+    takes_none = []
+    for kind in sorted(REGISTRY):
+        raw = _raw("groupnorm")
+        raw["epilogue"] = [{"op": kind, "zz_unknown": 1}]
+        with pytest.raises(ConfigError) as info:
+            parse_config(raw, "x.yaml")
+        assert info.value.key == "epilogue[0].zz_unknown"  # a typo is named before what it may have meant
+        message = str(info.value)
+        assert "no other keys" not in message
+        if f"{kind} takes no arguments" in message:
+            takes_none.append(kind)
+        else:
+            assert "(expected one of: " in message, message
+    assert "relu" in takes_none

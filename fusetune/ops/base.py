@@ -10,7 +10,11 @@ Ops are registered explicitly in ``fusetune.ops.REGISTRY``: one line per op.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from typing import Any, ClassVar, Mapping, Sequence
+
+import yaml
 
 from fusetune.errors import ConfigError, did_you_mean
 
@@ -104,6 +108,45 @@ class Op:
         return {"kind": self.kind, **dataclasses.asdict(self)}
 
 
+#: A number in exponent form as Python reads one: sign, digits, an optional fraction, the exponent.
+_EXPONENT = re.compile(r"(?P<sign>[-+]?)(?P<whole>[0-9_]*)(?:\.(?P<fraction>[0-9_]*))?"
+                       r"[eE](?P<esign>[-+]?)(?P<exp>[0-9_]+)")
+
+
+def number_text_hint(text: str) -> str:
+    """Why a number arrived as text, for a message after ``got '...'``; "" where ``text`` is no number.
+
+    Two causes, told apart by asking YAML itself how it reads ``text`` unquoted: a number it reads as one can only
+    be text because it was quoted (``"0.1"``); one it reads as text is YAML 1.1's exponent without a decimal point
+    or without the exponent's sign (``1e-5``, ``1.0e5``), and the hint spells it the way YAML reads a number
+    (``1.0e-5``). Not a finite number (``inf``, ``nan``): no hint, as YAML's own spellings would be refused too."""
+    text = text.strip()
+    if not text.isascii():  # float() reads other scripts' digits too, which YAML never reads as a number
+        return ""
+    try:
+        number = float(text)
+    except ValueError:
+        return ""
+    if not math.isfinite(number):
+        return ""
+    if isinstance(yaml.safe_load(text), (int, float)):
+        return f" (a quoted number is text: write {text} without the quotes)"
+    return (f" (YAML 1.1 reads an exponent without a decimal point or a signed exponent as text: "
+            f"write {_yaml_number(text, number)})")
+
+
+def _yaml_number(text: str, number: float) -> str:
+    """``text`` (a number YAML reads as text) spelt so that YAML reads it as a number: the user's digits kept, with
+    a decimal point and a signed exponent (``1e-5`` -> ``1.0e-5``)."""
+    exponent = _EXPONENT.fullmatch(text)
+    if exponent:
+        spelt = (f"{exponent['sign']}{exponent['whole'] or '0'}.{exponent['fraction'] or '0'}"
+                 f"e{exponent['esign'] or '+'}{exponent['exp']}")
+        if isinstance(yaml.safe_load(spelt), float):
+            return spelt
+    return repr(number)
+
+
 def take_number(raw: Mapping[str, Any], key: str, ctx: OpContext, *, default: Any = ...,
                 positive: bool = False, allow_int_only: bool = False) -> float:
     """Read a number from an op entry, with a message naming the key on failure."""
@@ -113,13 +156,7 @@ def take_number(raw: Mapping[str, Any], key: str, ctx: OpContext, *, default: An
         return default
     value = raw[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        hint = ""
-        if isinstance(value, str):
-            try:
-                float(value)
-                hint = " (YAML reads a number without a decimal point before 'e' as text: write e.g. 1.0e-5)"
-            except ValueError:
-                pass
+        hint = number_text_hint(value) if isinstance(value, str) else ""
         raise ctx.error(key, f"expected a number, got {value!r}{hint}")
     if allow_int_only and not isinstance(value, int):
         raise ctx.error(key, f"expected an integer, got {value!r}")
@@ -179,6 +216,8 @@ def reject_unknown(raw: Mapping[str, Any], allowed: Sequence[str], ctx: OpContex
     """Unknown keys are typos more often than not: name them."""
     for key in raw:
         if key != "op" and key not in allowed:
-            expected = ", ".join(sorted(allowed)) or "no other keys"
-            raise ctx.error(str(key), f"unknown key for op '{raw.get('op')}'{did_you_mean(key, allowed)} "
-                                      f"(expected one of: {expected})")
+            op = raw.get("op")
+            if not allowed:
+                raise ctx.error(str(key), f"unknown key for op '{op}': {op} takes no arguments (only the op key)")
+            raise ctx.error(str(key), f"unknown key for op '{op}'{did_you_mean(key, allowed)} "
+                                      f"(expected one of: {', '.join(sorted(allowed))})")

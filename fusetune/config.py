@@ -17,7 +17,7 @@ import yaml
 from fusetune import broadcast
 from fusetune.dtypes import DEFAULT_DTYPE, alias_of
 from fusetune.dtypes import DTYPES as ELEMENT_TYPES
-from fusetune.errors import ConfigError, did_you_mean
+from fusetune.errors import ConfigError, count, did_you_mean
 from fusetune.ops import REGISTRY, LayerNorm, Op, OpContext, ParamDecl, Shape
 from fusetune.ops.base import number_text_hint
 from fusetune.ops.channel import ChannelLayerNorm
@@ -442,11 +442,6 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _count(n: int, noun: str) -> str:
-    """``1 channel``, ``3 channels``: a count as a message reads it (a channel reduction leaves 1)."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
 def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, ParamDecl],
                     shapes: tuple[Shape, ...], path: str, inputs: tuple[str, ...] = ()) -> tuple[Op, ...]:
     """Every op PyTorch would run on its input is valid: whether the kernels take it is the planner's
@@ -492,7 +487,7 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
             first = param_at.setdefault(param, (key, channels))
             if decl is not None and not decl.scalar and first[1] != channels:
                 raise ConfigError(path, key, f"per-channel parameter '{param}' is read here at "
-                                             f"{_count(channels, 'channel')}, "
+                                             f"{count(channels, 'channel')}, "
                                              f"but {first[0]} reads it at {first[1]}: a parameter has one shape")
         name = op.reads_input()
         if name is not None:
@@ -530,8 +525,8 @@ def _per_channel_hint(shape: Shape, producer: Producer, channels: int) -> str:
                 "before it, and flatten after)")
     scalar = " (one value for every channel: declare it shape: scalar)"
     if len(shape) == 2 + producer.spatial_dims and shape[1] == 1:
-        return (f"; PyTorch would broadcast the one channel left against its {_count(channels, 'value')}, back to "
-                f"{_count(channels, 'channel')}, and no op of a chain widens it again{scalar}")
+        return (f"; PyTorch would broadcast the one channel left against its {count(channels, 'value')}, back to "
+                f"{count(channels, 'channel')}, and no op of a chain widens it again{scalar}")
     return scalar
 
 
@@ -553,7 +548,7 @@ def _structured(shape: Shape, producer: Producer, channels: int) -> str | None:
     if len(shape) != 2 + producer.spatial_dims:
         return f"the input is now {list(shape)}, of rank {len(shape)}"
     if shape[1] != channels:
-        return f"the input now has {_count(shape[1], 'channel')}: {list(shape)}"
+        return f"the input now has {count(shape[1], 'channel')}: {list(shape)}"
     return None
 
 

@@ -26,6 +26,11 @@ class ConfigError(FusetuneError):
         super().__init__(f"{where}: {message}")
 
 
+def count(n: int, noun: str) -> str:
+    """``1 channel``, ``3 channels``: a count as a message reads it (a channel reduction leaves 1)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _folded(word: object) -> str:
     """``word`` as compared for a suggestion: PyTorch's spellings (``ReLU``, ``GroupNorm``, ``group-norm``)
     are near misses of ours (``relu``, ``group_norm``) in case and separators only."""

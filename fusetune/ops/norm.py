@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Mapping
 
+from fusetune.errors import count
 from fusetune.ops.base import Op, OpContext, Shape, reject_unknown, take_bool, take_int, take_number
 
 
@@ -100,13 +101,13 @@ class GroupNorm(Norm):
         groups = take_int(raw, key, ctx, minimum=1)
         channels = ctx.in_shape[1]
         if channels % groups:
-            raise ctx.error(key, f"expected a divisor of the {channels} channels, got {groups}")
+            raise ctx.error(key, f"expected a divisor of the {count(channels, 'channel')}, got {groups}")
         return cls(groups=groups, eps=float(take_number(raw, "eps", ctx, default=1e-5, positive=True)),
                    affine=take_bool(raw, "affine", ctx, default=True))
 
     def check_shape(self, shape: Shape, error) -> None:
         if shape[1] % self.groups:
-            error("groups", f"{self.groups} groups do not divide {shape[1]} channels")
+            error("groups", f"{count(self.groups, 'group')} do not divide {count(shape[1], 'channel')}")
 
     def groups_of(self, channels: int) -> int:
         return channels // self.groups

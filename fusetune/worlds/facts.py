@@ -180,7 +180,8 @@ def direct_refusal(plan: Plan) -> str | None:
     if producer.out_channels % 2 != 0:
         return f"{producer.out_channels} output channels (an even count)"
     if plan.family == "channel_reduce" and producer.out_channels not in DIRECT_CHANNEL_REDUCE_TILES:
-        return f"a reduction over {producer.out_channels} channels (one of {DIRECT_CHANNEL_REDUCE_TILES})"
+        over = ", ".join(map(str, DIRECT_CHANNEL_REDUCE_TILES))
+        return f"its channel reduction takes {over} channels, not {producer.out_channels}"
     return None
 
 

@@ -760,17 +760,24 @@ def report(ctx: click.Context, target: str, out: str, bench_files: tuple[str, ..
               help="Folder for the configs (<stem>_chain<i>.yaml) and the map (<stem>.map.json).")
 @click.option("--inputs", "inputs", type=SHAPE, multiple=True,
               help="Example input shape N,C,H,W (for package.module:factory; repeatable, one per input).")
+@click.option("--force", is_flag=True,
+              help="Overwrite configs edited since an earlier import wrote them (or that no import recorded).")
 @click.pass_context
 @_fail_cleanly
-def import_(ctx: click.Context, model: str, out_dir: str, inputs: tuple[Shape, ...]) -> None:
+def import_(ctx: click.Context, model: str, out_dir: str, inputs: tuple[Shape, ...], force: bool) -> None:
     """Find MODEL's convolution chains and write one config per chain (MODEL: a KernelBench-style
-    file, or package.module:factory with --inputs)."""
+    file, or package.module:factory with --inputs).
+
+    Importing into a folder again overwrites the configs an earlier import wrote and the map, but refuses
+    (exit 2, nothing written) where a config differs from what that import wrote (the map records each
+    config's sha256): an edit of yours, or a file no import wrote. --force overwrites them, said. A config
+    the earlier import wrote that this one does not is left as it is, said."""
     # At once, on stderr: torch's import, the model's construction, tracing and checking the trace take
     # seconds (a ResNet's tens) in which nothing else would show.
     _reporter(ctx).line("fusetune import: building the model, tracing it and checking the trace on its example inputs")
     from fusetune.importer import import_model
 
-    result = import_model(model, Path(out_dir), list(inputs))
+    result = import_model(model, Path(out_dir), list(inputs), force=force)
     for line in result.lines:
         click.echo(line)
 

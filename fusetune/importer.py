@@ -46,9 +46,9 @@ from fusetune.computed_weights import (hook_derivations, owners_refusal, paramet
                                        parametrized_convolution)
 from fusetune.config import _reserved, load_config, parse_config
 from fusetune.derived import Derivation, derivation
-from fusetune.errors import ConfigError, FusetuneError
+from fusetune.errors import ConfigError, FusetuneError, count
 from fusetune.ops import Shape
-from fusetune.producers import KINDS
+from fusetune.producers import KINDS, SPATIAL_NAMES
 
 log = logging.getLogger("fusetune.import")
 
@@ -94,11 +94,20 @@ def load_model(spec: str, input_shapes: Sequence[Shape] = ()) -> LoadedModel:
                                 "get_init_inputs) or package.module:factory")
 
 
+#: What a KernelBench-style file defines, by name, and what each must be: said where one is missing or is no such.
+CONVENTION: dict[str, str] = {
+    "Model": "a class Model(nn.Module)",
+    "get_inputs": "a function get_inputs() returning the forward's example arguments (a list, or one tensor)",
+    "get_init_inputs": "a function get_init_inputs() returning Model's constructor arguments (a list)",
+}
+
+
 def _load_file(spec: str, input_shapes: Sequence[Shape]) -> LoadedModel:
     path = Path(spec)
     if not path.is_file():
         raise ConfigError(spec, "", "no such file; expected a Python file defining class Model(nn.Module), "
                                     "get_inputs() and get_init_inputs()")
+    _check_source(spec, path)
     name = f"_fusetune_import_{next(_counter)}"
     module_spec = importlib.util.spec_from_file_location(name, path)
     if module_spec is None or module_spec.loader is None:
@@ -113,20 +122,94 @@ def _load_file(spec: str, input_shapes: Sequence[Shape]) -> LoadedModel:
         sys.modules.pop(name, None)
     cls = getattr(module, "Model", None)
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-        raise ConfigError(spec, "Model", "missing; expected a class Model(nn.Module) (KernelBench convention)")
-    get_inputs = getattr(module, "get_inputs", None)
-    if not callable(get_inputs) and not input_shapes:
-        raise ConfigError(spec, "get_inputs", "missing; expected get_inputs() returning the example inputs "
-                                              "(or pass --inputs)")
-    init = getattr(module, "get_init_inputs", lambda: [])
+        got = "missing" if cls is None else f"not an nn.Module class (it is {_what(cls)})"
+        raise ConfigError(spec, "Model", f"{got}; expected {CONVENTION['Model']} (KernelBench convention)")
+    get_inputs = None if input_shapes else _convention_function(spec, module, "get_inputs", required=True)
+    init = _convention_function(spec, module, "get_init_inputs", required=False)
+    init_args = _called(spec, "get_init_inputs", init) if init is not None else ()
     try:
-        model = cls(*init())
-        inputs = _example_inputs(input_shapes) if input_shapes else tuple(get_inputs())
+        model = cls(*init_args)
     except Exception as exc:
         raise ConfigError(spec, "Model", f"building the model failed: {type(exc).__name__}: {exc}") from None
+    inputs = _example_inputs(input_shapes) if get_inputs is None else _called(spec, "get_inputs", get_inputs)
     dtypes = tensor_dtypes(model)  # before _float32 casts the module in place
     return LoadedModel(model=_float32(model), inputs=_float32_inputs(inputs), stem=_stem(path.stem), source=spec,
                        dtype=model_dtype(dtypes, inputs), tensor_dtypes=dtypes)
+
+
+def _check_source(spec: str, path: Path) -> None:
+    """Refuse a file Python would refuse to read as source: bytes that are not text in its encoding (UTF-8, or what
+    a PEP 263 ``# -*- coding: ... -*-`` line declares). importlib compiles the raw bytes, and CPython's tokenizer
+    lets bad bytes through in comments and strings it does not decode, so ``python model.py`` fails on a file the
+    import would take (a Latin-1 ``# café``); said as the config loader says it for YAML: the byte, its offset and
+    its line."""
+    import tokenize
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(spec, "", f"cannot read the file: {exc.strerror or exc}") from None
+    declared: SyntaxError | None = None
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as exc:  # an unknown encoding declared, or a first line that is not UTF-8 (said below)
+        encoding, declared = "utf-8", exc
+    try:
+        data.decode(encoding)
+        if declared is not None:
+            raise ConfigError(spec, "", f"not readable as Python source: {declared.msg}")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        encoding = "UTF-8" if encoding.startswith("utf-8") else encoding
+        raise ConfigError(spec, "", f"not {encoding} text: byte 0x{data[exc.start]:02x} at byte offset {exc.start} "
+                                    f"(line {line}) is not valid {encoding}, which Python refuses as source; save "
+                                    "the file as UTF-8 (or declare its encoding: PEP 263)") from None
+
+
+def _what(value: Any) -> str:
+    """A value's kind for a message: ``a list``, ``an int``, ``the class Foo``."""
+    if isinstance(value, type):
+        return f"the class {value.__name__}"
+    kind = type(value).__name__
+    return f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind}"
+
+
+def _convention_function(spec: str, module: Any, name: str, required: bool) -> Callable[[], Any] | None:
+    """The file's function ``name`` (CONVENTION); None where it is absent and not ``required`` (a model without
+    constructor arguments). A value of that name that is no function (``get_inputs = [x]``) is said so, not
+    taken for missing."""
+    value = getattr(module, name, None)
+    if value is None and not required:
+        return None
+    if value is None:
+        raise ConfigError(spec, name, f"missing; expected {CONVENTION[name]} (or pass --inputs)")
+    if not callable(value):
+        raise ConfigError(spec, name, f"not callable (it is {_what(value)}); expected {CONVENTION[name]}")
+    return value
+
+
+def _called(spec: str, name: str, function: Callable[[], Any]) -> tuple[Any, ...]:
+    """What ``get_inputs()`` or ``get_init_inputs()`` returned, as arguments: ``example_arguments``, its error
+    naming the file and the function."""
+    try:
+        value = function()
+    except Exception as exc:
+        raise ConfigError(spec, name, f"calling {name}() failed: {type(exc).__name__}: {exc}") from None
+    arguments = example_arguments(value, allow_tensor=name == "get_inputs")
+    if arguments is None:
+        raise ConfigError(spec, name, f"returned {_what(value)}; expected {CONVENTION[name]}")
+    return arguments
+
+
+def example_arguments(value: Any, allow_tensor: bool = True) -> tuple[Any, ...] | None:
+    """A model file's ``get_inputs()`` (or ``get_init_inputs()``) value as the call's arguments: a list or tuple
+    is them; one tensor is the forward's one argument, as ``optimize`` takes it (``tuple(t)`` would iterate it
+    over its first dim: N tensors of one sample each, a shape error far from the cause); anything else None."""
+    if isinstance(value, (list, tuple)):
+        return tuple(value)
+    if allow_tensor and isinstance(value, torch.Tensor):
+        return (value,)
+    return None
 
 
 def _load_factory(spec: str, input_shapes: Sequence[Shape]) -> LoadedModel:
@@ -219,7 +302,8 @@ def trace(model: nn.Module, inputs: Sequence[Any], source: str = "<model>") -> t
         with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):
             ShapeProp(gm).propagate(*inputs)
     except Exception as exc:
-        raise TraceError(f"{source}: running the traced model on the example inputs failed{_failed_at(exc)}") from None
+        raise TraceError(f"{source}: running the traced model on the example inputs failed"
+                         f"{_failed_at(exc, gm)}") from None
     return gm
 
 
@@ -290,12 +374,44 @@ def _same_leaf(w: Any, g: Any) -> bool:
         return True
 
 
-def _failed_at(exc: Exception) -> str:
+def _failed_at(exc: Exception, gm: torch.fx.GraphModule) -> str:
     """Where and why a traced model failed to run: ShapeProp wraps the op's own error in one that prints the node
-    and its metadata; the node's name and the op's error are what the user needs."""
+    and its metadata; the node's name and the op's error are what the user needs. A convolution given an input of
+    another rank is said in fusetune's terms (the rank and layout it expects, the shape it got: torch's own text
+    speaks of 'unbatched' inputs, which the kernels never take), and a convolution before the failing node that ran
+    on an unbatched input (a 3-D tensor to Conv2d: a batch norm after it fails) is named as the likely cause."""
     cause = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
-    node = re.search(r"ShapeProp error for: node=%(\w+)", str(exc))
-    return f"{f' at {node.group(1)}' if node and cause is not exc else ''} ({type(cause).__name__}: {cause})"
+    found = re.search(r"ShapeProp error for: node=%(\w+)", str(exc))
+    name = found.group(1) if found and cause is not exc else None
+    node = next((n for n in gm.graph.nodes if n.name == name), None)
+    wrong = _input_rank(gm, node) if node is not None else None
+    if wrong is not None:  # where the input is one dim short, PyTorch took the rank: its error says what else failed
+        return f" at {name}: {wrong[0]}{f' ({type(cause).__name__}: {cause})' if wrong[1] else ''}"
+    earlier = [why[0] for n in gm.graph.nodes if n is not node and (why := _input_rank(gm, n)) is not None]
+    hint = f"; before it, {'; '.join(earlier)}" if earlier else ""
+    return f"{f' at {name}' if name else ''} ({type(cause).__name__}: {cause}){hint}"
+
+
+def _input_rank(gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[str, bool] | None:
+    """Why a convolution node cannot take the input it was given on the example, where that input (as shapes
+    propagated so far recorded it) is not of rank 2 + its spatial dims, and whether it is unbatched (one dim short:
+    PyTorch takes it, the kernels do not); None where the rank is right, or unknown, or the node is no convolution."""
+    if node.op == "call_module":
+        module = _fetch_or_none(gm, str(node.target))
+        kind, what = _CONV_MODULES.get(type(module)), f"{node.target} ({type(module).__name__})"
+    elif node.op == "call_function" and node.target in _CONV_FUNCTIONS:
+        kind = _CONV_FUNCTIONS[node.target]
+        what = f"{node.name} (F.{kind})"
+    else:
+        return None
+    shape = _shape(node.args[0] if node.args else node.kwargs.get("input"))
+    if kind is None or shape is None or len(shape) == KINDS[kind].spatial_dims + 2:
+        return None
+    dims = KINDS[kind].spatial_dims
+    unbatched = (" (an unbatched input, which PyTorch takes and the kernels do not: do the example inputs leave out "
+                 "the batch dim?)" if len(shape) == dims + 1 else "")
+    layout = f"[N, C, {', '.join(SPATIAL_NAMES[dims])}]"
+    return f"{what} expects a {dims + 2}-D input {layout}, got {list(shape)}{unbatched}", bool(unbatched)
 
 
 class _Tracer(torch.fx.Tracer):
@@ -879,7 +995,7 @@ class Site:
                     value.shape, value_shape, self.channels) is not None:
                 return ParamRef(arg.target, tuple(int(s) for s in value.shape))
             shape = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-            against = (f"the input now has {value_shape[1]} channels" if len(value_shape) > 1
+            against = (f"the input now has {count(value_shape[1], 'channel')}" if len(value_shape) > 1
                        and value_shape[1] != self.channels else f"the chain's value {list(value_shape)}")
             return (f"the operand {arg.target} has shape {shape}: not one value per channel nor a single value "
                     f"against {against} (a per-channel parameter is {list(per_channel)}, (1, C, 1, ...) or 0-dim)")
@@ -1630,7 +1746,7 @@ def _prelu(site: Site, target: str, weight: Any) -> Mapped:
         raise Stop(f"its weight {target} of shape {size} is neither one value nor one per channel ({channels})")
     if weight.numel() > 1 and channels != site.channels:
         raise Stop(f"its weight has {channels} values, one per channel of a value that is no longer the "
-                    f"convolution's {site.channels} channels")
+                    f"convolution's {count(site.channels, 'channel')}")
     return _one(site, {"op": "prelu", "by": ParamRef(target, tuple(int(s) for s in weight.shape))})
 
 
@@ -3060,11 +3176,16 @@ def _dump(raw: Mapping[str, Any], header: str) -> str:
 
 
 def write_config(path: Path, text: str) -> None:
-    """Write a config atomically, after ``load_config`` accepts it (never a half-written or invalid file)."""
+    """Write a config atomically, after ``load_config`` accepts it (never a half-written or invalid file), with the
+    mode a plain write gives (``mkstemp``'s 0600 would stay with the renamed file: configs a colleague or a
+    service account could not read)."""
+    from fusetune.cache import usual_mode
+
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".yaml")
     try:
-        with os.fdopen(fd, "w") as handle:
+        os.fchmod(fd, usual_mode())
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         try:
             load_config(tmp)
@@ -3100,6 +3221,9 @@ def find_chains(gm: torch.fx.GraphModule) -> tuple[list[Chain], list[NoChain]]:
             match = f"its arguments could not be read ({type(exc).__name__}: {exc})"
         if match is None:
             continue
+        wrong = _input_rank(gm, node)  # an unbatched example input PyTorch takes (Conv2d on [C, H, W])
+        if wrong is not None:
+            match = wrong[0]
         if isinstance(match, str):
             refused.append(NoChain(node.name, f"a convolution fusetune does not take: {match}"))
             continue
@@ -3111,15 +3235,16 @@ def find_chains(gm: torch.fx.GraphModule) -> tuple[list[Chain], list[NoChain]]:
     return chains, refused
 
 
-def import_model(spec: str, out_dir: Path, input_shapes: Sequence[Shape] = ()) -> ImportResult:
-    """Load, trace, find the chains, write one config per chain and the map."""
+def import_model(spec: str, out_dir: Path, input_shapes: Sequence[Shape] = (), force: bool = False) -> ImportResult:
+    """Load, trace, find the chains, write one config per chain and the map (``force``: over configs edited since
+    an earlier import wrote them too: _check_overwrites)."""
     loaded = load_model(spec, input_shapes)
     model = _copy(loaded.model)
     gm = trace(model, loaded.inputs, spec)
     differs = trace_differs(model, gm, loaded.inputs)
     if differs is not None:  # configs of a chain the model does not compute would be tuned for nothing, or worse
         raise TraceError(f"{spec}: the model's {differs}")
-    return import_traced(loaded, gm, Path(out_dir))
+    return import_traced(loaded, gm, Path(out_dir), force)
 
 
 def _copy(model: nn.Module) -> nn.Module:
@@ -3134,9 +3259,12 @@ def _copy(model: nn.Module) -> nn.Module:
         return model
 
 
-def import_traced(loaded: LoadedModel, gm: torch.fx.GraphModule, out_dir: Path) -> ImportResult:
+def import_traced(loaded: LoadedModel, gm: torch.fx.GraphModule, out_dir: Path, force: bool = False) -> ImportResult:
+    """Write one config per chain and the map, after every config is made and checked against what the folder holds
+    (_check_overwrites): a refusal writes nothing."""
     chains, refused = find_chains(gm)
     written: list[Written] = []
+    texts: dict[Path, str] = {}
     for chain in chains:
         name = f"{loaded.stem}_chain{len(written)}"
         path = out_dir / f"{name}.yaml"
@@ -3170,13 +3298,70 @@ def import_traced(loaded: LoadedModel, gm: torch.fx.GraphModule, out_dir: Path) 
         if inputs:
             header += ("# Inputs: the model's tensors the chain reads beside the convolution's input, as forward "
                        "arguments after x: " + ", ".join(f"{n} (fx node {node})" for n, node in inputs.items()) + ".\n")
-        write_config(path, _dump(raw, header))
+        texts[path] = _dump(raw, header)
         written.append(Written(chain, path, name, k, weights, {p: weights[p] for p in bound}, raw["epilogue"],
                                {p: _shape_note(gm, weights[p], raw, p).lstrip(", ") for p in bound}, inputs, derived))
     pytorch = _pytorch_reasons(gm, written, refused)
     map_path = out_dir / f"{loaded.stem}.map.json"
-    _write_map(map_path, loaded, written, pytorch)
-    return ImportResult(loaded, gm, written, pytorch, map_path, _map_lines(loaded, gm, written, pytorch, map_path))
+    edited, stale = _check_overwrites(map_path, texts, force)
+    for path, text in texts.items():
+        write_config(path, text)
+    _write_map(map_path, loaded, written, pytorch, {p.name: _digest(t.encode("utf-8")) for p, t in texts.items()})
+    lines = _map_lines(loaded, gm, written, pytorch, map_path)
+    lines += [f"overwrote {path} (--force): it was edited since an import wrote it" for path in edited]
+    lines += [f"left {path} as it is: an earlier import wrote it, this one finds no such chain (delete it if the "
+              "model no longer has it)" for path in stale]
+    return ImportResult(loaded, gm, written, pytorch, map_path, lines)
+
+
+class OverwriteError(FusetuneError):
+    """An import would overwrite configs edited since an earlier import wrote them (or that no import recorded):
+    exit 2, nothing written."""
+
+    exit_code = 2
+
+
+def _digest(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def _recorded(map_path: Path) -> dict[str, str]:
+    """The configs the map of an earlier import names, by file name: the sha256 of the text it wrote ("" where
+    the map predates the record); empty where there is no map or it is not one."""
+    try:
+        doc = json.loads(map_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    chains = doc.get("chains") if isinstance(doc, dict) else None
+    return {Path(str(c["config"])).name: str(c.get("sha256", "")) for c in chains or []
+            if isinstance(c, dict) and "config" in c}
+
+
+def _check_overwrites(map_path: Path, texts: Mapping[Path, str], force: bool) -> tuple[list[Path], list[Path]]:
+    """Which configs this import may overwrite: one that does not exist, holds what it would write, or holds what
+    the earlier import wrote (its sha256 in the map: a re-import after the model changed, or the importer). Any
+    other (a user's edit of a config, or a file no import recorded) is refused, naming them all, unless ``force``
+    (then they are returned, to be said). Also returned: the configs the earlier map names that this import does
+    not write, left as they are (a chain the model no longer has)."""
+    recorded = _recorded(map_path)
+    edited: list[Path] = []
+    for path, text in texts.items():
+        try:
+            current = path.read_bytes()
+        except OSError:  # none yet (or unreadable: writing it says why)
+            continue
+        if current != text.encode("utf-8") and recorded.get(path.name) != _digest(current):
+            edited.append(path)
+    if edited and not force:
+        raise OverwriteError(
+            f"{map_path.parent}: {len(edited)} config(s) differ from what an earlier `fusetune import` wrote (edited "
+            f"since, or not written by an import): {', '.join(str(p) for p in edited)}; nothing was written. Pass "
+            "--force to overwrite them, or import into another folder (-o)")
+    names = {p.name for p in texts}
+    stale = [map_path.parent / name for name in recorded if name not in names and (map_path.parent / name).exists()]
+    return edited, stale
 
 
 def _pytorch_reasons(gm: torch.fx.GraphModule, written: list[Written], refused: list[NoChain]) -> dict[str, str]:
@@ -3232,12 +3417,16 @@ def _pytorch_reasons(gm: torch.fx.GraphModule, written: list[Written], refused: 
     return out
 
 
-def _write_map(path: Path, loaded: LoadedModel, written: list[Written], pytorch: Mapping[str, str]) -> None:
+def _write_map(path: Path, loaded: LoadedModel, written: list[Written], pytorch: Mapping[str, str],
+               digests: Mapping[str, str]) -> None:
+    """The map: each chain's config, nodes, bindings, and the sha256 of the config's text as written (an import
+    into the folder again overwrites a config that still holds it, and refuses one edited since)."""
     from fusetune.cache import atomic_write_text
 
     doc = {
         "model": loaded.source,
-        "chains": [{"config": str(w.config), "name": w.name, "producer": w.chain.producer_node,
+        "chains": [{"config": str(w.config), "sha256": digests.get(w.config.name, ""), "name": w.name,
+                    "producer": w.chain.producer_node,
                     "nodes": w.chain.nodes, "output": w.chain.output_node, "input_shape": list(w.chain.input_shape),
                     "epilogue": w.epilogue, "ends": w.chain.end, "ends_before": w.chain.end_node,
                     "weights": w.weights, "inputs": w.inputs,

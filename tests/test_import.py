@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import json
 import operator
+import re
+import stat
 import warnings
 from pathlib import Path
 
@@ -15,13 +18,14 @@ import torch.nn.functional as F
 import yaml
 from click.testing import CliRunner
 
+from fusetune.cache import usual_mode
 from fusetune.cli import main
 from fusetune.codegen import render
 from fusetune.config import load_config
 from fusetune.derived import Derivation
 from fusetune.errors import FusetuneError
-from fusetune.importer import (declared_view, find_chains, import_model, import_traced, load_model,
-                               match_producer, trace)
+from fusetune.importer import (declared_view, example_arguments, find_chains, import_model, import_traced,
+                               load_model, match_producer, trace)
 from fusetune.plan import make_plan
 
 from conftest import import_file
@@ -219,7 +223,7 @@ def test_stop_reasons_are_named(tmp_path: Path) -> None:
     assert inplace.written[0].chain.nodes == ["conv1", "relu", "add"]
     assert inplace.written[0].epilogue == [{"op": "relu"}, {"op": "mul", "by": 2.0}]
     channels = import_model(str(MODELS / "kb_conv2d_bias_after_channel_sum.py"), tmp_path)
-    assert "the input now has 1 channels" in channels.pytorch["add"]
+    assert "the input now has 1 channel (" in channels.pytorch["add"]
     assert "mul" in channels.written[1].chain.nodes and channels.written[1].parameters == {"scale": "scale"}
 
 
@@ -549,3 +553,136 @@ def test_an_uneven_pad_is_taken_evenly_and_cropped(tmp_path: Path) -> None:
     assert masked.epilogue[:2] == [{"op": "slice", "dim": 2, "end": -1}, {"op": "slice", "dim": 3, "end": -1}]
     assert "padding" not in strided.chain.producer
     assert "does not take as its padding" in result.pytorch["pad_2"]
+
+
+# --------------------------------------------------------------------------------------------------
+# A new user's first imports: the convention's rough edges, the files written, an import into a folder again
+
+#: The not_imported files for the loader's and the example's errors, each named with its cause on the command line.
+USER_ERRORS = ["get_inputs_not_callable", "get_init_inputs_not_callable", "conv1d_given_4d_input",
+               "unbatched_input_then_batchnorm", "not_utf8_latin1_comment"]
+
+
+@pytest.mark.parametrize("stem", USER_ERRORS)
+def test_cli_user_errors_name_the_file_and_exit_2(stem: str, tmp_path: Path) -> None:
+    """Each is bad input: exit 2, one line naming the file and what was expected, no traceback, nothing written."""
+    result = CliRunner().invoke(main, ["import", str(MODELS / f"{stem}.py"), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert f"{stem}.py" in result.output and "Traceback" not in result.output
+    assert re.search(NOT_IMPORTED[stem], result.output.strip().splitlines()[-1])
+    assert not (tmp_path / "out").exists()
+
+
+def test_one_tensor_from_get_inputs_is_the_one_argument(tmp_path: Path) -> None:
+    """get_inputs() returning a bare tensor: the forward's one argument (as optimize takes it), not its samples."""
+    loaded = load_model(str(MODELS / "get_inputs_single_tensor.py"))
+    assert len(loaded.inputs) == 1 and loaded.inputs[0].shape == (2, 3, 10, 9)
+    result = import_model(str(MODELS / "get_inputs_single_tensor.py"), tmp_path)
+    assert [w.chain.producer["op"] for w in result.written] == ["conv2d"]
+    assert load_config(result.written[0].config).shapes[0] == (2, 3, 10, 9)
+    assert example_arguments(loaded.inputs[0]) == (loaded.inputs[0],)
+    assert example_arguments(loaded.inputs[0], allow_tensor=False) is None  # get_init_inputs: a list of arguments
+
+
+def test_a_declared_encoding_is_read_as_python_reads_it(tmp_path: Path) -> None:
+    """PEP 263: a Latin-1 file that says so is valid source (the undeclared one is refused: USER_ERRORS)."""
+    assert b"\xe9" in (MODELS / "latin1_declared_encoding.py").read_bytes()
+    assert len(import_model(str(MODELS / "latin1_declared_encoding.py"), tmp_path).written) == 1
+
+
+def test_an_unbatched_convolution_stays_in_pytorch_with_the_rank_it_expects(tmp_path: Path) -> None:
+    """The forward runs on a 3-D example (PyTorch's Conv2d takes an unbatched sample); the kernels do not: the
+    convolution is no chain, its reason the rank and layout expected and the shape got."""
+    result = import_model(str(MODELS / "unbatched_conv_runs.py"), tmp_path)
+    assert not result.written
+    assert ("conv1 (Conv2d) expects a 4-D input [N, C, H, W], got [3, 8, 8] (an unbatched input"
+            in result.pytorch["conv1"])
+
+
+def test_a_convolution_of_another_rank_is_said_without_torchs_unbatched_text(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["import", str(MODELS / "conv1d_given_4d_input.py"), "-o", str(tmp_path)])
+    assert result.exit_code == 2 and "unbatched" not in result.output, result.output
+
+
+def test_configs_and_map_take_the_mode_a_plain_write_would(tmp_path: Path) -> None:
+    """mkstemp's 0600 would stay with the renamed config: a colleague or a service account could not read it."""
+    result = import_model(str(MODELS / "two_chains_cat.py"), tmp_path / "out")
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("")
+    mode = stat.S_IMODE(plain.stat().st_mode)
+    assert mode == usual_mode()
+    for path in [w.config for w in result.written] + [result.map_path]:
+        assert stat.S_IMODE(path.stat().st_mode) == mode, path
+
+
+def _import_cli(out: Path, *options: str):
+    return CliRunner().invoke(main, ["import", str(MODELS / "two_chains_cat.py"), "-o", str(out), *options])
+
+
+def _contents(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_import_again_overwrites_only_what_an_import_wrote(tmp_path: Path) -> None:
+    """Into the same folder again: unchanged configs and the map are written again; a config the user edited is
+    refused, named, with nothing written (exit 2), until --force overwrites it and says so."""
+    out = tmp_path / "out"
+    assert _import_cli(out).exit_code == 0
+    first = _contents(out)
+    again = _import_cli(out)
+    assert again.exit_code == 0, again.output
+    assert _contents(out) == first
+    edited = out / "two_chains_cat_chain1.yaml"
+    edited.write_bytes(first[edited.name] + b"# tuned by hand\n")
+    before = _contents(out)
+    refused = _import_cli(out)
+    assert refused.exit_code == 2, refused.output
+    assert str(edited) in refused.output and "--force" in refused.output and "nothing was written" in refused.output
+    assert _contents(out) == before
+    forced = _import_cli(out, "--force")
+    assert forced.exit_code == 0, forced.output
+    assert f"overwrote {edited}" in forced.output
+    assert _contents(out) == first
+
+
+def test_import_again_overwrites_what_an_earlier_import_wrote_differently(tmp_path: Path) -> None:
+    """A config that still holds what the earlier import wrote (its sha256 in the map), though this import writes
+    other text (the model or the importer changed since), is overwritten without --force."""
+    out = tmp_path / "out"
+    assert _import_cli(out).exit_code == 0
+    first = _contents(out)
+    config, map_path = out / "two_chains_cat_chain0.yaml", out / "two_chains_cat.map.json"
+    older = first[config.name].replace(b"# Imported by", b"# Imported (an older version) by")
+    config.write_bytes(older)
+    doc = json.loads(map_path.read_text())
+    assert doc["chains"][0]["sha256"] == hashlib.sha256(first[config.name]).hexdigest()
+    doc["chains"][0]["sha256"] = hashlib.sha256(older).hexdigest()
+    map_path.write_text(json.dumps(doc))
+    result = _import_cli(out)
+    assert result.exit_code == 0, result.output
+    assert _contents(out) == first and "overwrote" not in result.output
+
+
+def test_import_refuses_a_config_no_import_recorded(tmp_path: Path) -> None:
+    """A file of the config's name where no map records it (the user's own): refused, nothing written."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "two_chains_cat_chain0.yaml").write_text("# mine\n")
+    result = _import_cli(out)
+    assert result.exit_code == 2 and "two_chains_cat_chain0.yaml" in result.output, result.output
+    assert _contents(out) == {"two_chains_cat_chain0.yaml": b"# mine\n"}
+
+
+def test_import_again_leaves_a_config_of_a_chain_gone_and_says_so(tmp_path: Path) -> None:
+    """A config the earlier import wrote that this one does not (the model lost a chain) is kept, named."""
+    out = tmp_path / "out"
+    assert _import_cli(out).exit_code == 0
+    map_path = out / "two_chains_cat.map.json"
+    doc = json.loads(map_path.read_text())
+    gone = out / "two_chains_cat_chain2.yaml"
+    gone.write_bytes((out / "two_chains_cat_chain1.yaml").read_bytes())
+    doc["chains"].append({**doc["chains"][1], "config": str(gone), "name": "two_chains_cat_chain2"})
+    map_path.write_text(json.dumps(doc))
+    result = _import_cli(out)
+    assert result.exit_code == 0, result.output
+    assert f"left {gone} as it is" in result.output and gone.exists()

@@ -17,6 +17,7 @@ import torch
 
 import fusetune
 from fusetune.cache import Cache
+from fusetune.importer import example_arguments
 from fusetune.optimizer import FusedChain, fused_chains, optimize
 from fusetune.search import Machine
 from fusetune.worlds import WORLDS
@@ -38,7 +39,7 @@ def cache_dir(tmp_path_factory) -> Path:
 def _model(stem: str):
     module = import_file(MODELS / f"{stem}.py")
     torch.manual_seed(0)
-    return module.Model(*module.get_init_inputs()), tuple(module.get_inputs())
+    return module.Model(*module.get_init_inputs()), example_arguments(module.get_inputs())
 
 
 def _optimize(model, inputs, cache_dir: Path) -> torch.nn.Module:

@@ -30,7 +30,7 @@ from types import ModuleType
 from fusetune.cache import Cache
 from fusetune.codegen import RenderedModule
 from fusetune.errors import FusetuneError
-from fusetune.lifeline import PARENT_PID_ENV, child_env
+from fusetune.lifeline import child_env, die_with_parent_from_env
 from fusetune.progress import Reporter
 
 #: Build processes running now, so Ctrl-C can kill those started from other threads.
@@ -234,13 +234,8 @@ BUILDER_LOCK = "fusetune-builder.lock"
 def _die_with_parent() -> None:
     """In the build child (started with ``child_env``, leading its own process group): when the parent
     dies, the kernel sends SIGTERM, on which the child kills its group, ninja and nvcc with it."""
-    text = os.environ.pop(PARENT_PID_ENV, "")
-    if not text.isdigit():
-        return
-    signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))
-    from fusetune.worker import die_with_parent
-
-    die_with_parent(int(text), signal.SIGTERM)
+    if die_with_parent_from_env(signal.SIGTERM):
+        signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))
 
 
 def _main(argv: list[str]) -> int:

@@ -9,6 +9,7 @@ from several at once), and could only read the pid of a parent that may already 
 from __future__ import annotations
 
 import os
+import signal
 from typing import Mapping
 
 #: The variable holding the pid of the process the child is to die with; the child removes it from
@@ -21,12 +22,14 @@ def child_env(extra: Mapping[str, str]) -> dict[str, str]:
     return {**os.environ, **extra, PARENT_PID_ENV: str(os.getpid())}
 
 
-def die_with_parent_from_env() -> None:
-    """In a child started with ``child_env``: be killed when the parent dies, or exit at once if it
-    died already (see ``worker.die_with_parent``); nothing for a process started otherwise."""
+def die_with_parent_from_env(sig: int = signal.SIGKILL) -> bool:
+    """In a child started with ``child_env``: be sent ``sig`` when the parent dies (SIGKILL: be killed), or exit
+    at once if it died already (see ``worker.die_with_parent``); nothing for a process started otherwise.
+    Whether it was such a child (a build then handles its SIGTERM: fusetune/build.py)."""
     text = os.environ.pop(PARENT_PID_ENV, "")
     if not text.isdigit():
-        return
+        return False
     from fusetune.worker import die_with_parent
 
-    die_with_parent(int(text))
+    die_with_parent(int(text), sig)
+    return True

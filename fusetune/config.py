@@ -20,6 +20,7 @@ from fusetune.dtypes import DTYPES as ELEMENT_TYPES
 from fusetune.errors import ConfigError, count, did_you_mean
 from fusetune.ops import REGISTRY, LayerNorm, Op, OpContext, ParamDecl, Shape
 from fusetune.ops.base import number_text_hint
+from fusetune.paths import decode_text, read_bytes
 from fusetune.ops.channel import ChannelLayerNorm
 from fusetune.ops.gate import Glu
 from fusetune.producers import Producer
@@ -212,16 +213,8 @@ class _StrictLoader(yaml.SafeLoader):
 def load_config(path: str | Path) -> ProblemSpec:
     """Read and validate one YAML config. Raises ``ConfigError`` naming file and key."""
     path = str(path)
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError(path, "", f"cannot read the file: {exc.strerror or exc}") from None
-    try:
-        text = data.decode("utf-8-sig")  # a leading byte-order mark is allowed
-    except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise ConfigError(path, "", f"not UTF-8 text: byte 0x{data[exc.start]:02x} at byte offset {exc.start} "
-                                    f"(line {line}) is not valid UTF-8; save the file as UTF-8") from None
+    data = read_bytes(Path(path), path)
+    text = decode_text(data, path, "utf-8-sig", "; save the file as UTF-8")  # a leading byte-order mark is allowed
     try:
         raw = yaml.load(text, Loader=_StrictLoader)
     except _DuplicateKey as dup:

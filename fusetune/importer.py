@@ -48,6 +48,7 @@ from fusetune.config import _reserved, load_config, parse_config
 from fusetune.derived import Derivation, derivation
 from fusetune.errors import ConfigError, FusetuneError, count
 from fusetune.ops import Shape
+from fusetune.paths import decode_text, read_bytes
 from fusetune.producers import KINDS, SPATIAL_NAMES
 
 log = logging.getLogger("fusetune.import")
@@ -145,25 +146,16 @@ def _check_source(spec: str, path: Path) -> None:
     its line."""
     import tokenize
 
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(spec, "", f"cannot read the file: {exc.strerror or exc}") from None
+    data = read_bytes(path, spec)
     declared: SyntaxError | None = None
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
     except SyntaxError as exc:  # an unknown encoding declared, or a first line that is not UTF-8 (said below)
         encoding, declared = "utf-8", exc
-    try:
-        data.decode(encoding)
-        if declared is not None:
-            raise ConfigError(spec, "", f"not readable as Python source: {declared.msg}")
-    except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        encoding = "UTF-8" if encoding.startswith("utf-8") else encoding
-        raise ConfigError(spec, "", f"not {encoding} text: byte 0x{data[exc.start]:02x} at byte offset {exc.start} "
-                                    f"(line {line}) is not valid {encoding}, which Python refuses as source; save "
-                                    "the file as UTF-8 (or declare its encoding: PEP 263)") from None
+    decode_text(data, spec, encoding, ", which Python refuses as source; save the file as UTF-8 (or declare its "
+                                      "encoding: PEP 263)")
+    if declared is not None:
+        raise ConfigError(spec, "", f"not readable as Python source: {declared.msg}")
 
 
 def _what(value: Any) -> str:

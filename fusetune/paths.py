@@ -54,3 +54,24 @@ def missing(path: Path) -> str:
         return f"no such file: the folder {folder} does not exist either"
     near = closest(path.name, [p.name for p in configs_in(folder)])
     return "no such file" + (f"; did you mean {folder / near}?" if near else "")
+
+
+def read_bytes(path: Path, where: str) -> bytes:
+    """A file's bytes; where it cannot be read, a ConfigError naming ``where`` and the system's reason."""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(where, "", f"cannot read the file: {exc.strerror or exc}") from None
+
+
+def decode_text(data: bytes, where: str, encoding: str, after: str) -> str:
+    """``data`` as text in ``encoding``; where it is not, a ConfigError naming ``where``, the first bad byte, its
+    offset and its line (what an editor needs to find it), then ``after`` (why it matters, what to do)."""
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        name = "UTF-8" if encoding.replace("_", "-").lower().startswith("utf-8") else encoding
+        raise ConfigError(where, "", f"not {name} text: byte 0x{data[exc.start]:02x} at byte offset {exc.start} "
+                                     f"(line {line}) is not valid {name}{after}") from None
+

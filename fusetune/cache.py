@@ -229,9 +229,11 @@ def usual_mode(folder: bool = False) -> int:
     return (0o777 if folder else 0o666) & ~_UMASK
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes, check: Callable[[Path], None] | None = None) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the new, never a mix: a temporary
-    file beside it, flushed to disk, renamed over it, with the mode a plain write would give it."""
+    file beside it, flushed to disk, renamed over it, with the mode a plain write would give it. ``check``
+    reads the temporary file before the rename; what it raises leaves ``path`` as it was (an imported
+    config that does not validate is never written)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -240,6 +242,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+        if check is not None:
+            check(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -247,6 +251,6 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str, check: Callable[[Path], None] | None = None) -> None:
     """Write ``text`` (UTF-8) to ``path`` so that readers see the old file or the new, never a mix."""
-    atomic_write_bytes(path, text.encode("utf-8"))
+    atomic_write_bytes(path, text.encode("utf-8"), check)

@@ -31,7 +31,6 @@ import operator
 import os
 import re
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -3169,24 +3168,15 @@ def _dump(raw: Mapping[str, Any], header: str) -> str:
 
 def write_config(path: Path, text: str) -> None:
     """Write a config atomically, after ``load_config`` accepts it (never a half-written or invalid file), with the
-    mode a plain write gives (``mkstemp``'s 0600 would stay with the renamed file: configs a colleague or a
-    service account could not read)."""
-    from fusetune.cache import usual_mode
+    mode a plain write gives (cache.atomic_write_text)."""
+    from fusetune.cache import atomic_write_text
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".yaml")
-    try:
-        os.fchmod(fd, usual_mode())
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+    def validates(tmp: Path) -> None:
         try:
             load_config(tmp)
         except ConfigError as exc:
             raise FusetuneError(f"{path}: the generated config does not validate: {exc.message}") from None
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, text, check=validates)
 
 
 # --------------------------------------------------------------------------------------------------

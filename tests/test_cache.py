@@ -365,3 +365,18 @@ def test_written_files_take_the_mode_a_plain_write_would(tmp_path):
     path = tmp_path / "entry.json"
     atomic_write_text(path, "{}")
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~mask == usual_mode()
+
+
+def test_a_write_whose_check_fails_leaves_the_file_as_it_was(tmp_path):
+    """``check`` reads the temporary file before the rename: what it raises leaves the old file, and no
+    temporary file behind."""
+    path = tmp_path / "config.yaml"
+    atomic_write_text(path, "old\n")
+    seen = []
+
+    def refuse(tmp):
+        seen.append(tmp.read_text())
+        raise ValueError("no")
+    with pytest.raises(ValueError):
+        atomic_write_text(path, "new\n", check=refuse)
+    assert seen == ["new\n"] and path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["config.yaml"]

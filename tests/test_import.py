@@ -28,7 +28,7 @@ from fusetune.importer import (declared_view, example_arguments, find_chains, im
                                load_model, match_producer, trace)
 from fusetune.plan import make_plan
 
-from conftest import import_file
+from conftest import SEEDS, import_file
 
 MODELS = Path(__file__).resolve().parent / "models"
 #: tests/models/expected.yaml: each model file's chains ("producer -> op -> ..."), and the files that do not import.
@@ -686,3 +686,17 @@ def test_import_again_leaves_a_config_of_a_chain_gone_and_says_so(tmp_path: Path
     result = _import_cli(out)
     assert result.exit_code == 0, result.output
     assert f"left {gone} as it is" in result.output and gone.exists()
+
+
+def test_a_generated_config_that_does_not_validate_is_never_written(tmp_path: Path) -> None:
+    """write_config validates the text before it replaces anything: the error names the config, the old file
+    stays, nothing else is left in the folder."""
+    from fusetune.errors import FusetuneError
+    from fusetune.importer import write_config
+
+    path = tmp_path / "m_chain0.yaml"
+    good = (SEEDS["groupnorm"]).read_text()
+    write_config(path, good)
+    with pytest.raises(FusetuneError, match=f"{path}: the generated config does not validate"):
+        write_config(path, good.replace("epilogue:", "epilogeu:", 1))
+    assert path.read_text() == good and [p.name for p in tmp_path.iterdir()] == [path.name]

@@ -523,7 +523,9 @@ def cache_clear(ctx: click.Context, keys: tuple[str, ...], yes: bool, as_json: b
     if keys:
         matched = {k: cache.find(k) for k in keys}
         found = {e.key: e for entries in matched.values() for e in entries}
-        unmatched = [no_cache_entry(k, documents.problem_names(cache.entries())) for k, es in matched.items() if not es]
+        missed = [k for k, entries in matched.items() if not entries]
+        names = documents.problem_names(cache.entries()) if missed else []  # every entry read once, where needed
+        unmatched = [no_cache_entry(k, names) for k in missed]
         if not found:
             raise FusetuneError("; ".join(unmatched))
         for why in unmatched:  # a KEY that matched nothing beside others that did: said, not silently passed over

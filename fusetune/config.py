@@ -17,9 +17,9 @@ import yaml
 from fusetune import broadcast
 from fusetune.dtypes import DEFAULT_DTYPE, alias_of
 from fusetune.dtypes import DTYPES as ELEMENT_TYPES
-from fusetune.errors import ConfigError, count, did_you_mean
+from fusetune.errors import ConfigError, count, did_you_mean, suggestion
 from fusetune.ops import REGISTRY, LayerNorm, Op, OpContext, ParamDecl, Shape
-from fusetune.ops.base import number_text_hint
+from fusetune.ops.base import is_int, number_text_hint
 from fusetune.paths import decode_text, read_bytes
 from fusetune.ops.channel import ChannelLayerNorm
 from fusetune.ops.gate import Glu
@@ -239,8 +239,7 @@ def parse_config(raw: Any, path: str = "<config>") -> ProblemSpec:
         raise ConfigError(path, "name", f"expected a non-empty name of letters, digits, '_' and '-', got {name!r}")
     dtype = raw.get("dtype", DEFAULT_DTYPE)
     if dtype not in DTYPES:
-        alias = alias_of(dtype) if isinstance(dtype, str) else None
-        hint = f"; did you mean '{alias}'?" if alias else ""
+        hint = suggestion(alias_of(dtype) if isinstance(dtype, str) else None)
         raise ConfigError(path, "dtype", f"expected one of {', '.join(DTYPES)}, got {dtype!r}{hint}")
     precision = _parse_precision(raw, dtype, path)
     tolerance = _parse_tolerance(raw.get("tolerance"), path)
@@ -399,7 +398,7 @@ def _parse_shapes(raw: Any, producer: Producer, path: str) -> tuple[Shape, ...]:
     rank = 2 + producer.spatial_dims
     if not isinstance(raw, list) or not raw:
         raise ConfigError(path, "shapes", f"expected a non-empty list of input shapes {producer.shape_names}")
-    if all(_is_int(s) for s in raw):  # one shape given bare: the list of shapes is the shape itself
+    if all(is_int(s) for s in raw):  # one shape given bare: the list of shapes is the shape itself
         raise ConfigError(path, "shapes", f"expected a list of shapes, each a list of {rank} integers "
                                           f"{producer.shape_names}, got the flat list {raw!r}: wrap each shape in "
                                           f"its own brackets, e.g. shapes: [{raw!r}] for one shape")
@@ -407,7 +406,7 @@ def _parse_shapes(raw: Any, producer: Producer, path: str) -> tuple[Shape, ...]:
     for i, shape in enumerate(raw):
         key = f"shapes[{i}]"
         if (not isinstance(shape, list) or len(shape) != rank
-                or not all(_is_int(s) for s in shape)):
+                or not all(is_int(s) for s in shape)):
             raise ConfigError(path, key, f"expected a list of {rank} integers for {producer.kind} "
                                          f"{producer.shape_names}, got {shape!r}")
         if any(s < 1 for s in shape):
@@ -428,11 +427,6 @@ def _parse_shapes(raw: Any, producer: Producer, path: str) -> tuple[Shape, ...]:
             raise ConfigError(path, key, f"shape {shape} is listed twice")
         shapes.append(tuple(shape))
     return tuple(shapes)
-
-
-def _is_int(value: Any) -> bool:
-    """An integer as YAML gives one: a bool is an int to Python, not a size to a config."""
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, ParamDecl],

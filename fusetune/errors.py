@@ -53,8 +53,13 @@ def closest(word: object, choices: "Iterable[str]") -> str | None:
 
 def did_you_mean(word: object, choices: "Iterable[str]") -> str:
     """``; did you mean 'gelu'?`` where ``word`` is a near miss of one of ``choices``, else ``""``."""
-    near = closest(word, choices)
-    return f"; did you mean '{near}'?" if near is not None else ""
+    return suggestion(closest(word, choices))
+
+
+def suggestion(name: str | None) -> str:
+    """``; did you mean 'name'?``, the end of a message, or ``""`` without a name (a near miss's, or a table's:
+    dtypes.alias_of)."""
+    return f"; did you mean '{name}'?" if name is not None else ""
 
 
 #: How many cached names a message offers at most (a short prefix may start hundreds).

@@ -108,6 +108,11 @@ class Op:
         return {"kind": self.kind, **dataclasses.asdict(self)}
 
 
+def is_int(value: Any) -> bool:
+    """An integer as YAML gives one: a bool is an int to Python, not a size or a dim to a config."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 #: A number in exponent form as Python reads one: sign, digits, an optional fraction, the exponent.
 _EXPONENT = re.compile(r"(?P<sign>[-+]?)(?P<whole>[0-9_]*)(?:\.(?P<fraction>[0-9_]*))?"
                        r"[eE](?P<esign>[-+]?)(?P<exp>[0-9_]+)")
@@ -199,7 +204,7 @@ def take_window(raw: Mapping[str, Any], key: str, ctx: OpContext, *, default: An
         value = default
     else:
         value = raw[key]
-    if isinstance(value, int) and not isinstance(value, bool):
+    if is_int(value):
         values: Sequence[Any] = [value] * ctx.spatial_dims
     elif isinstance(value, list) and len(value) == ctx.spatial_dims:
         values = value

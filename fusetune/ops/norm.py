@@ -10,7 +10,7 @@ import dataclasses
 from typing import Any, ClassVar, Mapping
 
 from fusetune.errors import count
-from fusetune.ops.base import Op, OpContext, Shape, reject_unknown, take_bool, take_int, take_number
+from fusetune.ops.base import Op, OpContext, Shape, is_int, reject_unknown, take_bool, take_int, take_number
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,7 +217,7 @@ class LayerNorm(Norm):
     def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
         reject_unknown(raw, ["normalized_shape", "eps", "elementwise_affine"], ctx)
         value = raw.get("normalized_shape")
-        sizes = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+        sizes = [value] if is_int(value) else value
         if (not isinstance(sizes, list) or not sizes or len(sizes) >= len(ctx.in_shape)
                 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes)):
             raise ctx.error("normalized_shape", f"expected the sizes of the input's trailing dims (at most "
@@ -315,7 +315,7 @@ class MeanCentre(Norm):
                                        f"the dims it averaged ({spelled}); got {by.get('keepdim')!r}")
         rank = len(ctx.in_shape)
         value = by.get("dim")
-        values = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+        values = [value] if is_int(value) else value
         if (not isinstance(values, list) or not values
                 or any(isinstance(v, bool) or not isinstance(v, int) or not -rank <= v < rank for v in values)
                 or len({v % rank for v in values}) != len(values)):

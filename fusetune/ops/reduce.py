@@ -12,7 +12,7 @@ import dataclasses
 import math
 from typing import Any, ClassVar, Mapping
 
-from fusetune.ops.base import Op, OpContext, Shape, reject_unknown, take_bool, take_int
+from fusetune.ops.base import Op, OpContext, Shape, is_int, reject_unknown, take_bool, take_int
 from fusetune.ops.reductions import REDUCTIONS, KernelReduction
 
 #: Reduction modes torch names; amax/amin are max/min without indices, which the values equal.
@@ -85,10 +85,10 @@ class AdaptivePool(Op):
         reject_unknown(raw, ["output_size"], ctx)
         size = raw.get("output_size", 1)
         dims = len(ctx.in_shape) - 2
-        if isinstance(size, int) and not isinstance(size, bool):
+        if is_int(size):
             sizes = (size,) * dims
         elif isinstance(size, list) and len(size) == dims and all(
-                isinstance(s, int) and not isinstance(s, bool) for s in size):
+                is_int(s) for s in size):
             sizes = tuple(size)
         else:
             raise ctx.error("output_size", f"expected a positive integer or a list of {dims}, got {size!r}")
@@ -133,7 +133,7 @@ def take_dims(raw: Mapping[str, Any], key: str, ctx: OpContext, *, default: Any)
     normalised to sorted non-negative dims; the batch dim (0) is refused."""
     rank = len(ctx.in_shape)
     value = raw.get(key, default)
-    values = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+    values = [value] if is_int(value) else value
     if (not isinstance(values, list) or not values
             or any(isinstance(v, bool) or not isinstance(v, int) for v in values)):
         raise ctx.error(key, f"expected a dim or a list of dims of the rank-{rank} input, got {value!r}")
@@ -328,7 +328,7 @@ class Squeeze(View):
             return cls(dims=None)
         rank = len(ctx.in_shape)
         value = raw["dim"]
-        values = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+        values = [value] if is_int(value) else value
         if not isinstance(values, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in values):
             raise ctx.error("dim", f"expected a dim or a list of dims, got {value!r}")
         for v in values:

@@ -577,8 +577,11 @@ def test_an_unlucky_first_timing_of_pytorchs_forward_is_timed_again(cache):
             return 1.0 + fake_time(c)
         seen.append("eager")
         return 100.0 if len(seen) == 1 else 0.5
-    result = tune_shape(spec, LARGE[1], cache, MACHINE, FakeBench(times=times).factory, trials=8, echo=quiet)
+    lines: list[str] = []
+    result = tune_shape(spec, LARGE[1], cache, MACHINE, FakeBench(times=times).factory, trials=8, echo=lines.append)
     assert len(seen) >= 2 and result.candidate["producer.impl"] == "eager"
+    said = [line for line in lines if "re-timed the best" in line]  # the user sees both of eager's timings
+    assert len(said) == 1 and "eager 100.0000 -> 0.5000 ms" in said[0], said
 
 
 # -- a damaged cache is a miss, never a failure ---------------------------------------------------

@@ -90,6 +90,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
     from fusetune.importer import TraceError, trace_differs
 
     inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    clock = _Phases()
     try:
         root, gm = _traced_copy(model, inputs)
     except TraceError as exc:  # neither torch.fx nor torch.export traces it: nothing to replace, said once
@@ -115,7 +116,9 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
                     ", ".join(TRACED_DTYPES.values()), ", ".join(sorted(map(str, dtypes))))
         return _finish(model, root, gm, [], inputs)
     cache = Cache(cache_dir)
+    clock.mark("trace")
     winners = _tune(found, cache, machine, budget_s, trials, benchmarker)
+    clock.mark("cache and search")
     fused: list[FusedChain] = []
     build_now = benchmarker is None and torch.cuda.is_available()
     replaced_by: dict[str, torch.fx.Node] = {}  # a replaced chain's output node's name -> its fused module's call
@@ -144,6 +147,7 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
             chain.load()
         fused.append(chain)
     optimized = _finish(model, root, gm, fused, inputs)
+    clock.mark("kernels bound and loaded")
     on_gpu = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)  # else the kernels never run
     if cuda_graphs and fused and torch.cuda.is_available():
         from fusetune.graphs import GraphedForward
@@ -159,8 +163,28 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
                         "its kernels", type(exc).__name__, exc)
         if cuda_graphs:  # the check's graphs (one per set of chains it tried) go, and their memory with them
             optimized._graphs = GraphedForward()
+        clock.mark("whole-model check")
     _summarise(type(model).__name__, len(found), fused, others, getattr(optimized, "_graphs", None) is not None)
+    log.info("fusetune.optimize: %s took %s", type(model).__name__, clock.text())
     return optimized
+
+
+class _Phases:
+    """Seconds per phase of optimize, said once at the end: a service waiting on a warm start sees whether
+    the time goes to tracing, reading the cache (or searching), loading kernels or the whole-model check."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def mark(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = now - self.last
+        self.last = now
+
+    def text(self) -> str:
+        parts = ", ".join(f"{phase} {s:.2f} s" for phase, s in self.seconds.items())
+        return f"{time.perf_counter() - self.start:.2f} s ({parts})"
 
 
 def _summarise(name: str, found: int, fused: Sequence["FusedChain"], others: Mapping[str, int], graphs: bool) -> None:

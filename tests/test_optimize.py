@@ -51,9 +51,13 @@ def test_optimize_is_exported() -> None:
     assert fusetune.optimize is optimize
 
 
-def test_chains_are_replaced_and_share_the_users_tensors(cache_dir: Path) -> None:
+def test_chains_are_replaced_and_share_the_users_tensors(cache_dir: Path, caplog) -> None:
     model, inputs = _model("two_chains_matmul")
+    caplog.set_level(logging.INFO, logger="fusetune.optimize")
     opt = _optimize(model, inputs, cache_dir)
+    took = [r.getMessage() for r in caplog.records if " took " in r.getMessage()]  # where a start's time goes
+    assert len(took) == 1 and all(f"{phase} " in took[0] for phase in ("trace", "cache and search",
+                                                                        "kernels bound and loaded")), took
     chains = list(fused_chains(opt))
     assert len(chains) == 2 and all(c.kernel_model is not None for c in chains)
     calls = [n for n in opt.graph.nodes if n.op in ("call_module", "call_function")]

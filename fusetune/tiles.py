@@ -533,9 +533,20 @@ def wide_depth(conv: dict, bm: int, bn: int, blocks: int = 1, staging: str = "ro
 
 
 def wide_depths(conv: dict, elem: int = 4, terms: int = 1) -> dict[tuple[int, int, int, str], int]:
-    """(bm, bn, blocks, staging) -> wide_depth, for the variants' compile_if and constraints."""
-    return {(bm, bn, blocks, staging): wide_depth(conv, bm, bn, blocks, staging, False, elem, terms)
-            for bm in WIDE_BM for bn in WIDE_BN for blocks in (1, 2) for staging in WIDE_STAGINGS}
+    """(bm, bn, blocks, staging) -> wide_depth, for the variants' compile_if and constraints. Memoized on the
+    convolution's facts: a plan's facts and constraints ask it hundreds of times for the same convolution."""
+    key = tuple(sorted(conv.items()))
+    try:
+        return dict(_wide_depths(key, elem, terms))
+    except TypeError:  # a fact given as a list (not hashable): computed, not memoized
+        return dict(_wide_depths.__wrapped__(key, elem, terms))
+
+
+@functools.lru_cache(maxsize=4096)
+def _wide_depths(conv: tuple, elem: int, terms: int) -> tuple[tuple[tuple[int, int, int, str], int], ...]:
+    facts = dict(conv)
+    return tuple(((bm, bn, blocks, staging), wide_depth(facts, bm, bn, blocks, staging, False, elem, terms))
+                 for bm in WIDE_BM for bn in WIDE_BN for blocks in (1, 2) for staging in WIDE_STAGINGS)
 
 
 def wide_fits(conv: dict, elem: int = 4, terms: int = 1) -> bool:

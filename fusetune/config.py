@@ -18,6 +18,7 @@ from fusetune import broadcast
 from fusetune.dtypes import DEFAULT_DTYPE, alias_of
 from fusetune.dtypes import DTYPES as ELEMENT_TYPES
 from fusetune.errors import ConfigError, count, did_you_mean, suggestion
+from fusetune.ops import ALIASES as OP_ALIASES
 from fusetune.ops import REGISTRY, LayerNorm, Op, OpContext, ParamDecl, Shape
 from fusetune.ops.base import is_int, number_text_hint
 from fusetune.paths import decode_text, read_bytes
@@ -448,7 +449,9 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
             raise ConfigError(path, key, f"expected a mapping with an 'op' key, got {entry!r}")
         kind = entry["op"]
         if not isinstance(kind, str) or kind not in REGISTRY:
-            raise ConfigError(path, f"{key}.op", f"unknown op {kind!r}{did_you_mean(kind, REGISTRY)} (expected one of: "
+            hint = suggestion(OP_ALIASES[kind]) if isinstance(kind, str) and kind in OP_ALIASES else \
+                did_you_mean(kind, REGISTRY)
+            raise ConfigError(path, f"{key}.op", f"unknown op {kind!r}{hint} (expected one of: "
                                                  f"{', '.join(sorted(REGISTRY))})")
         structured = _structured(current[0], producer, channels)
         if _needs_spatial(REGISTRY[kind]) and len(current[0]) != 2 + producer.spatial_dims:

@@ -44,11 +44,16 @@ def _overload(name: str, overload: str) -> Any:
 _ATEN_ROWS: tuple[tuple[str, str, Callable[..., Any]], ...] = (
     *((name, "default", getattr(torch, name))
       for name in ("relu", "sigmoid", "tanh", "exp", "log", "abs", "sqrt", "neg", "selu", "clamp", "clamp_min",
-                   "clamp_max", "clone", "square", "rsqrt", "reciprocal")),
+                   "clamp_max", "clone", "square", "rsqrt", "reciprocal", "erf", "erfc", "log1p", "expm1", "log2",
+                   "log10", "exp2", "sin", "cos", "sign", "sgn", "floor", "ceil", "round", "trunc", "fix")),
+    *((f"special_{name}", "default", getattr(torch.special, name))
+      for name in ("erf", "erfc", "log1p", "expm1", "exp2")),
+    ("log_sigmoid", "default", F.logsigmoid),
     *((name, "default", getattr(F, name))
       for name in ("relu6", "hardtanh", "leaky_relu", "gelu", "softplus", "celu", "silu", "mish", "hardsigmoid",
-                   "hardswish", "dropout", "adaptive_avg_pool1d", "max_pool1d", "avg_pool1d", "max_pool2d",
-                   "max_pool3d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool2d", "adaptive_avg_pool3d")),
+                   "hardswish", "hardshrink", "softshrink", "threshold", "dropout", "adaptive_avg_pool1d",
+                   "max_pool1d", "avg_pool1d", "max_pool2d", "max_pool3d", "avg_pool2d", "avg_pool3d",
+                   "adaptive_avg_pool2d", "adaptive_avg_pool3d")),
     ("mul", "Tensor", torch.mul), ("mul", "Scalar", torch.mul), ("add", "Tensor", torch.add),
     ("add", "Scalar", torch.add), ("sub", "Tensor", torch.sub), ("sub", "Scalar", torch.sub),
     ("div", "Tensor", torch.div), ("div", "Scalar", torch.div), ("pow", "Tensor_Scalar", torch.pow),

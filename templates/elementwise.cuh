@@ -103,6 +103,33 @@ __host__ __device__ __forceinline__ float ft_softplus(float x, float beta, float
 __host__ __device__ __forceinline__ float ft_hardsigmoid(float x) { return ft_relu6(x + 3.0f) / 6.0f; }
 __host__ __device__ __forceinline__ float ft_hardswish(float x) { return x * ft_hardsigmoid(x); }
 
+// F.logsigmoid as torch computes it: min(x, 0) - log1p(exp(-|x|)), no overflow on either side.
+__host__ __device__ __forceinline__ float ft_logsigmoid(float x) {
+  return ft_min_nan(x, 0.0f) - log1pf(expf(-fabsf(x)));
+}
+
+// F.softsign = x / (1 + |x|) and F.tanhshrink = x - tanh(x), written as torch writes them (softsign is
+// NaN at +-inf there: inf / inf).
+__host__ __device__ __forceinline__ float ft_softsign(float x) { return x / (1.0f + fabsf(x)); }
+__host__ __device__ __forceinline__ float ft_tanhshrink(float x) { return x - tanhf(x); }
+
+// torch.sign: (0 < x) - (x < 0), which maps NaN (and -0) to 0, as torch does.
+__host__ __device__ __forceinline__ float ft_sign(float x) {
+  return (float)((0.0f < x) - (x < 0.0f));
+}
+
+// F.hardshrink: 0 where -lambd <= x <= lambd, else x. F.softshrink: x -+ lambd outside [-lambd, lambd],
+// else x * 0 (NaN stays NaN). F.threshold: value where x <= threshold, else x. NaN fails every test.
+__host__ __device__ __forceinline__ float ft_hardshrink(float x, float lambd) {
+  return (x >= -lambd && x <= lambd) ? 0.0f : x;
+}
+__host__ __device__ __forceinline__ float ft_softshrink(float x, float lambd) {
+  return x > lambd ? x - lambd : (x < -lambd ? x + lambd : x * 0.0f);
+}
+__host__ __device__ __forceinline__ float ft_threshold(float x, float threshold, float value) {
+  return x <= threshold ? value : x;
+}
+
 // torch.pow(x, c) for the exponents torch itself computes without pow (its pow_tensor_scalar
 // special cases): exact products and square roots instead of powf. Any other exponent goes to powf,
 // which gives NaN for a negative base and a non-integer exponent, as torch does.

@@ -66,6 +66,14 @@ SAMPLES: dict[str, list[dict[str, Any]]] = {
     "abs": [{}],
     "neg": [{}],
     "sqrt": [{}],
+    **{name: [{}] for name in ("logsigmoid", "softsign", "tanhshrink", "erf", "erfc", "log1p", "expm1", "log2",
+                               "log10", "exp2", "sin", "cos", "sign", "reciprocal", "rsqrt", "square", "floor",
+                               "ceil", "round", "trunc")},
+    "hardshrink": [{}, {"lambd": 2.0}, {"lambd": 0}, {"lambd": -1.0}],
+    "softshrink": [{}, {"lambd": 2.5}, {"lambd": 0}],
+    # value below, at and above the threshold: non-decreasing, a clamp, a step down
+    "threshold": [{"threshold": 0.5, "value": -1.0}, {"threshold": 0, "value": 0}, {"threshold": -2.0, "value": 3.0},
+                  {"threshold": 1.0, "value": 2.5}],
 }
 
 #: Bad entries and the key their refusal must name (beside the unknown key every op refuses).
@@ -88,6 +96,11 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("softplus", {"threshold": float("inf")}, "threshold"),
     ("hardtanh", {"min_val": 2.0, "max_val": 1.0}, "min_val"),
     ("hardtanh", {"max_val": "1"}, "max_val"),
+    ("hardshrink", {"lambd": "0.5"}, "lambd"),
+    ("softshrink", {"lambd": -0.5}, "lambd"),
+    ("threshold", {"value": 1.0}, "threshold"),
+    ("threshold", {"threshold": 1.0}, "value"),
+    ("threshold", {"threshold": 1.0, "value": float("nan")}, "value"),
 ]
 
 #: Tolerances of the value check: float32 ulps of the reference, or an absolute floor.
@@ -121,10 +134,11 @@ def samples() -> list[tuple[str, Elementwise]]:
 
 def input_grid() -> np.ndarray:
     """Sorted float32 inputs (NaN last): a fine linspace over [-12, 12], the neighbours of the ops'
-    break points (a few ulps each side, where a step or a switch between formulas would show),
+    break points (a few ulps each side, where a step, a switch between formulas, a pole (log1p at -1)
+    or a tie of round (half to even) would show),
     signed zeros, tiny, huge and infinite values."""
     values = list(np.linspace(-12, 12, 961, dtype=np.float32))
-    for b in (1.0, 2.0, 2.5, 3.0, 5.0, 6.0, 10.0, 20.0, 40.0):
+    for b in (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 5.0, 6.0, 10.0, 20.0, 40.0):
         for point in (np.float32(b), np.float32(-b)):
             lo = hi = point
             for _ in range(3):
@@ -336,6 +350,8 @@ def test_defaults_are_pytorchs():
     assert parse("gelu", {}).forward_code("x", None) == "F.gelu(x, approximate='none')"
     assert parse("softplus", {}).forward_code("x", None) == "F.softplus(x, beta=1.0, threshold=20.0)"
     assert parse("hardtanh", {}).forward_code("x", None) == "F.hardtanh(x, min_val=-1.0, max_val=1.0)"
+    assert parse("hardshrink", {}).forward_code("x", None) == "F.hardshrink(x, lambd=0.5)"
+    assert parse("softshrink", {}).forward_code("x", None) == "F.softshrink(x, lambd=0.5)"
 
 
 @pytest.mark.parametrize("exponent,helper", [(2.0, "ft_pow2(v)"), (3, "ft_pow3(v)"), (0.5, "ft_pow_half(v)"),

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 from fusetune.ops.base import Op, OpContext, ParamDecl, Shape
-from fusetune.ops.activations import (Abs, Celu, Elu, Exp, Gelu, Hardsigmoid, Hardswish, Hardtanh, LeakyRelu, Log,
-                                      Mish, Neg, Relu6, Selu, Sigmoid, Silu, Softplus, Sqrt, Tanh)
+from fusetune.ops.activations import (Abs, Ceil, Celu, Cos, Elu, Erf, Erfc, Exp, Exp2, Expm1, Floor, Gelu, Hardshrink,
+                                      Hardsigmoid, Hardswish, Hardtanh, LeakyRelu, Log, Log1p, Log2, Log10,
+                                      Logsigmoid, Mish, Neg, Reciprocal, Relu6, Round, Rsqrt, Selu, Sigmoid, Sign,
+                                      Silu, Sin, Softplus, Softshrink, Softsign, Sqrt, Square, Tanh, Tanhshrink,
+                                      Threshold, Trunc)
 from fusetune.ops.elementwise import Add, Clamp, Div, Elementwise, Maximum, Minimum, Mul, Pow, Prelu, Relu, Sub
 from fusetune.ops.channel import ChannelLayerNorm, ChannelNorm, Normalize
 from fusetune.ops.dropout import Dropout
@@ -46,6 +49,29 @@ REGISTRY: dict[str, type[Op]] = {
     "abs": Abs,
     "neg": Neg,
     "sqrt": Sqrt,
+    "logsigmoid": Logsigmoid,
+    "softsign": Softsign,
+    "tanhshrink": Tanhshrink,
+    "hardshrink": Hardshrink,
+    "softshrink": Softshrink,
+    "threshold": Threshold,
+    "erf": Erf,
+    "erfc": Erfc,
+    "log1p": Log1p,
+    "expm1": Expm1,
+    "log2": Log2,
+    "log10": Log10,
+    "exp2": Exp2,
+    "sin": Sin,
+    "cos": Cos,
+    "sign": Sign,
+    "reciprocal": Reciprocal,
+    "rsqrt": Rsqrt,
+    "square": Square,
+    "floor": Floor,
+    "ceil": Ceil,
+    "round": Round,
+    "trunc": Trunc,
     "batch_norm": BatchNorm,
     "group_norm": GroupNorm,
     "instance_norm": InstanceNorm,
@@ -68,7 +94,13 @@ REGISTRY: dict[str, type[Op]] = {
     "slice": Slice,
 }
 
-__all__ = ["REGISTRY", "Op", "OpContext", "ParamDecl", "Shape", "Elementwise", "Norm", "Pool", "Reduce",
+#: PyTorch's other names of ops of the REGISTRY (torch.fix, x.sgn(), torch.absolute, torch.special.expit, torch.clip,
+#: torch.multiply): a config names each op once, by its REGISTRY name, and an unknown op that is one of these is told
+#: which (config.py); the importer maps the aliases themselves (importer.TABLE).
+ALIASES: dict[str, str] = {"fix": "trunc", "sgn": "sign", "absolute": "abs", "negative": "neg", "expit": "sigmoid",
+                           "clip": "clamp", "multiply": "mul", "subtract": "sub", "divide": "div", "true_divide": "div"}
+
+__all__ = ["REGISTRY", "ALIASES", "Op", "OpContext", "ParamDecl", "Shape", "Elementwise", "Norm", "Pool", "Reduce",
            "Add", "Clamp", "Div", "Mul", "Relu", "BatchNorm", "GroupNorm", "InstanceNorm",
            "MaxPool", "AvgPool", "AdaptiveAvgPool", "AdaptiveMaxPool", "AdaptivePool", "DimReduce", "Dropout",
            "Flatten", "LayerNorm", "LogSoftmax", "MeanCentre", "SoftmaxOp", "SpatialReduce", "Squeeze", "Unflatten", "Unsqueeze", "View",

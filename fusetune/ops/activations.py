@@ -30,7 +30,11 @@ class UnaryFacts(NamedTuple):
 
 
 #: Op name -> facts. Monotone and increasing hold for the real function and its NaN behaviour:
-#: hardswish, silu, mish and abs have a minimum inside; neg decreases; log and sqrt are NaN below 0.
+#: hardswish, silu, mish, abs and square have a minimum inside; neg and erfc decrease; log, log2, log10 and
+#: sqrt are NaN below 0, log1p below -1; softsign is NaN at both infinities (inf / inf, as torch computes
+#: it), so at a window's extreme if anywhere, yet the low one rules out non-decreasing; reciprocal and rsqrt
+#: jump from -inf at -0 to +inf at +0; torch.sign maps NaN to 0, so a window's extreme, NaN, would miss
+#: the sign of its other values; floor, ceil, round (half to even, rintf) and trunc step up.
 UNARY: dict[str, UnaryFacts] = {
     "relu6": UnaryFacts("ft_relu6({v})", "F.relu6({x})", True, True),
     "selu": UnaryFacts("ft_selu({v})", "F.selu({x})", True, True),
@@ -45,6 +49,29 @@ UNARY: dict[str, UnaryFacts] = {
     "abs": UnaryFacts("fabsf({v})", "torch.abs({x})", False, False),
     "neg": UnaryFacts("(-({v}))", "torch.neg({x})", True, False),
     "sqrt": UnaryFacts("sqrtf({v})", "torch.sqrt({x})", True, False),
+    "logsigmoid": UnaryFacts("ft_logsigmoid({v})", "F.logsigmoid({x})", True, True),
+    "softsign": UnaryFacts("ft_softsign({v})", "F.softsign({x})", True, False),
+    # increasing as a real function, but x - tanhf(x) cancels: tanhf's own rounding (an ulp of tanh(x), many of
+    # the result below |x| ~ 1) breaks the order in float32 (libm's and torch's alike), which the shortcuts need
+    "tanhshrink": UnaryFacts("ft_tanhshrink({v})", "F.tanhshrink({x})", False, False),
+    "erf": UnaryFacts("erff({v})", "torch.erf({x})", True, True),
+    "erfc": UnaryFacts("erfcf({v})", "torch.erfc({x})", True, False),
+    "log1p": UnaryFacts("log1pf({v})", "torch.log1p({x})", True, False),
+    "expm1": UnaryFacts("expm1f({v})", "torch.expm1({x})", True, True),
+    "log2": UnaryFacts("log2f({v})", "torch.log2({x})", True, False),
+    "log10": UnaryFacts("log10f({v})", "torch.log10({x})", True, False),
+    "exp2": UnaryFacts("exp2f({v})", "torch.exp2({x})", True, True),
+    "sin": UnaryFacts("sinf({v})", "torch.sin({x})", False, False),
+    "cos": UnaryFacts("cosf({v})", "torch.cos({x})", False, False),
+    "sign": UnaryFacts("ft_sign({v})", "torch.sign({x})", False, False),
+    # the helpers of pow's exponents -1, -0.5 and 2 (torch computes those powers so): the same values
+    "reciprocal": UnaryFacts("ft_pow_m1({v})", "torch.reciprocal({x})", False, False),
+    "rsqrt": UnaryFacts("ft_pow_mhalf({v})", "torch.rsqrt({x})", False, False),
+    "square": UnaryFacts("ft_pow2({v})", "torch.square({x})", False, False),
+    "floor": UnaryFacts("floorf({v})", "torch.floor({x})", True, True),
+    "ceil": UnaryFacts("ceilf({v})", "torch.ceil({x})", True, True),
+    "round": UnaryFacts("rintf({v})", "torch.round({x})", True, True),
+    "trunc": UnaryFacts("truncf({v})", "torch.trunc({x})", True, True),
 }
 
 
@@ -137,6 +164,106 @@ class Neg(_Unary):
 @dataclasses.dataclass(frozen=True)
 class Sqrt(_Unary):
     kind: ClassVar[str] = "sqrt"
+
+
+@dataclasses.dataclass(frozen=True)
+class Logsigmoid(_Unary):
+    kind: ClassVar[str] = "logsigmoid"
+
+
+@dataclasses.dataclass(frozen=True)
+class Softsign(_Unary):
+    kind: ClassVar[str] = "softsign"
+
+
+@dataclasses.dataclass(frozen=True)
+class Tanhshrink(_Unary):
+    kind: ClassVar[str] = "tanhshrink"
+
+
+@dataclasses.dataclass(frozen=True)
+class Erf(_Unary):
+    kind: ClassVar[str] = "erf"
+
+
+@dataclasses.dataclass(frozen=True)
+class Erfc(_Unary):
+    kind: ClassVar[str] = "erfc"
+
+
+@dataclasses.dataclass(frozen=True)
+class Log1p(_Unary):
+    kind: ClassVar[str] = "log1p"
+
+
+@dataclasses.dataclass(frozen=True)
+class Expm1(_Unary):
+    kind: ClassVar[str] = "expm1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Log2(_Unary):
+    kind: ClassVar[str] = "log2"
+
+
+@dataclasses.dataclass(frozen=True)
+class Log10(_Unary):
+    kind: ClassVar[str] = "log10"
+
+
+@dataclasses.dataclass(frozen=True)
+class Exp2(_Unary):
+    kind: ClassVar[str] = "exp2"
+
+
+@dataclasses.dataclass(frozen=True)
+class Sin(_Unary):
+    kind: ClassVar[str] = "sin"
+
+
+@dataclasses.dataclass(frozen=True)
+class Cos(_Unary):
+    kind: ClassVar[str] = "cos"
+
+
+@dataclasses.dataclass(frozen=True)
+class Sign(_Unary):
+    kind: ClassVar[str] = "sign"
+
+
+@dataclasses.dataclass(frozen=True)
+class Reciprocal(_Unary):
+    kind: ClassVar[str] = "reciprocal"
+
+
+@dataclasses.dataclass(frozen=True)
+class Rsqrt(_Unary):
+    kind: ClassVar[str] = "rsqrt"
+
+
+@dataclasses.dataclass(frozen=True)
+class Square(_Unary):
+    kind: ClassVar[str] = "square"
+
+
+@dataclasses.dataclass(frozen=True)
+class Floor(_Unary):
+    kind: ClassVar[str] = "floor"
+
+
+@dataclasses.dataclass(frozen=True)
+class Ceil(_Unary):
+    kind: ClassVar[str] = "ceil"
+
+
+@dataclasses.dataclass(frozen=True)
+class Round(_Unary):
+    kind: ClassVar[str] = "round"
+
+
+@dataclasses.dataclass(frozen=True)
+class Trunc(_Unary):
+    kind: ClassVar[str] = "trunc"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -320,3 +447,87 @@ class Hardtanh(Elementwise):
 
     def cuda(self, v: str, load: ParamLoader) -> str:
         return f"ft_hardtanh({v}, {_float_literal(self.min_val)}, {_float_literal(self.max_val)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardshrink(Elementwise):
+    """F.hardshrink: 0 where -lambd <= x <= lambd, else x (NaN fails the test and stays NaN). Non-decreasing:
+    it jumps up at +-lambd, from below -lambd to 0 and from 0 to above lambd; a negative lambd, which torch
+    takes, zeroes nothing."""
+
+    kind: ClassVar[str] = "hardshrink"
+    lambd: float = 0.5
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, ["lambd"], ctx)
+        return cls(lambd=float(take_number(raw, "lambd", ctx, default=0.5)))
+
+    def monotone(self) -> bool:
+        return True
+
+    def increasing(self) -> bool:
+        return True
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        return f"F.hardshrink({x}, lambd={self.lambd!r})"
+
+    def cuda(self, v: str, load: ParamLoader) -> str:
+        return f"ft_hardshrink({v}, {_float_literal(self.lambd)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Softshrink(Elementwise):
+    """F.softshrink: x - lambd above lambd, x + lambd below -lambd, 0 between: continuous and
+    non-decreasing. A negative lambd is refused, as torch refuses it."""
+
+    kind: ClassVar[str] = "softshrink"
+    lambd: float = 0.5
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, ["lambd"], ctx)
+        lambd = float(take_number(raw, "lambd", ctx, default=0.5))
+        if lambd < 0:
+            raise ctx.error("lambd", f"expected a lambd >= 0, got {lambd!r} (torch refuses a negative one)")
+        return cls(lambd=lambd)
+
+    def monotone(self) -> bool:
+        return True
+
+    def increasing(self) -> bool:
+        return True
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        return f"F.softshrink({x}, lambd={self.lambd!r})"
+
+    def cuda(self, v: str, load: ParamLoader) -> str:
+        return f"ft_softshrink({v}, {_float_literal(self.lambd)})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Threshold(Elementwise):
+    """F.threshold: x where x > threshold, else value (NaN stays NaN); both arguments required, as in torch.
+    Non-decreasing where value <= threshold (value = threshold is a clamp); a larger value steps down at the
+    threshold and rises after: monotone in neither direction."""
+
+    kind: ClassVar[str] = "threshold"
+    threshold: float = 0.0
+    value: float = 0.0
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, ["threshold", "value"], ctx)
+        return cls(threshold=float(take_number(raw, "threshold", ctx)), value=float(take_number(raw, "value", ctx)))
+
+    def monotone(self) -> bool:
+        return self.value <= self.threshold
+
+    def increasing(self) -> bool:
+        return self.value <= self.threshold
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        return f"F.threshold({x}, {self.threshold!r}, {self.value!r})"
+
+    def cuda(self, v: str, load: ParamLoader) -> str:
+        return f"ft_threshold({v}, {_float_literal(self.threshold)}, {_float_literal(self.value)})"

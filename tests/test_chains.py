@@ -4,8 +4,8 @@ vocabulary among them, on CPU.
 For each chain: the config loads, the planner plans it (never raising: what the kernels do not take runs in
 PyTorch, region by region), the module renders, the generated reference ``Model`` runs in float64 on the first
 shape's input with the output shape the spec promises, and ``fusetune plan`` names every region. One nvcc run
-(a translation unit per core) compiles every chain's rendered common header, the chain's device functions,
-each in a namespace of its own with a small kernel that calls them, for sm_90 without spills. The corpus
+(a translation unit per core) compiles every chain's rendered common header (at its dtype), the chain's device
+functions, each in a namespace of its own with a small kernel that calls them, for sm_90 without spills. The corpus
 covers the whole vocabulary (REGISTRY, producers.KINDS): an op added without a chain fails here.
 scripts/verify-chains runs the corpus on a GPU (every world of every chain against float64); its argument
 parsing and the dealing of chains over cards are tested here too.
@@ -29,6 +29,7 @@ from click.testing import CliRunner
 from fusetune import codegen
 from fusetune.cli import main
 from fusetune.config import TOP_KEYS, load_config
+from fusetune.dtypes import DTYPES
 from fusetune.pipeline import later_segments
 from fusetune.plan import make_plan
 
@@ -79,10 +80,10 @@ def _rendered(stem: str):
 def test_corpus_is_large_and_named_by_content():
     assert len(CHAINS) >= 64
     producers = {_raw(path)["producer"]["op"] for path in CHAINS}
-    for path in CHAINS:  # a name says its producer first, as the seeds' do (after the sweep that found it: sweep3_)
-        kind = _raw(path)["producer"]["op"]
+    for path in CHAINS:  # a name says its producer first, as the seeds' do (after the sweep that found it:
+        kind = _raw(path)["producer"]["op"]  # sweep3_, or sweep4_half_ for its half-precision chains)
         prefix = {"conv_transpose1d": "convt1d", "conv_transpose2d": "convt2d", "conv_transpose3d": "convt3d"}
-        assert re.sub(r"^sweep\d+_", "", path.stem).startswith(prefix.get(kind, kind) + "_"), path.name
+        assert re.sub(r"^sweep\d+_(half_)?", "", path.stem).startswith(prefix.get(kind, kind) + "_"), path.name
     assert len(producers) >= 6
     # some chains in the K-tiled world (64 channels and more), some with two shapes, some with one
     assert sum(_raw(p)["producer"]["out_channels"] >= 64 for p in CHAINS) >= 8
@@ -314,7 +315,9 @@ def _chain_section(index: int, stem: str) -> str:
         *calls,
         "  out[i] = v;",
         "}"])
-    return "\n".join([f"// ---- chain {index}: {stem}", f"namespace ftc{index}x {{", header, probe,
+    # At a half dtype the header overloads __ldg for its ft_t: in a namespace that would hide CUDA's own
+    # overloads (at global scope, where the kernels compile, it adds to them), so those are declared in it.
+    return "\n".join([f"// ---- chain {index}: {stem}", f"namespace ftc{index}x {{", "using ::__ldg;", header, probe,
                       f"}}  // namespace ftc{index}x", *(f"#undef {m}" for m in macros), ""])
 
 
@@ -322,7 +325,10 @@ def _compile_sections(sections: dict[str, str], folder: Path, tag: str) -> tuple
     """The sections dealt over one translation unit per core (up to 4), compiled in parallel: per unit nvcc's
     result (stdout and stderr together), and per chain its unit and line range there."""
     units = max(1, min(4, os.cpu_count() or 1, len(sections)))
-    texts, where = ["#include <cuda_runtime.h>\n#include <math.h>\n#include <stdint.h>\n"] * units, {}
+    # The half dtypes' CUDA headers at file scope first: a chain's header includes its own inside its
+    # namespace, which their include guards then make a no-op.
+    halves = "".join(f"#include <{header}>\n" for header in sorted({d.header for d in DTYPES.values() if d.header}))
+    texts, where = ["#include <cuda_runtime.h>\n#include <math.h>\n#include <stdint.h>\n" + halves] * units, {}
     for k, (stem, text) in enumerate(sections.items()):
         u = k % units
         start = texts[u].count("\n") + 1

@@ -116,6 +116,9 @@ def derivation(gm: torch.fx.GraphModule, node: torch.fx.Node, shape: tuple[int, 
             return None
         nodes.add(current)
         todo.extend(current.all_input_nodes)
+    written = written_in_place(gm)
+    if any(n.op == "get_attr" and str(n.target) in written for n in nodes):
+        return None  # replayed at the fused call, it would read the tensor as the forward's write left it
     ops: list[dict[str, Any]] = []
     calls: list[torch.fx.Node] = []
     for current in sorted(nodes, key=order.__getitem__):
@@ -128,6 +131,35 @@ def derivation(gm: torch.fx.GraphModule, node: torch.fx.Node, shape: tuple[int, 
     if not calls:
         return None
     return Derivation(tuple(ops), tuple(shape)), calls
+
+
+#: Views of a tensor, through which an in-place op writes the tensor itself (``self.u.view(-1).copy_(u)``).
+VIEW_METHODS = frozenset({"view", "view_as", "reshape", "flatten", "squeeze", "unsqueeze", "t", "transpose", "permute",
+                          "narrow", "select", "expand", "expand_as", "detach", "unflatten", "as_strided"})
+
+
+def written_in_place(gm: torch.fx.GraphModule) -> frozenset[str]:
+    """The model's tensors (get_attr targets) that an op of the trace writes in place, directly or through a view:
+    ``self.u.copy_(u)`` (a spectral norm's power iteration), ``self.count += 1`` on a buffer, ``self.w[0] = 0``.
+    A derivation reading one would be replayed at the fused call on the written values, not the ones the forward
+    read before its write."""
+    written: set[str] = set()
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "call_method") or not node.args:
+            continue
+        name = str(node.target) if node.op == "call_method" else str(getattr(node.target, "__name__", ""))
+        name = name.split(".")[0]  # an aten overload's: copy_.default
+        if not ((name.endswith("_") and not name.startswith("_")) or node.target is operator.setitem
+                or node.kwargs.get("out") is not None):
+            continue
+        base = node.args[0]
+        while isinstance(base, torch.fx.Node) and base.op != "get_attr" and base.args and (
+                (base.op == "call_method" and base.target in VIEW_METHODS)
+                or (base.op == "call_function" and base.target in (operator.getitem, getattr))):
+            base = base.args[0]
+        if isinstance(base, torch.fx.Node) and base.op == "get_attr":
+            written.add(str(base.target))
+    return frozenset(written)
 
 
 def _op(gm: torch.fx.GraphModule, node: torch.fx.Node, user_tensor: Callable[[torch.fx.Node], bool]

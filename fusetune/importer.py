@@ -44,7 +44,7 @@ from fusetune import broadcast
 from fusetune.computed_weights import (hook_derivations, owners_refusal, parametrization_refusal,
                                        parametrized_convolution)
 from fusetune.config import _reserved, load_config, parse_config
-from fusetune.derived import Derivation, derivation
+from fusetune.derived import Derivation, derivation, written_in_place
 from fusetune.errors import ConfigError, FusetuneError, count
 from fusetune.ops import Shape
 from fusetune.paths import decode_text, read_bytes
@@ -307,7 +307,14 @@ def trace_differs(root: nn.Module, gm: torch.fx.GraphModule, inputs: Sequence[An
     would compute other values, silently."""
     from torch.utils import _pytree as pytree
 
+    # a forward that writes a buffer (a spectral norm's power iteration: self.u.copy_(u), a batch norm's statistics)
+    # would start the second run from another state: each run starts from the buffers as they were, left so after
+    buffers = [(b, b.clone()) for b in root.buffers()]
+
     def run(fn: Callable[..., Any]) -> list[Any]:
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
         copies = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
         # every started GPU's generator forked and seeded alike (torch.manual_seed would also seed the others,
         # and queue a seed for a GPU not started yet: the user's random state, changed)
@@ -326,6 +333,10 @@ def trace_differs(root: nn.Module, gm: torch.fx.GraphModule, inputs: Sequence[An
         got = run(gm)
     except Exception as exc:  # the trace ran on the example when traced; a second run may not (state it changed)
         return f"trace fails on the example inputs where its own forward runs ({type(exc).__name__}: {exc})"
+    finally:
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
     why = _first_difference(want, got)
     return None if why is None else (
         f"traced forward differs from its own on the example inputs ({why}): torch.fx records an in-place op on "
@@ -616,6 +627,10 @@ def match_producer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> ProducerMat
                 return refused
             found = _computed_tensor(gm, tensor)
             if found is None:
+                written = sorted(set(_attributes_read(tensor)) & written_in_place(gm))
+                if written:
+                    return (f"F.{kind}'s {name} is computed in the forward from {', '.join(written)}, which the "
+                            "forward writes in place (a fused call would compute it from the written values)")
                 return (f"F.{kind}'s {name} is computed in the forward from more than the model's tensors (an input, "
                         "a module call, an in-place or random op), not a module's parameter nor a derivation of them")
             derived[f"producer.{name}"], nodes = found
@@ -735,6 +750,16 @@ def _crop(pairs: Sequence[tuple[int, int]], stride: Sequence[int], mode: str) ->
             entry["end"] = right - high
         entries.append(entry)
     return tuple(entries)
+
+
+#: Why a pad before a convolution stays in PyTorch (a chain's end there, the map's word for the pad).
+_PAD_NOT_TAKEN = ("pads a convolution's input, which that convolution does not take as its padding (it takes one of "
+                  "the spatial dims read by it alone: an even pad, or an uneven zero pad before a stride-1 convolution)")
+
+
+def _pads_a_convolution(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Whether ``node`` is a pad (_pad_of) that a convolution reads."""
+    return _pad_of(gm, node) is not None and any(_is_convolution(gm, u) for u in node.users)
 
 
 def _folded_pad(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
@@ -1490,14 +1515,21 @@ def threshold_module(site: Site) -> Mapped:
 
 
 def _threshold(site: Site, threshold: Any, value: Any) -> Mapped:
-    """x where x > threshold, else value: max(x, threshold), a clamp, where value is the threshold (relu at 0);
-    another value jumps at the threshold, which no op of the vocabulary does."""
+    """x where x > threshold, else value: max(x, threshold), a clamp, where value is the threshold (relu at 0),
+    the forms the planner knows best; else the op threshold (a jump at the threshold)."""
     if _num(threshold) != _num(value):
-        raise Stop(f"threshold {threshold} replacing by {value} (a jump) is not in the vocabulary; a value equal to "
-                   "the threshold is (a clamp)")
+        return _one(site, {"op": "threshold", "threshold": _num(threshold), "value": _num(value)})
     if _num(threshold) == 0.0:
         return _one(site, {"op": "relu"})
     return _one(site, {"op": "clamp", "min": _num(threshold)})
+
+
+def round_op(site: Site) -> Mapped:
+    """torch.round(x), x.round(), torch.special.round(x): half to even. Another number of decimals scales by a power of
+    ten around the rounding, which the op does not."""
+    a = bind_op(site, ["decimals"], {"decimals": 0})
+    _ignore(a["decimals"], "decimals", 0)
+    return _one(site, {"op": "round"})
 
 
 def extremum(kind: str) -> Builder:
@@ -1977,8 +2009,17 @@ _DROPOUT_MODULES: tuple[type, ...] = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn
 #: identity where the traced value keeps its dtype and shape, else the end of the chain (cast).
 CAST_METHODS = ("to", "float", "double", "half", "bfloat16", "type", "type_as")
 
-#: Powers PyTorch names as functions and methods: name -> the exponent (x.square() is x ** 2).
+#: Powers PyTorch names as functions and methods: name -> the exponent (x.square() is x ** 2). The config has these
+#: names as ops too (the same values); the import writes pow, the one form of x * x, x ** 2 and x.square() alike.
 POW_FORMS: dict[str, float] = {"square": 2.0, "rsqrt": -0.5, "reciprocal": -1.0}
+
+#: torch's pointwise functions that are ops of the same name, each a function and a method (torch.erf(x), x.erf());
+#: round has a row of its own (round_op: its decimals).
+MATH_FUNCTIONS = ("exp", "log", "abs", "sqrt", "erf", "erfc", "log1p", "expm1", "log2", "log10", "exp2", "sin", "cos",
+                  "sign", "floor", "ceil", "trunc")
+#: torch.special's names of ops (an erf GELU written with torch.special.erf): its name -> the op.
+SPECIAL_NAMES: dict[str, str] = {"erf": "erf", "erfc": "erfc", "log1p": "log1p", "expm1": "expm1", "exp2": "exp2",
+                                 "expit": "sigmoid"}
 
 
 def _pow_forms() -> dict[tuple[str, Any], Builder]:
@@ -2028,10 +2069,21 @@ TABLE: dict[tuple[str, Any], Builder] = {
     **_pointwise("hardsigmoid", functions=(F.hardsigmoid,), modules=(nn.Hardsigmoid,)),
     **_pointwise("hardswish", functions=(F.hardswish,), modules=(nn.Hardswish,)),
     **_pointwise("tanh", functions=(torch.tanh, F.tanh), methods=("tanh",), modules=(nn.Tanh,)),
-    **{key: row for kind in ("exp", "log", "abs", "sqrt")
+    **_pointwise("logsigmoid", functions=(F.logsigmoid,), modules=(nn.LogSigmoid,)),
+    **_pointwise("softsign", functions=(F.softsign,), modules=(nn.Softsign,)),
+    **_pointwise("tanhshrink", functions=(F.tanhshrink,), modules=(nn.Tanhshrink,)),
+    **_pointwise("hardshrink", ["lambd"], {"lambd": 0.5}, ["lambd"], functions=(F.hardshrink,), methods=("hardshrink",),
+                 modules=(nn.Hardshrink,)),  # F.hardshrink is torch.hardshrink
+    **_pointwise("softshrink", ["lambd"], {"lambd": 0.5}, ["lambd"], functions=(F.softshrink,),
+                 modules=(nn.Softshrink,)),
+    **{key: row for kind in MATH_FUNCTIONS
        for key, row in _pointwise(kind, functions=(getattr(torch, kind),), methods=(kind,)).items()},
     **_pointwise("abs", functions=(torch.absolute,), methods=("absolute",)),  # PyTorch's aliases
-    **_pointwise("sigmoid", functions=(torch.special.expit,)),
+    **_pointwise("trunc", functions=(torch.fix,), methods=("fix",)),
+    **_pointwise("sign", functions=(torch.sgn,), methods=("sgn",)),  # sgn is sign on real values
+    **{("call_function", getattr(torch.special, name)): unary(kind) for name, kind in SPECIAL_NAMES.items()},
+    **{row: round_op for row in (("call_function", torch.round), ("call_method", "round"),
+                                 ("call_function", torch.special.round))},
     **_pointwise("neg", functions=(torch.neg, operator.neg, torch.negative), methods=("neg", "negative")),
     ("call_function", torch.clamp): clamp(),
     ("call_method", "clamp"): clamp(),
@@ -2225,7 +2277,9 @@ REGION_FUNCTIONS: frozenset[Any] = frozenset({
                                   "expm1", "log", "log1p", "abs", "sqrt", "rsqrt", "square", "where", "clamp",
                                   "clamp_min", "clamp_max", "relu", "maximum", "minimum", "gt", "ge", "lt", "le",
                                   # torch.where(x < 0, torch.zeros_like(x), x): a tensor of x's shape, of constants
-                                  "zeros_like", "ones_like", "full_like")),
+                                  "zeros_like", "ones_like", "full_like",
+                                  # x.masked_fill(x < 0, 0.0): a where with a constant
+                                  "masked_fill")),
     # torch.special's names (an erf GELU written with torch.special.erf)
     *(getattr(torch.special, n) for n in ("erf", "erfc", "expm1", "log1p", "expit")),
     *(getattr(F, n) for n in ("relu", "relu6", "softplus", "hardtanh", "sigmoid", "tanh", "silu", "gelu", "elu",
@@ -2234,7 +2288,7 @@ REGION_FUNCTIONS: frozenset[Any] = frozenset({
 REGION_METHODS: frozenset[str] = frozenset({
     "add", "sub", "mul", "div", "multiply", "subtract", "divide", "true_divide", "pow", "neg", "erf", "tanh",
     "sigmoid", "exp", "log", "abs", "sqrt", "rsqrt", "square", "clamp", "clamp_min", "clamp_max", "relu", "gt", "ge",
-    "lt", "le"})
+    "lt", "le", "masked_fill"})
 #: What a region of elementwise ops on one value may compute, as the vocabulary writes it: each is checked
 #: against the region's own values in float64 (``match_pointwise_region``); leaky_relu's slope is read off
 #: the region's value at -1.
@@ -2253,6 +2307,8 @@ REGION_CANDIDATES: tuple[tuple[Entry, Callable[[torch.Tensor], torch.Tensor]], .
     ({"op": "hardsigmoid"}, F.hardsigmoid),
     ({"op": "tanh"}, torch.tanh),
     ({"op": "abs"}, torch.abs),
+    ({"op": "softsign"}, F.softsign),  # x / (1 + x.abs()), as torch.export spells F.softsign
+    ({"op": "tanhshrink"}, F.tanhshrink),  # x - x.tanh()
 )
 #: The float64 values a region is compared on: both signs, the kinks (0, +-3, 6), and beyond softplus's
 #: threshold.
@@ -2789,7 +2845,8 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
             what = (f"is a convolution fusetune does not take ({refused})" if isinstance(refused, str)
                     else "is a convolution (a chain of its own starts there)" if _is_convolution(gm, nxt)
                     else "pads a convolution's input (that convolution's chain takes it as its padding)"
-                    if _folded_pad(gm, nxt) else "is not in the vocabulary")
+                    if _folded_pad(gm, nxt) else _PAD_NOT_TAKEN if _pads_a_convolution(gm, nxt)
+                    else "is not in the vocabulary")
             chain.end, chain.end_node = f"{_describe(gm, nxt)} {what}", nxt.name
             break
         site = Site(gm, nxt, set(cur), set(producer), channels, dims)
@@ -3124,7 +3181,8 @@ def fit_chain(chain: Chain, name: str, path: Path) -> tuple[int, dict[str, Any],
             settle_derived(chain)
             settle_sizes(chain)
         return k, raw, weights
-    return last_error or "no op of the vocabulary follows the convolution"
+    # steps of no op (nn.Identity, a same-dtype cast): the chain's end says what stopped it after them
+    return last_error or f"no op of the vocabulary follows the convolution: {chain.end}"
 
 
 def _in_model_dtype(raw: dict[str, Any], dtype: torch.dtype, path: Path) -> tuple[dict[str, Any], str]:
@@ -3222,11 +3280,26 @@ def import_model(spec: str, out_dir: Path, input_shapes: Sequence[Shape] = (), f
     an earlier import wrote them too: _check_overwrites)."""
     loaded = load_model(spec, input_shapes)
     model = _copy(loaded.model)
-    gm = trace(model, loaded.inputs, spec)
+    try:
+        gm = trace(model, loaded.inputs, spec)
+    except TraceError as exc:
+        raise TraceError(f"{exc}{_cast_note(loaded)}") from None
     differs = trace_differs(model, gm, loaded.inputs)
     if differs is not None:  # configs of a chain the model does not compute would be tuned for nothing, or worse
         raise TraceError(f"{spec}: the model's {differs}")
     return import_traced(loaded, gm, Path(out_dir), force)
+
+
+def _cast_note(loaded: LoadedModel) -> str:
+    """Where the model holds tensors of other dtypes than float32, that load_model cast them to float32 for the
+    trace: a forward casting by itself (``self.conv(x.half())``) then meets float32 weights, which the user's model
+    does not; a failure to run the trace may be that."""
+    others = sorted({str(d).removeprefix("torch.") for d in loaded.tensor_dtypes.values()} - {"float32"})
+    if not others:
+        return ""
+    return (f"; note: the model's {', '.join(others)} tensors were cast to float32 for the trace (on the CPU), so a "
+            "forward that casts its own values (x.half(), .to(torch.bfloat16)) fails where the model does not: "
+            "remove those casts to import it")
 
 
 def _copy(model: nn.Module) -> nn.Module:
@@ -3380,10 +3453,8 @@ def _pytorch_reasons(gm: torch.fx.GraphModule, written: list[Written], refused: 
                               "PyTorch")
         elif _is_size_arithmetic(node):
             out[node.name] = f"{_describe(gm, node)} computes on sizes read off tensors, not on values: free in PyTorch"
-        elif _pad_of(gm, node) is not None and any(_is_convolution(gm, u) for u in node.users):
-            out[node.name] = (f"{_describe(gm, node)} pads a convolution's input, which that convolution does not take "
-                              "as its padding (it takes one of the spatial dims read by it alone: an even pad, or an "
-                              "uneven zero pad before a stride-1 convolution)")
+        elif _pads_a_convolution(gm, node):
+            out[node.name] = f"{_describe(gm, node)} {_PAD_NOT_TAKEN}"
         elif lookup(gm, node) is None and not _is_identity(gm, node):
             out[node.name] = f"{_describe(gm, node)} is not in the vocabulary"
         elif any(n.name in outputs for n in node.all_input_nodes):

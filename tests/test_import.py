@@ -148,6 +148,7 @@ def test_import_matches_the_model(stem: str, tmp_path: Path) -> None:
         return
     torch.manual_seed(0)
     loaded = load_model(str(MODELS / f"{stem}.py"))
+    _materialize(loaded.model, loaded.inputs)  # in float32, as the generated Model takes the user's tensors
     user = loaded.model.double()
     inputs = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in loaded.inputs]
     gm = _traced(user, inputs)
@@ -171,6 +172,14 @@ def test_import_matches_the_model(stem: str, tmp_path: Path) -> None:
         expected = values[chain["output"]]
         assert out.shape == expected.shape
         torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-10)
+
+
+def _materialize(model: torch.nn.Module, inputs) -> None:
+    """A lazy module's parameters (nn.LazyConv2d) take their shapes at the first call, and a copy refuses them
+    before: the model traced once, in place, as the importer traces it (which runs it: no fake copy of it either)."""
+    if any(isinstance(m, torch.nn.modules.lazy.LazyModuleMixin) and m.has_uninitialized_params()
+           for m in model.modules()):
+        trace(model, inputs)
 
 
 def _conv_input(gm: torch.fx.GraphModule, producer: str) -> str:
@@ -236,6 +245,13 @@ def test_the_map_names_the_chain_or_the_convolution_an_op_reads(tmp_path: Path) 
     bn = import_model(str(MODELS / "sweep_conv2d_batchnorm_no_running_stats_eval.py"), tmp_path)
     assert "track_running_stats=False" in bn.pytorch["conv"]
     assert "reads the output of conv, a convolution without a chain (see conv)" in bn.pytorch["bn"]
+    # through an nn.Identity (a step of no op) the convolution's reason is still the op that stopped its chain
+    pos = import_model(str(MODELS / "sweep4_identity_pos_embed_quickgelu.py"), tmp_path)
+    assert ("no op of the vocabulary follows the convolution: operator.add: the operand pos has shape [1, 6, 5, 7]"
+            in pos.pytorch["embed"])
+    sn = import_model(str(MODELS / "sweep4_spectral_norm_buffer_writes.py"), tmp_path)
+    assert "F.conv2d's weight is computed in the forward from sn1.u, which the forward writes in place" in sn.pytorch[
+        "conv2d"]
 
 
 def test_shapes_come_from_fake_tensors() -> None:
@@ -553,6 +569,11 @@ def test_an_uneven_pad_is_taken_evenly_and_cropped(tmp_path: Path) -> None:
     assert masked.epilogue[:2] == [{"op": "slice", "dim": 2, "end": -1}, {"op": "slice", "dim": 3, "end": -1}]
     assert "padding" not in strided.chain.producer
     assert "does not take as its padding" in result.pytorch["pad_2"]
+    # timm's Conv2dSame (torch.export's trace): the chain before an uneven pad of a stride-2 convolution ends there, why
+    same = import_model(str(MODELS / "sweep4_timm_conv2d_same_conv_forward.py"), tmp_path / "same")
+    assert same.written[0].chain.end.endswith("pads a convolution's input, which that convolution does not take as "
+                                              "its padding (it takes one of the spatial dims read by it alone: an even "
+                                              "pad, or an uneven zero pad before a stride-1 convolution)")
 
 
 # --------------------------------------------------------------------------------------------------

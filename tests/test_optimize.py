@@ -36,6 +36,19 @@ def cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("optimize-cache")
 
 
+#: The fourth sweep's model files (tests/models/sweep4_*.py) that have chains.
+SWEEP4 = ["sweep4_kb_convt3d_mean_add_softmax_tanh_scaling", "sweep4_kb_convt3d_sum_layernorm_avgpool_gelu",
+          "sweep4_kb_convt2d_min_sum_gelu_add", "sweep4_kb_convt3d_logsumexp_sigmoid_swish_sub_clamp_max",
+          "sweep4_kb_convt2d_gap_bias_logsumexp_sum_mul", "sweep4_kb_conv2d_avgpool_sigmoid_sum_all",
+          "sweep4_kb_convt3d_leaky_mul_leaky_maxpool", "sweep4_kb_convt3d_maxpool_softmax_sub_swish_max",
+          "sweep4_shared_conv_twice", "sweep4_std_conv_weight_standardization",
+          "sweep4_masked_fill_nan_to_num_clamp_methods", "sweep4_padding_same_and_modes", "sweep4_lazy_modules",
+          "sweep4_channels_last_model", "sweep4_patch_embed_tokens", "sweep4_pixel_shuffle_sr",
+          "sweep4_identity_pos_embed_quickgelu", "sweep4_checkpoint_autocast_no_grad",
+          "sweep4_pool_options_indices_near_misses", "sweep4_timm_conv2d_same_conv_forward",
+          "sweep4_inplace_view_writes"]  # not sweep4_spectral_norm_buffer_writes: each call writes its state
+
+
 def _model(stem: str):
     module = import_file(MODELS / f"{stem}.py")
     torch.manual_seed(0)
@@ -493,7 +506,8 @@ def optimized_on_gpu(model, inputs: tuple, tmp_path: Path, budget_s: float = 240
                                   "sweep_conv3d_layernorm_hw_normalize_logsumexp_spatial",
                                   "sweep3_diffusion_resblock_temb_proj", "sweep3_fpn_topdown_interpolate",
                                   "sweep3_kb_add_sub_alpha_rounding_mode", "sweep3_where_zeros_like_special_erf",
-                                  "sweep3_causal_pad_conv", "sweep3_threshold_forms"])
+                                  "sweep3_causal_pad_conv", "sweep3_threshold_forms", "pointwise_math_by_every_name",
+                                  *SWEEP4])
 # Not fast_style_reflection_pads: on an H200 its kernels were 1.7e-4 from float64 where the whole model's eager was
 # 9.4e-8 in either layout; verification takes eager's error chain by chain (a chain's channels-last convolution
 # there may be TF32's), which this bound on the whole model does not reproduce.
@@ -865,7 +879,7 @@ def test_optimize_says_in_one_line_how_many_chains_run_kernels_and_why_the_other
 @pytest.mark.parametrize("stem", ["sweep_conv2d_spatial_views_mean", "sweep_conv2d_inplace_param_ops_tuple_out",
                                   "sweep3_diffusion_resblock_temb_proj", "sweep3_fpn_topdown_interpolate",
                                   "sweep3_kb_add_sub_alpha_rounding_mode", "sweep3_where_zeros_like_special_erf",
-                                  "sweep3_causal_pad_conv", "sweep3_threshold_forms"])
+                                  "sweep3_causal_pad_conv", "sweep3_threshold_forms", *SWEEP4])
 def test_every_imported_chain_is_bound(stem: str, cache_dir: Path) -> None:
     """Each chain the import finds is one optimize replaces (a size computed from two shape reads goes with its
     chain; in-place statements are read through; an input computed after the convolution is there when the fused
@@ -917,3 +931,24 @@ def test_a_size_read_off_a_chain_outside_it_holds_at_the_example(cache_dir: Path
         for args in (other, other, tuple(torch.randn_like(x) for x in inputs)):
             assert all(torch.equal(a, b) for a, b in zip(opt(*args), model(*args)))
     assert sum("the shape of a value of the chain at inner_1" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_forward_writing_a_buffer_is_optimized_from_the_models_state(cache_dir: Path) -> None:
+    """A spectral norm's power iteration writes its buffer u before the convolution whose weight it computes: the
+    convolution that writes u at every call keeps its own forward (a fused call would recompute the weight from the
+    written u), the one writing it in training mode alone is fused in eval mode; checking the trace leaves u as
+    it was; the optimized model computes what the model does, from the same state, and writes u alike."""
+    model, inputs = _model("sweep4_spectral_norm_buffer_writes")
+    model.eval()
+    before = [b.clone() for b in model.buffers()]
+    opt = _optimize(model, inputs, cache_dir)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.buffers(), strict=True))
+    assert [c.name for c in fused_chains(opt)] == ["Model_chain0", "Model_chain1"]  # sn2's and conv's
+    x = torch.randn_like(inputs[0])
+    with torch.no_grad():
+        ours = opt(x)
+        written = [b.clone() for b in model.buffers()]
+        for b, saved in zip(model.buffers(), before):
+            b.copy_(saved)
+        theirs = model(x)
+    assert torch.equal(ours, theirs) and all(torch.equal(a, b) for a, b in zip(written, model.buffers()))

@@ -1,6 +1,6 @@
 """F.threshold / nn.Threshold (older code's ReLU): x where x > t, else v. F.threshold(x, 0.0, 0.0) is relu,
 nn.Threshold(0.5, 0.5) is clamp(min=0.5), torch.threshold(x, -1.0, -1.0) clamp(min=-1); nn.Threshold(0.1, 0.0)
-jumps at 0.1, which no op of the vocabulary does: that convolution has no chain."""
+jumps at 0.1: the op threshold."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

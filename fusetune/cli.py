@@ -259,9 +259,21 @@ def plan(ctx: click.Context, configs: tuple[str, ...], as_json: bool) -> None:
         click.echo(documents.dumps(found))
 
 
+def _exact_at_shapes_only(plan_) -> list[str]:
+    """The worlds whose kernels compute the chain exactly at the config's shapes only (ModelNew runs PyTorch's
+    forward at any other where one of them won): every world with kernels of fusetune's where a rewrite holds
+    there only (Plan.at_shapes), else those that pool an adaptive pool as its one window there."""
+    from fusetune.worlds import WORLDS
+
+    if plan_.at_shapes:
+        return [impl for impl in plan_.impl_stages if not WORLDS[impl].runs_reference]
+    return list(plan_.at_shapes_worlds)
+
+
 def _plan_document(spec, plan_, space) -> dict:
     """What ``fusetune plan`` shows, as data: the fused region and the PyTorch tail (each op with the
-    config entries it stands for), why the kernels stop, the worlds offered with their stages, the
+    config entries it stands for, and its name in the messages), the entries the rewrites dropped, why the
+    kernels stop, the worlds offered with their stages, the
     worlds not offered with why (and those this machine cannot run), the rewrite rules that fired, and
     the size of the space."""
     from fusetune.worlds import machine_refusals, refusals
@@ -270,7 +282,7 @@ def _plan_document(spec, plan_, space) -> dict:
     from fusetune.plan import make_plan
 
     def steps(region) -> list[dict]:
-        return [{"op": step.op.kind, "entries": list(step.entries)} for step in region]
+        return [{"op": step.op.kind, "entries": list(step.entries), "where": step.where} for step in region]
     later = [{"region": s.index, "runs": "kernels" if s.kernels else "pytorch", "ops": steps(s.steps),
               **({"tuned_as": s.spec.name, "shapes": [list(x) for x in s.spec.shapes],
                   "worlds": list(make_plan(s.spec).impl_stages), "view": s.view_document()}
@@ -278,9 +290,10 @@ def _plan_document(spec, plan_, space) -> dict:
              for s in later_segments(plan_)]
     return {"config": spec.path, "name": spec.name, **spec.numerics(), "fused": steps(plan_.head),
             "pytorch": [op for s in later if s["runs"] == "pytorch" for op in s["ops"]], "later": later,
+            "dropped": steps(plan_.dropped),
             "ends": plan_.ends, "worlds": {impl: list(stages) for impl, stages in plan_.impl_stages.items()},
             "not_offered": refusals(plan_), "not_on_this_machine": machine_refusals(plan_), "rules": list(plan_.rules),
-            "exact_at_shapes_only": list(plan_.at_shapes_worlds), "candidates": sum(1 for _ in space.all()),
+            "exact_at_shapes_only": _exact_at_shapes_only(plan_), "candidates": sum(1 for _ in space.all()),
             "inputs": list(spec.inputs), "kernel_input": plan_.extra,
             **({"input_kinds": dict(spec.input_kinds)} if spec.input_kinds else {})}  # the broadcast ones' kinds
 

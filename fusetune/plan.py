@@ -64,6 +64,7 @@ class Plan:
     tail: tuple[Step, ...] = ()  # the ops after it, run in PyTorch inside ModelNew
     ends: str | None = None  # why the fused region ends before the tail (None: no tail)
     rules: tuple[str, ...] = ()  # the rewrite rules that changed or marked the chain (regions.RULES)
+    dropped: tuple[Step, ...] = ()  # the config's entries the rules dropped (identities, what a norm cancels)
     #: A map over the channels in the reduce slot (channel_softmax): a softmax or log_softmax, or a norm over the
     #: channels (normalize, channel_layer_norm: fusetune/ops/channel.py).
     channel_map: Softmax | ChannelNorm | None = None
@@ -204,12 +205,21 @@ class Plan:
         producer = self.spec.producer.kind
         fused = ", ".join(step.where for step in self.head) or "the convolution alone"
         lines = [f"region 0 (fused kernels): {producer} -> {fused}"]
+        if self.dropped:
+            lines.append(f"  dropped (the result is the same without: the rewrites listed say why): "
+                         f"{', '.join(s.where for s in self.dropped)}")
         if self.at_shapes_worlds:
             window = " x ".join(str(k) for k in self.adaptive_window[3 - self.spec.producer.spatial_dims:])
             lines.append(f"  exact at the config's shapes only in worlds {', '.join(self.at_shapes_worlds)}: their "
                          f"kernels pool fixed windows, and the adaptive pool's are one {window} window there; at "
                          "another shape ModelNew runs PyTorch's forward where one of them won (the other worlds "
                          "pool PyTorch's adaptive windows at any shape)")
+        if self.at_shapes:
+            from fusetune.regions import RULES
+
+            why = "; ".join(rule.doc for rule in RULES if rule.at_shapes and rule.name in self.rules)
+            lines.append(f"  exact at the config's shapes only ({why}): at another shape ModelNew runs PyTorch's "
+                         "forward")
         if self.tail:
             lines.append(f"  ends: {self.ends.split(': ', 1)[-1] if self.ends else ''}")
         for segment in later_segments(self):
@@ -292,7 +302,7 @@ def make_plan(spec: ProblemSpec) -> Plan:
             ends = str(exc)
             continue
         return dataclasses.replace(plan, head=head, tail=tail, ends=_why_tail(spec, head, tail, ends),
-                                   rules=rewritten.fired, at_shapes=rewritten.at_shapes)
+                                   rules=rewritten.fired, at_shapes=rewritten.at_shapes, dropped=rewritten.dropped)
     raise AssertionError("the empty region is always planned")  # pragma: no cover
 
 
@@ -413,7 +423,8 @@ def _kernel_refusal(op: Op) -> str | None:
         return (f"the kernels' norms take statistics per (sample, channel) plane, per sample or per channel "
                 f"({', '.join(KERNEL_SCOPES)}); {op.outside_scopes()}")
     if isinstance(op, Pool) and not op.exact_in_kernels:
-        what = "ceil_mode=True (a partial last window)" if op.ceil_mode else "count_include_pad=False"
+        what = ("ceil_mode=True (a partial last window), adding a window at one of the config's shapes or more,"
+                if op.ceil_mode else "count_include_pad=False")
         how = "in floor mode" + (", dividing by the whole window's size" if op.mode == "avg" else "")
         return f"the kernels pool whole windows, {how}; {what} runs in PyTorch after this region"
     if isinstance(op, Reduce) and kernel_mode(op.mode) not in REDUCTIONS:

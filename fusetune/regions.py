@@ -14,19 +14,26 @@ lands in the kernels rather than in PyTorch:
   * a reduction over the channel dim with ``keepdim`` is the kernels' channel reduction and a view
     that puts the dim back; ``amax``/``amin`` are ``max``/``min`` (the same values);
   * a view before an op that maps each value alone moves after it (the values are the same);
+  * a pool in ceil mode that adds no partial window at any of the config's shapes is the floor-mode pool
+    there (exact at those shapes only: the generated model runs PyTorch's forward at any other);
   * non-overlapping pools of one mode in a row compose into one pool of the product window
     (floor mode: floor(floor(s / a) / b) = floor(s / ab) windows, each the same inputs);
   * a norm cancels a mean centring (x - x.mean(dims, keepdim=True)) before it whose sets hold its own:
     the centring is dropped;
-  * instance norm (and a layer norm over every spatial dim, whose statistics are instance norm's) cancels
-    a per-channel constant added before it (the producer's bias, through a chain of per-channel
-    mul/div/add): the norm's step is marked, and the convolution runs without bias;
+  * a norm cancels an extra input added before it that is one value over each of its statistics' sets
+    (a diffusion block's temb, one per (sample, channel), before instance norm): the add is dropped, and
+    the chain is not split where the kernels would read the input;
+  * instance norm (a layer norm over every spatial dim, a group norm of one channel a group, whose
+    statistics are instance norm's) cancels a per-channel constant added before it (the producer's bias,
+    through mul/div by per-channel constants and add/sub): the norm's step is marked, and the convolution
+    runs without bias;
   * a spatial mean (or sum) right after a batch, group or instance norm is the norm's affine map applied
     to the plane's mean, which the statistics pass already has: the reduction's step is marked, and
     finalize computes the output (no main pass at all).
 
 The rules are data (``RULES``: a name, a doc, and the function that applies it), run in order, and
-the plan records which of them changed or marked the chain (``fusetune plan`` lists them).
+the plan records which of them changed or marked the chain (``fusetune plan`` lists them, and the entries
+they dropped). A step keeps the config's ops it stands for (``Step.written``): messages name it by them.
 
 Each rewritten op remembers the reference model's attribute it reads (a norm's module), so that the
 part that runs in PyTorch uses the very modules of the reference.
@@ -36,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Sequence
 
+from fusetune import broadcast
 from fusetune.config import ProblemSpec
 from fusetune.ops import (Add, AdaptivePool, DimReduce, Div, Flatten, LayerNorm, MeanCentre, Mul, Norm, Op, Pool,
                           Reduce, SpatialReduce, Sub, Unsqueeze)
@@ -54,11 +62,67 @@ class Step:
     entries: tuple[int, ...]
     #: What rules found of this step in its chain (CANCELS_BIAS, FROM_STATISTICS), for the planner.
     marks: tuple[str, ...] = ()
+    #: The config's ops its entries are, as parsed: a user knows a step by the ops they wrote, not by the
+    #: form a rule gave it (a ``sum`` over every spatial dim is the kernels' spatial_reduce and a view).
+    written: tuple[Op, ...] = ()
 
     @property
     def where(self) -> str:
-        """The config entries this step stands for, as a user finds them: ``epilogue[3] (max_pool)``."""
-        return " + ".join(f"epilogue[{i}]" for i in self.entries) + f" ({self.op.kind})"
+        """The config entries this step stands for, by the ops the config wrote there: ``epilogue[3]
+        (max_pool)``; where a rule gave them another form, which part of them it is: ``epilogue[1] (amax over
+        every spatial dim)``, ``epilogue[2] (sum with keepdim, its view putting dim 1 back)``."""
+        return " + ".join(f"epilogue[{i}]" for i in self.entries) + f" ({_label(self.op, self.written)})"
+
+    def becomes(self, op: Op) -> "Step":
+        """The step as ``op``, a form a rule gave it: the same entries, as written; no module of the reference
+        (the rewritten op's PyTorch line needs none)."""
+        return Step(op, None, self.entries, written=self.written)
+
+
+def _label(op: Op, written: tuple[Op, ...]) -> str:
+    """What a step is called in messages: the config's op names of its entries, and where a rule rewrote them
+    (``written`` is not the step's op alone), what the step is of them (_FORMS)."""
+    named = " + ".join(w.config_name for w in written) or op.config_name
+    if not written or written == (op,):
+        return named
+    form = next((describe for kinds, describe in _FORMS if isinstance(op, kinds)), None)
+    return form(op, written, named) if form is not None else f"{named}, as {op.config_name}"
+
+
+def _over(op: Reduce) -> str:
+    if op.over == "spatial":
+        return "every spatial dim"
+    return "channels" if tuple(getattr(op, "dims", (op.dim,))) == (1,) else f"dims {list(op.dims)}"
+
+
+def _reduction_form(op: Reduce, written: tuple[Op, ...], named: str) -> str:
+    """A reduction as the kernels compute it: over the channels or every spatial dim; amax is max."""
+    (one,) = written if len(written) == 1 else (None,)
+    if isinstance(one, DimReduce) and isinstance(op, DimReduce) and (one.dims, one.keepdim) == (op.dims, op.keepdim):
+        return named  # amax as max: the same values, by the user's name
+    if isinstance(one, DimReduce):
+        return f"{named} over {_over(op)}"
+    if isinstance(one, AdaptivePool):
+        return f"{named} to 1, a {op.mode} over {_over(op)}"
+    return f"{named}, one {op.mode} over {_over(op)}"
+
+
+def _keepdim(written: tuple[Op, ...]) -> str:
+    """" with keepdim" where the user asked for the dim back (a channel reduction's view that restores it), else
+    "" (the view of a reduction split in two, which puts back a dim the second part drops)."""
+    return " with keepdim" if any(getattr(w, "keepdim", False) for w in written) else ""
+
+
+#: How a step that a rule gave a form of its own is named after the ops it was written as (_label), by the
+#: form's class. (No ": " inside: a message's parts are split at it.)
+_FORMS: tuple[tuple[type | tuple[type, ...], Callable[[Op, tuple[Op, ...], str], str]], ...] = (
+    (Reduce, _reduction_form),
+    ((Flatten, Squeeze), lambda op, written, named: f"{named}, its view dropping the reduced dims"),
+    (Unsqueeze, lambda op, written, named: f"{named}{_keepdim(written)}, its view putting dim {op.dim} back"),
+    (Pool, lambda op, written, named: (
+        f"{named}, one {op.config_name} of window {list(op.kernel_size)}" if len(written) > 1
+        else f"{named}, whose ceil mode adds no window at the config's shapes")),
+)
 
 
 def reference_attr(spec: ProblemSpec, i: int) -> str | None:
@@ -76,10 +140,11 @@ FROM_STATISTICS = "from_statistics"
 @dataclasses.dataclass(frozen=True)
 class Rule:
     """One exact rewrite of a chain: ``apply`` returns the chain after it (the same steps where it does
-    not apply); it may replace steps or mark them for the planner. A rule ``at_shapes`` would hold at the
-    config's shapes only: where it fired, the generated model runs PyTorch's own forward at any other input
-    shape (EXACT_AT). None does: an adaptive pool, whose windows depend on its input's size, is the kernels'
-    own pool at any shape (ops/pool.py's ADAPTIVE_BOUNDS)."""
+    not apply); it may replace steps or mark them for the planner. A rule ``at_shapes`` holds at the config's
+    shapes only (ceil_adds_no_window): where it fired, the generated model runs PyTorch's own forward at any
+    other input shape (EXACT_AT), and the plan, which the cache keys by its rendered module, is the config's
+    with all its shapes. An adaptive pool, whose windows depend on its input's size, needs no such rule: it is
+    the kernels' own pool at any shape (ops/pool.py's ADAPTIVE_BOUNDS)."""
 
     name: str
     doc: str
@@ -93,6 +158,8 @@ class Rewritten:
 
     steps: tuple[Step, ...]
     fired: tuple[str, ...]
+    #: The config's entries no step stands for any more: an identity, an add or a centring a norm cancels.
+    dropped: tuple[Step, ...] = ()
 
     @property
     def at_shapes(self) -> bool:
@@ -102,14 +169,17 @@ class Rewritten:
 
 def rewrite(spec: ProblemSpec) -> Rewritten:
     """The config's chain after every rule, in order (each rule runs over the whole chain once)."""
-    steps = [Step(op, reference_attr(spec, i), (i,)) for i, op in enumerate(spec.epilogue)]
+    steps = [Step(op, reference_attr(spec, i), (i,), written=(op,)) for i, op in enumerate(spec.epilogue)]
     fired: list[str] = []
     for rule in RULES:
         after = rule.apply(steps, spec)
         if after != steps:
             fired.append(rule.name)
         steps = after
-    return Rewritten(tuple(steps), tuple(fired))
+    kept = {i for step in steps for i in step.entries}
+    dropped = tuple(Step(op, reference_attr(spec, i), (i,), written=(op,)) for i, op in enumerate(spec.epilogue)
+                    if i not in kept)
+    return Rewritten(tuple(steps), tuple(fired), dropped)
 
 
 def affine(ops: Sequence[Op]) -> bool:
@@ -129,20 +199,89 @@ def _mark(step: Step, mark: str) -> Step:
 
 
 def _norm_cancels_bias(steps: list[Step], spec: ProblemSpec) -> list[Step]:
-    """Instance norm (scope "instance": a layer norm over every spatial dim too) subtracts each (sample,
-    channel) plane's mean, so a per-channel constant added before it (the producer's bias, through
-    mul/div/add by numbers or per-channel parameters, which keep it a per-channel constant) cancels
-    exactly: the first norm, where it is an instance norm after an affine chain, is marked; so is a mean
-    centring over each channel's batch and spatial dims (a batch norm's own running statistics would see the
-    bias). Not where an op reads the convolution's output (by: producer): that output has the bias."""
+    """A norm subtracts the mean of each of its statistics' sets, so a value constant over each set added before
+    it cancels exactly (_cancelling_norm): the producer's bias is one value per channel, which instance norm
+    cancels (a layer norm over every spatial dim too, a group norm whose groups are one channel each, a mean
+    centring over each plane or over each channel's batch and spatial dims), through maps that keep it constant
+    there (mul and div by such operands, add and sub by anything). That norm is marked, where region 0 may take
+    it: a norm of the statistics pass's scopes, no input read before it (the kernels read one only after their
+    norm). Not batch norm in training mode: the running statistics it keeps would see the bias. Not where an op
+    reads the convolution's output (by: producer): that output has the bias."""
     if not spec.producer.bias or any(step.op.uses_producer() for step in steps):
         return steps
-    first = next((i for i, step in enumerate(steps) if isinstance(step.op, Norm)), None)
-    norm = steps[first].op if first is not None else None
-    per_channel = norm is not None and (norm.scope == "instance" or (norm.scope == "batch" and norm.centres))
-    if not per_channel or not affine([s.op for s in steps[:first]]):
-        return steps
-    return steps[:first] + [_mark(steps[first], CANCELS_BIAS)] + steps[first + 1:]
+    rank = 2 + spec.producer.spatial_dims
+    norm = _cancelling_norm(steps, 0, frozenset({0, *range(2, rank)}), spec, rank)
+    if (norm is None or steps[norm].op.scope not in _STATISTICS_SCOPES
+            or any(step.op.reads_input() for step in steps[:norm])):
+        return steps  # (such a norm runs after region 0, whose kernels add the bias anyway)
+    return steps[:norm] + [_mark(steps[norm], CANCELS_BIAS)] + steps[norm + 1:]
+
+
+def _norm_cancels_input(steps: list[Step], spec: ProblemSpec) -> list[Step]:
+    """x + t, then a norm that subtracts the mean of sets over which t is one value: the norm's output is the
+    same without t (its mean moves by t, its variance not at all), so the add (or sub) is dropped. t is a
+    broadcast input (fusetune/broadcast.py): a diffusion block's temb, one value per (sample, channel), before
+    an instance norm or a group norm of one channel a group; one per sample before a layer norm over
+    (C, *spatial) or any group norm; one per channel before a mean centring over each channel's batch and
+    spatial dims. Not batch norm in training mode (its running statistics would see t), nor in eval mode (it
+    subtracts no mean of its input). The steps between must keep t one value a set (_cancelling_norm).
+
+    Only an input's add: the kernels read an input only where they store an element, after their norm, so
+    it would split the chain into two regions; a number or a parameter they add for free before the norm,
+    and their statistics (sums around a pivot) take such an offset as PyTorch does (tests/gpu_chains' offset
+    chains check that on a GPU)."""
+    ranks = _ranks(steps, 2 + spec.producer.spatial_dims)
+    return [step for i, step in enumerate(steps)
+            if not (isinstance(step.op, (Add, Sub)) and step.op.reads_input() is not None and _cancelling_norm(
+                steps, i + 1, _constant_dims(step.op, spec, ranks[i]), spec, ranks[i]) is not None)]
+
+
+def _ranks(steps: Sequence[Step], rank: int) -> list[int]:
+    """Each step's input rank, from the convolution's."""
+    out = []
+    for step in steps:
+        out.append(rank)
+        rank = _rank_after(step.op, rank)
+    return out
+
+
+def _constant_dims(op: Op, spec: ProblemSpec, rank: int) -> frozenset[int]:
+    """The dims of a rank-``rank`` tensor along which a binary op's operand is one value: all of them for a
+    number or a single parameter, the batch and spatial ones for a per-channel parameter, those a broadcast
+    input has size 1 in (broadcast.KINDS); none for the convolution's output or a full-shape input."""
+    every, spatial = frozenset(range(rank)), frozenset(range(2, rank))
+    if op.uses_producer():
+        return frozenset()
+    name = op.reads_input()
+    if name is not None:
+        kind = broadcast.kind_of(spec, name)
+        if kind is None:
+            return frozenset()
+        return spatial | ({0} if not kind.per_sample else set()) | ({1} if not kind.per_channel else set())
+    param = getattr(op, "param", None)
+    declared = {p.name: p for p in spec.parameters}
+    if param is not None and not declared[param].scalar:
+        return spatial | {0}
+    return every
+
+
+def _cancelling_norm(steps: Sequence[Step], start: int, dims: frozenset[int], spec: ProblemSpec,
+                     rank: int) -> int | None:
+    """The index of the first norm from ``steps[start]`` on, where it cancels a value constant along ``dims``
+    (of a rank-``rank`` tensor) added before ``steps[start]``; None where none does. The steps up to it must be
+    mul, div, add or sub: an add or sub leaves the value as it is, a mul or div by an operand scales it by that
+    operand, constant along the operand's own dims only. The norm cancels it where its statistics average over
+    dims among those (_averaged_dims): each set's mean then moves by the set's one value."""
+    for i in range(start, len(steps)):
+        op = steps[i].op
+        if isinstance(op, Norm):
+            averaged = _averaged_dims(op, rank, spec.channels_at(steps[i].entries[0]))
+            return i if averaged is not None and averaged <= dims else None
+        if isinstance(op, (Mul, Div)):
+            dims = dims & _constant_dims(op, spec, rank)
+        elif not isinstance(op, (Add, Sub)):
+            return None
+    return None
 
 
 def _norm_cancels_centring(steps: list[Step], spec: ProblemSpec) -> list[Step]:
@@ -154,32 +293,35 @@ def _norm_cancels_centring(steps: list[Step], spec: ProblemSpec) -> list[Step]:
     statistics (batch norm in training mode) would see it, and does not cancel it."""
     out: list[Step] = []
     for i, step in enumerate(steps):
-        if isinstance(step.op, MeanCentre) and _cancelled(step.op, steps[i + 1:]):
+        if isinstance(step.op, MeanCentre) and _cancelled(step.op, steps[i + 1:], spec):
             continue
         out.append(step)
     return out
 
 
-def _cancelled(centre: MeanCentre, rest: Sequence[Step]) -> bool:
+def _cancelled(centre: MeanCentre, rest: Sequence[Step], spec: ProblemSpec) -> bool:
     for step in rest:
         op = step.op
         if isinstance(op, Norm):
-            dims = _averaged_dims(op, centre.in_rank)
+            dims = _averaged_dims(op, centre.in_rank, spec.channels_at(step.entries[0]))
             return dims is not None and dims <= set(centre.dims)
         if not (isinstance(op, (Mul, Div, Add, Sub)) and getattr(op, "scalar", None) is not None):
             return False
     return False
 
 
-def _averaged_dims(norm: Norm, rank: int) -> frozenset[int] | None:
-    """The dims of a rank-``rank`` input a norm's mean is over (a group norm's: some of dim 1, and the spatial
-    ones); None for batch norm (training: its running statistics would see a centring before it; eval: it
-    subtracts no mean of its input)."""
+def _averaged_dims(norm: Norm, rank: int, channels: int) -> frozenset[int] | None:
+    """The dims of a rank-``rank`` input a norm's mean is over: a group norm's are the spatial ones and the
+    channels of a group, which where each group is one channel (``channels`` at the norm, num_groups of them) are
+    the spatial ones alone; None for batch norm (training: its running statistics would see a centring before it;
+    eval: it subtracts no mean of its input)."""
     spatial = frozenset(range(2, rank))
     if isinstance(norm, MeanCentre):
         return frozenset(norm.dims)
     if isinstance(norm, LayerNorm):
         return frozenset(range(rank - len(norm.normalized_shape), rank))
+    if norm.scope == "group" and norm.groups_of(channels) == 1:
+        return spatial
     return {"instance": spatial, "group": spatial | {1}}.get(norm.scope)
 
 
@@ -242,7 +384,7 @@ def _merge_reductions(steps: list[Step], rank: int) -> list[Step]:
         if _kernel_form(a.op.dims, in_rank) and not _kernel_form(dims, in_rank):
             return None  # the first alone is what the kernels reduce: merged, neither would be fused
         op = DimReduce(mode=mode_a, over="dim", dim=dims[0], dims=dims, keepdim=a.op.keepdim)
-        return [Step(op, None, a.entries + b.entries)]
+        return [Step(op, None, a.entries + b.entries, written=a.written + b.written)]
     return _pairwise(steps, merge, rank)
 
 
@@ -265,10 +407,10 @@ def _split_full_reductions(steps: list[Step], rank: int) -> list[Step]:
                 and op.dims == tuple(range(1, current))):
             mode = kernel_mode(op.mode)
             spatial = tuple(range(2, current))
-            out.append(Step(DimReduce(mode=mode, over="dim", dim=2, dims=spatial, keepdim=True), None, step.entries))
-            out.append(Step(DimReduce(mode=mode, over="dim", dim=1, dims=(1,), keepdim=True), None, step.entries))
+            out.append(step.becomes(DimReduce(mode=mode, over="dim", dim=2, dims=spatial, keepdim=True)))
+            out.append(step.becomes(DimReduce(mode=mode, over="dim", dim=1, dims=(1,), keepdim=True)))
             if not op.keepdim:
-                out.append(Step(Squeeze(dims=tuple(range(1, current))), None, step.entries))
+                out.append(step.becomes(Squeeze(dims=tuple(range(1, current)))))
         else:
             out.append(step)
         current = _rank_after(op, current)
@@ -289,17 +431,17 @@ def _kernel_reductions(steps: list[Step], rank: int) -> list[Step]:
     for step in steps:
         op = step.op
         if isinstance(op, AdaptivePool) and op.global_ and current == rank:
-            out.append(Step(op.as_reduce(), None, step.entries))
+            out.append(step.becomes(op.as_reduce()))
         elif isinstance(op, DimReduce) and kernel_mode(op.mode) in REDUCTIONS and current == rank:
             mode = kernel_mode(op.mode)  # logsumexp: over the channel dim only (channel_reduce)
             if _kernel_form(op.dims, rank) and op.dims != (1,) and mode in KERNEL_MODES:
-                out.append(Step(SpatialReduce(mode=mode), None, step.entries))
+                out.append(step.becomes(SpatialReduce(mode=mode)))
                 if not op.keepdim:
-                    out.append(Step(Flatten(start_dim=1, end_dim=-1), None, step.entries))
+                    out.append(step.becomes(Flatten(start_dim=1, end_dim=-1)))
             elif op.dims == (1,):
-                out.append(Step(DimReduce(mode=mode, over="dim", dim=1, dims=(1,)), None, step.entries))
+                out.append(step.becomes(DimReduce(mode=mode, over="dim", dim=1, dims=(1,))))
                 if op.keepdim:
-                    out.append(Step(Unsqueeze(dim=1), None, step.entries))
+                    out.append(step.becomes(Unsqueeze(dim=1)))
             else:
                 out.append(step)
         else:
@@ -328,6 +470,25 @@ def _sink_views(steps: list[Step], spec: ProblemSpec) -> list[Step]:
     return out
 
 
+def _ceil_adds_no_window(steps: list[Step], spec: ProblemSpec) -> list[Step]:
+    """A pool in ceil mode pools one more window than in floor mode only where a partial one starts inside its
+    input (or its left padding); where that adds no window at any of the config's shapes, its windows there are
+    floor mode's, the same inputs and (an average's) the same divisors: the kernels' pool, exact at those
+    shapes (the importer reads a traced model's ceil_mode so at its one shape). The step keeps the reference's
+    module (in ceil mode: exact at any shape where PyTorch runs it)."""
+    shapes = [spec.producer.out_shape(shape) for shape in spec.shapes]
+    out = []
+    for step in steps:
+        op = step.op
+        if isinstance(op, Pool) and op.ceil_mode:
+            floor = dataclasses.replace(op, ceil_mode=False)
+            if all(floor.out_shape(shape) == op.out_shape(shape) for shape in shapes):
+                step = dataclasses.replace(step, op=floor)
+        out.append(step)
+        shapes = [op.out_shape(shape) for shape in shapes]
+    return out
+
+
 def _compose_pools(steps: list[Step], rank: int) -> list[Step]:
     """Two pools of one mode whose windows neither overlap nor skip (stride = window) nor pad compose
     into one pool of the product window."""
@@ -339,7 +500,8 @@ def _compose_pools(steps: list[Step], rank: int) -> list[Step]:
         if not (plain(a.op) and plain(b.op) and a.op.mode == b.op.mode):
             return None
         window = tuple(x * y for x, y in zip(a.op.kernel_size, b.op.kernel_size))
-        return [Step(type(a.op)(kernel_size=window, stride=window), None, a.entries + b.entries)]
+        return [Step(type(a.op)(kernel_size=window, stride=window), None, a.entries + b.entries,
+                     written=a.written + b.written)]
     return _pairwise(steps, merge, rank)
 
 
@@ -353,12 +515,17 @@ RULES: tuple[Rule, ...] = (
     Rule("kernel_reductions", "a reduction over every spatial dim or over the channels is the kernels' own, "
          "with a view that restores PyTorch's shape", _ranked(_kernel_reductions)),
     Rule("sink_views", "a view before an op that maps each value alone moves after it", _sink_views),
+    Rule("ceil_adds_no_window", "a pool in ceil mode that adds no partial window at any of the config's shapes "
+         "is the floor-mode pool there", _ceil_adds_no_window, at_shapes=True),
     Rule("compose_pools", "non-overlapping pools of one mode in a row compose into one of the product window",
          _ranked(_compose_pools)),
+    Rule("norm_cancels_input", "a norm cancels an add or sub before it of a broadcast input that is one value "
+         "over each of its statistics' sets (temb before instance norm): the add is dropped", _norm_cancels_input),
     Rule("norm_cancels_centring", "a norm cancels a mean centring before it whose averaged dims hold its own: the "
          "centring is dropped", _norm_cancels_centring),
-    Rule("norm_cancels_bias", "instance norm cancels the producer's bias added through an affine chain before "
-         "it: the convolution runs without bias", _norm_cancels_bias),
+    Rule("norm_cancels_bias", "a norm that averages each channel's values per sample (instance norm, a group norm "
+         "of one channel a group) cancels the producer's bias added before it: the convolution runs without bias",
+         _norm_cancels_bias),
     Rule("mean_of_norm", "a spatial mean or sum right after a batch, group or instance norm is finalize's map of "
          "the plane means: no main pass", _mean_of_norm),
 )

@@ -194,12 +194,19 @@ def test_chain_loads(path):
 @pytest.mark.parametrize("path", CHAINS, ids=IDS)
 def test_chain_plans_into_regions(path):
     """make_plan never raises for a valid config; every op of the chain is in the fused region or the PyTorch
-    tail after it (but identities the rewrites drop: dropout that does nothing)."""
+    tail after it, but what the rewrites drop (Plan.dropped, which ``fusetune plan`` lists): dropout that does
+    nothing, an add or a centring that a norm after it cancels."""
+    from fusetune.ops import Add, MeanCentre, Sub
+
     spec = _spec(path.stem)
     plan = _plan(path.stem)
     covered = {i for step in (*plan.head, *plan.tail) for i in step.entries}
-    dropped = {i for i, op in enumerate(spec.epilogue) if op.role == "identity"}
-    assert covered | dropped == set(range(len(spec.epilogue))), (plan.regions(), sorted(covered))
+    dropped = {step.entries[0] for step in plan.dropped}
+    assert covered | dropped == set(range(len(spec.epilogue))) and not covered & dropped, (plan.regions(),
+                                                                                           sorted(covered))
+    cancelled = {"norm_cancels_input", "norm_cancels_centring"} & set(plan.rules)
+    for step in plan.dropped:
+        assert step.op.role == "identity" or (isinstance(step.op, (Add, Sub, MeanCentre)) and cancelled), step.where
     assert (plan.ends is None) == (not plan.tail), plan.ends
     assert plan.regions() and plan.regions()[0].startswith("region 0")
 

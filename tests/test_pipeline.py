@@ -144,9 +144,9 @@ def test_export_writes_each_tuned_later_region_beside_the_first(tmp_path: Path) 
 
 
 def test_a_rewrite_that_holds_at_the_configs_shapes_only_guards_the_model(monkeypatch, tmp_path: Path) -> None:
-    """A rule that holds at the config's shapes only (Rule.at_shapes; none of regions.RULES does today): the
-    generated model knows those shapes (EXACT_AT) and runs PyTorch's forward at any other, whichever world won
-    (EXACT_WORLDS None). An adaptive pool is no such rewrite: the kernels pool its windows at any shape; only
+    """A rule that holds at the config's shapes only (Rule.at_shapes: regions.RULES' ceil_adds_no_window, and a
+    test's own here): the generated model knows those shapes (EXACT_AT) and runs PyTorch's forward at any other,
+    whichever world won (EXACT_WORLDS None). An adaptive pool is no such rewrite: the kernels pool its windows at any shape; only
     the worlds that pool it as the fixed window it is at the config's shapes are guarded (tests/test_adaptive.py)."""
     import dataclasses
 

@@ -19,6 +19,8 @@ CONFIGS = ROOT / "configs"
 CHAINS = ROOT / "tests" / "chains"
 #: Mean centrings, one of them cancelled by the instance norm after it (norm_cancels_centring).
 CENTRING = ROOT / "tests" / "centring"
+#: Broadcast inputs added before a norm, cancelled by it or not (norm_cancels_input).
+CANCELLED_INPUTS = ROOT / "tests" / "cancelled_inputs"
 
 
 def test_every_rule_is_named_and_documented():
@@ -33,6 +35,10 @@ def test_every_rule_is_named_and_documented():
     (CHAINS / "conv2d_leakyrelu_instancenorm_batchnorm.yaml", False),        # leaky relu before: not affine
     (CHAINS / "conv2d_nobias_sub_param_exp_avgpool_padded_log.yaml", False),  # no bias to cancel
     (CONFIGS / "conv2d_groupnorm_scale_maxpool_clamp.yaml", False),           # group norm keeps a channel's offset
+    (CHAINS / "conv3d_sub_cond_scale_groupnorm_per_channel_gelu.yaml", True),  # one channel a group; after the sub
+    (CANCELLED_INPUTS / "add_per_sample_layernorm_chw_relu.yaml", False),      # over (C, H, W): a channel's offset
+    (CANCELLED_INPUTS / "add_cond_batchnorm_relu.yaml", False),                # training: its running statistics
+    (CANCELLED_INPUTS / "mul_temb_instancenorm.yaml", False),                  # the norm after the input: region 1
 ])
 def test_instance_norm_cancels_the_bias(path, fires):
     spec = load_config(path)
@@ -80,28 +86,20 @@ def _run_steps(model, steps, x, inputs=None):
     return x
 
 
-@pytest.mark.parametrize("path", sorted(CHAINS.glob("*.yaml")) + sorted(CONFIGS.glob("*.yaml"))
-                         + sorted(CENTRING.glob("*.yaml")), ids=lambda p: p.stem)
+#: Every config the rules are checked on in float64.
+EXACT = (sorted(CHAINS.glob("*.yaml")) + sorted(CONFIGS.glob("*.yaml")) + sorted(CENTRING.glob("*.yaml"))
+         + sorted(CANCELLED_INPUTS.glob("*.yaml")))
+
+
+@pytest.mark.parametrize("path", EXACT, ids=lambda p: p.stem)
 def test_the_rewritten_chain_computes_the_configs_at_its_shapes(path, tmp_path):
     """Every rule is exact: the rewritten steps, run as PyTorch, give the chain's own result in float64 at
     each of the config's shapes (at_shapes rules hold there), norms moved off their identity."""
     import torch
 
-    from fusetune.build import load_generated
-    from fusetune.codegen import render
-
     spec = load_config(path)
     rewritten = rewrite(spec)
-    generated = load_generated(render(make_plan(spec)).write(tmp_path))
-    torch.manual_seed(0)
-    model = generated.Model().double()
-    for module in model.modules():
-        for name in ("weight", "bias", "running_mean"):
-            tensor = getattr(module, name, None)
-            if module is not model.producer and isinstance(tensor, torch.Tensor) and tensor.dim() == 1:
-                with torch.no_grad():
-                    tensor.uniform_(0.5, 1.5) if name == "weight" else tensor.uniform_(-0.5, 0.5)
-    model.eval()  # both sides run the same modules: running statistics for every batch norm here
+    model = _perturbed_model(spec, tmp_path)  # both sides run the same modules, eval-mode batch norms
     for shape in spec.shapes:
         x = model.producer(torch.randn(shape, dtype=torch.float64))
         inputs = {name: torch.randn(s, dtype=torch.float64) for name, s in zip(spec.inputs, spec.input_shapes(shape))}
@@ -114,3 +112,178 @@ def _reference_steps(spec):
     from fusetune.regions import reference_attr
 
     return [(op, reference_attr(spec, i)) for i, op in enumerate(spec.epilogue)]
+
+
+def _perturbed_model(spec, tmp_path):
+    """The generated reference Model in float64, every norm's weight, bias and running mean moved off the
+    identity, in eval mode (its running statistics stay as they are)."""
+    import torch
+
+    from fusetune.build import load_generated
+    from fusetune.codegen import render
+
+    generated = load_generated(render(make_plan(spec)).write(tmp_path))
+    torch.manual_seed(0)
+    model = generated.Model().double()
+    for module in model.modules():
+        for name in ("weight", "bias", "running_mean"):
+            tensor = getattr(module, name, None)
+            if module is not model.producer and isinstance(tensor, torch.Tensor) and tensor.dim() == 1:
+                with torch.no_grad():
+                    tensor.uniform_(0.5, 1.5) if name == "weight" else tensor.uniform_(-0.5, 0.5)
+    return model.eval()
+
+
+@pytest.mark.parametrize("path", EXACT, ids=lambda p: p.stem)
+def test_a_norm_marked_to_cancel_the_bias_gives_the_chains_result_without_it(path, tmp_path):
+    """Where norm_cancels_bias marks a norm, the rewritten steps on the convolution's output without its bias give
+    the chain's result on it with the bias, in float64 at each of the config's shapes (a bias far from zero)."""
+    import torch
+
+    spec = load_config(path)
+    rewritten = rewrite(spec)
+    if not any(CANCELS_BIAS in step.marks for step in rewritten.steps):
+        assert "norm_cancels_bias" not in rewritten.fired
+        return
+    model = _perturbed_model(spec, tmp_path)
+    with torch.no_grad():
+        model.producer.bias.uniform_(-30.0, 30.0)
+    for shape in spec.shapes:
+        x = model.producer(torch.randn(shape, dtype=torch.float64))
+        unbiased = x - model.producer.bias.view(1, -1, *(1,) * (x.dim() - 2))
+        inputs = {name: torch.randn(s, dtype=torch.float64) for name, s in zip(spec.inputs, spec.input_shapes(shape))}
+        expected = _run_steps(model, [type("S", (), {"op": op, "attr": attr})() for op, attr in
+                                      _reference_steps(spec)], x, inputs)
+        got = _run_steps(model, rewritten.steps, unbiased, inputs)
+        assert torch.allclose(got, expected, rtol=1e-9, atol=1e-9), shape
+
+
+@pytest.mark.parametrize("path, dropped, drop_bias", [
+    (CHAINS / "conv2d_add_temb_instancenorm_silu.yaml", True, True),
+    (CHAINS / "conv3d_sub_cond_scale_groupnorm_per_channel_gelu.yaml", True, True),
+    (CANCELLED_INPUTS / "add_per_sample_layernorm_chw_relu.yaml", True, False),
+    (CANCELLED_INPUTS / "add_per_sample_groupnorm_relu.yaml", True, False),
+    (CANCELLED_INPUTS / "sub_temb_centre_spatial_tanh.yaml", True, True),
+    (CANCELLED_INPUTS / "add_temb_groupnorm_pairs.yaml", False, False),
+    (CANCELLED_INPUTS / "add_cond_batchnorm_relu.yaml", False, False),
+    (CANCELLED_INPUTS / "add_cond_batchnorm_eval_relu.yaml", False, False),
+    (CANCELLED_INPUTS / "mul_temb_instancenorm.yaml", False, False),
+    (CANCELLED_INPUTS / "add_temb_mul_producer_instancenorm.yaml", False, False),
+    (CHAINS / "sweep4_half_conv2d_temb_groupnorm_silu_bf16.yaml", False, False),  # groups of three channels
+], ids=lambda v: v.stem if hasattr(v, "stem") else None)
+def test_a_norm_cancels_a_broadcast_input_added_before_it(path, dropped, drop_bias):
+    """An input that is one value over each of the norm's statistics' sets, added before it, is dropped: region 0
+    takes the norm (it would read the input only after it), reads no input, and ``fusetune plan`` says which entry
+    went. Where the norm's sets hold several of the input's values, where it keeps running statistics or
+    subtracts none, where the input multiplies, the add stays and region 0 reads it."""
+    spec = load_config(path)
+    plan = make_plan(spec)
+    assert ("norm_cancels_input" in plan.rules) is dropped
+    assert [step.where for step in plan.dropped] == (["epilogue[0] (" + spec.epilogue[0].kind + ")"] if dropped
+                                                      else [])
+    assert (plan.norm is not None and plan.extra is None) is dropped
+    assert (plan.extra is not None) is (not dropped and path.stem != "add_temb_mul_producer_instancenorm")
+    assert plan.drop_bias is drop_bias
+    if dropped:
+        text = CliRunner().invoke(main, ["plan", str(path)]).output
+        assert f"  dropped (the result is the same without: the rewrites listed say why): epilogue[0] " in text
+        assert "norm_cancels_input" in text
+
+
+def test_the_rule_reads_the_groups_of_a_group_norm():
+    """A group norm of one channel a group has instance norm's statistics: temb (per sample and channel) cancels
+    there, and not where a group holds two channels (the same chain otherwise)."""
+    import dataclasses
+
+    from fusetune.ops import GroupNorm
+
+    spec = load_config(CANCELLED_INPUTS / "add_temb_groupnorm_pairs.yaml")
+    norm = spec.epilogue[1]
+    assert isinstance(norm, GroupNorm) and norm.groups == 4 and "norm_cancels_input" not in make_plan(spec).rules
+    one_each = dataclasses.replace(spec, epilogue=(spec.epilogue[0], dataclasses.replace(norm, groups=8)))
+    assert "norm_cancels_input" in make_plan(one_each).rules
+
+
+# ------------------------------------------------------------------------------------------------------
+# A step by the ops the config wrote (Step.where)
+# ------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", sorted(CHAINS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_step_is_named_by_the_ops_the_config_wrote(path):
+    """However the rules rewrote it, a step's name starts with the config's own op names of its entries (``amax``,
+    ``sum``, ``adaptive_avg_pool``), never the kernels' forms (spatial_reduce, reduce) unless a user wrote them."""
+    import yaml
+
+    raw = yaml.safe_load(path.read_text())["epilogue"]
+    for step in (*rewrite(load_config(path)).steps, *rewrite(load_config(path)).dropped):
+        entries = " + ".join(f"epilogue[{i}]" for i in step.entries)
+        names = " + ".join(raw[i]["op"] for i in step.entries)
+        assert step.where.startswith(f"{entries} ({names}"), (step.where, names)
+        assert ": " not in step.where  # messages are split at ": " (pipeline._region)
+
+
+@pytest.mark.parametrize("stem, names", [
+    ("sweep4_half_conv3d_same_softmax_channels_amax_spatial_bf16",
+     ["epilogue[0] (softmax)", "epilogue[1] (amax over every spatial dim)",
+      "epilogue[1] (amax, its view dropping the reduced dims)"]),
+    ("conv2d_exp_sum_channels_log", ["epilogue[0] (mul)", "epilogue[1] (exp)", "epilogue[2] (sum over channels)",
+                                     "epilogue[3] (log)",
+                                     "epilogue[2] (sum with keepdim, its view putting dim 1 back)"]),
+    ("conv2d_amax_channels_unsqueeze_sigmoid",
+     ["epilogue[0] (amax)", "epilogue[2] (sigmoid)", "epilogue[1] (unsqueeze)"]),
+    ("conv2d_sigmoid_sum_all", ["epilogue[0] (sigmoid)", "epilogue[1] (sum over every spatial dim)",
+                                "epilogue[1] (sum over channels)", "epilogue[1] (sum, its view putting dim 1 back)",
+                                "epilogue[1] (sum, its view dropping the reduced dims)"]),
+    ("convt3d_maxpool_maxpool_sum_channels", ["epilogue[0] + epilogue[1] (max_pool + max_pool, one max_pool of "
+                                              "window [6, 6, 6])", "epilogue[2] (sum over channels)",
+                                              "epilogue[2] (sum with keepdim, its view putting dim 1 back)"]),
+    ("conv1d_relu_gap_squeeze", ["epilogue[0] (relu)", "epilogue[1] (adaptive_avg_pool to 1, a mean over every "
+                                 "spatial dim)", "epilogue[2] (squeeze)"]),
+    ("conv1d_tanh_maxpool_ceil_whole_windows", ["epilogue[0] (tanh)", "epilogue[1] (max_pool, whose ceil mode adds "
+                                                "no window at the config's shapes)"]),
+])
+def test_fusetune_plan_names_the_rewritten_steps_by_what_the_user_wrote(stem, names):
+    path = CHAINS / f"{stem}.yaml"
+    assert [step.where for step in rewrite(load_config(path)).steps] == names
+    text = CliRunner().invoke(main, ["plan", str(path)]).output
+    assert all(name in text for name in names)
+    assert "(spatial_reduce)" not in text and "(reduce)" not in text
+
+
+# ------------------------------------------------------------------------------------------------------
+# ceil_mode where it adds no window (ceil_adds_no_window)
+# ------------------------------------------------------------------------------------------------------
+
+def test_a_ceil_mode_pool_that_adds_no_window_at_the_configs_shapes_is_the_kernels_pool_there(tmp_path):
+    """Lengths 29 and 33 under windows of 3 in strides of 2: ceil mode adds no window, so region 0 pools it (floor
+    mode's windows, the same there); the rule holds at those shapes only, so the generated model knows them
+    (EXACT_AT) and runs PyTorch's forward at any other. One configured shape where it adds a window (30): the
+    pool runs in PyTorch, and the plan says that ceil mode adds a window at the config's shapes."""
+    import dataclasses
+
+    from fusetune.build import load_generated
+    from fusetune.codegen import render
+
+    spec = load_config(CHAINS / "conv1d_tanh_maxpool_ceil_whole_windows.yaml")
+    plan = make_plan(spec)
+    assert plan.pool is not None and not plan.pool.ceil_mode and not plan.tail
+    assert plan.at_shapes and "ceil_adds_no_window" in plan.rules
+    assert any(line.startswith("  exact at the config's shapes only (a pool in ceil mode") for line in plan.regions())
+    generated = load_generated(render(plan).write(tmp_path / "whole"))
+    assert generated.EXACT_AT == [list(s) for s in spec.shapes] and generated.EXACT_WORLDS is None
+    document = json.loads(CliRunner().invoke(main, ["plan", "--json", str(spec.path)]).output)[0]
+    assert document["exact_at_shapes_only"] == ["cudnn", "direct", "gemm"] == [
+        impl for impl in plan.impl_stages if impl not in ("eager", "inductor_default", "inductor")]
+    import torch
+    import torch.nn.functional as F
+
+    def pooled(op, length: int) -> torch.Tensor:
+        torch.manual_seed(0)
+        return eval(op.functional_code("x"), {"F": F, "x": torch.randn(2, 16, length, dtype=torch.float64)})  # noqa: S307
+    for length in (29, 33, 30):  # the floor-mode pool the kernels take, against the config's, in float64
+        assert torch.equal(pooled(plan.pool, length), pooled(spec.epilogue[1], length)) is (length != 30), length
+    partial = make_plan(dataclasses.replace(spec, shapes=spec.shapes + ((2, 6, 33),)))  # a length of 30
+    assert partial.pool is None and not partial.at_shapes and "ceil_adds_no_window" not in partial.rules
+    assert [step.op.ceil_mode for step in partial.tail] == [True]
+    assert ("ceil_mode=True (a partial last window), adding a window at one of the config's shapes or more, runs in "
+            "PyTorch after this region") in partial.ends

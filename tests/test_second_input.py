@@ -153,17 +153,17 @@ def test_a_later_region_reads_the_input():
 
 
 #: Ops after an op that reads the input: the kernels never store what a norm, a pool or a reduction reads.
-@pytest.mark.parametrize("after, role", [
-    ({"op": "max_pool", "kernel_size": 2}, "pool"),
-    ({"op": "sum", "dim": 1}, "reduce"),
-    ({"op": "instance_norm"}, "norm"),
+@pytest.mark.parametrize("after, role, name", [
+    ({"op": "max_pool", "kernel_size": 2}, "pool", "max_pool"),
+    ({"op": "sum", "dim": 1}, "reduce", "sum"),  # by the config's name, not the kernels' reduce
+    ({"op": "instance_norm"}, "norm", "instance_norm"),
 ])
-def test_a_norm_pool_or_reduction_after_the_reader_ends_the_region_and_the_plan_says_why(after, role):
+def test_a_norm_pool_or_reduction_after_the_reader_ends_the_region_and_the_plan_says_why(after, role, name):
     raw = _raw("conv2d_nobias_batchnorm_eval_add_input_relu")
     raw = {**raw, "epilogue": [raw["epilogue"][0], raw["epilogue"][1], after]}
     plan = make_plan(parse_config(raw, "x.yaml"))
     assert [step.op.kind for step in plan.head] == ["batch_norm", "add"] and plan.extra == "identity"
-    assert plan.ends.startswith(f"x.yaml: epilogue[2] ({plan.tail[0].op.kind}): a {role} after epilogue[1] (add), "
+    assert plan.ends.startswith(f"x.yaml: epilogue[2] ({name}): a {role} after epilogue[1] (add), "
                                 "which reads input 'identity'")
     assert any("epilogue[2]" in line for line in plan.regions())
 

@@ -94,6 +94,11 @@ class Op:
         """Python expression applying the op to tensor expression ``x``."""
         raise NotImplementedError
 
+    @property
+    def config_name(self) -> str:
+        """The op's name as a config writes it (its REGISTRY key): the planner's messages name a step by it."""
+        return self.kind
+
     def uses_producer(self) -> bool:
         """Whether the op reads the convolution's own output (``by: producer``) beside its input."""
         return False

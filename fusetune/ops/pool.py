@@ -3,7 +3,9 @@
 ``ceil_mode: true`` (PyTorch's: one more window where a partial one starts inside the input or its left
 padding) and an average's ``count_include_pad: false`` (the divisor counts the input's elements alone) are
 PyTorch's pools exactly; no kernel pools partial windows or such divisors, so the planner runs such a pool
-after the fused region, in PyTorch inside ModelNew (plan._kernel_refusal).
+after the fused region, in PyTorch inside ModelNew (plan._kernel_refusal), but where ceil mode adds no window at
+any of the config's shapes: there it is the floor-mode pool (regions.py's ceil_adds_no_window, exact at those
+shapes only).
 
 A padded pool is pooled by the cuDNN world's main kernels only (fusetune/worlds/facts.py). An adaptive
 pool (fusetune/ops/reduce.py's AdaptivePool) has a window per output index whose size varies with it and

@@ -169,6 +169,11 @@ class DimReduce(Reduce):
         keepdim = take_bool(raw, "keepdim", ctx, default=False)
         return cls(mode=str(raw["op"]), over="dim", dim=dims[0], dims=dims, keepdim=keepdim)
 
+    @property
+    def config_name(self) -> str:
+        """Every mode is an op of its own in a config (``amax``, ``sum``): the mode is the name."""
+        return self.mode
+
     def out_shape(self, shape: Shape) -> Shape:
         if self.keepdim:
             return tuple(1 if i in self.dims else s for i, s in enumerate(shape))

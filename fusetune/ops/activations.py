@@ -267,7 +267,22 @@ class Trunc(_Unary):
 
 
 @dataclasses.dataclass(frozen=True)
-class LeakyRelu(Elementwise):
+class _NumericArguments(Elementwise):
+    """An op of numeric arguments, its dataclass fields in PyTorch's order and by PyTorch's names: PyTorch
+    calls it as ``F.<kind>(x, name=value, ...)``, the kernels as ``ft_<kind>(v, value, ...)`` (a helper of
+    templates/elementwise.cuh taking the values as float literals)."""
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        named = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+        return f"F.{self.kind}({x}, {named})"
+
+    def cuda(self, v: str, load: ParamLoader) -> str:
+        values = ", ".join(_float_literal(getattr(self, f.name)) for f in dataclasses.fields(self))
+        return f"ft_{self.kind}({v}, {values})"
+
+
+@dataclasses.dataclass(frozen=True)
+class LeakyRelu(_NumericArguments):
     """F.leaky_relu: x where x > 0, else negative_slope * x. Non-decreasing for a slope > 0; a
     negative slope makes a V, monotone in neither direction. A slope of 0 is monotone but gives NaN
     at -inf (-inf * 0), at the low end, where a window's largest value alone would miss it."""
@@ -286,15 +301,9 @@ class LeakyRelu(Elementwise):
     def increasing(self) -> bool:
         return self.negative_slope > 0
 
-    def forward_code(self, x: str, attr: str | None) -> str:
-        return f"F.leaky_relu({x}, negative_slope={self.negative_slope!r})"
-
-    def cuda(self, v: str, load: ParamLoader) -> str:
-        return f"ft_leaky_relu({v}, {_float_literal(self.negative_slope)})"
-
 
 @dataclasses.dataclass(frozen=True)
-class Elu(Elementwise):
+class Elu(_NumericArguments):
     """F.elu: x where x > 0, else alpha * (exp(x) - 1). Non-decreasing for alpha >= 0; a negative
     alpha falls from -alpha at -inf to 0, then rises."""
 
@@ -312,15 +321,9 @@ class Elu(Elementwise):
     def increasing(self) -> bool:
         return self.alpha >= 0
 
-    def forward_code(self, x: str, attr: str | None) -> str:
-        return f"F.elu({x}, alpha={self.alpha!r})"
-
-    def cuda(self, v: str, load: ParamLoader) -> str:
-        return f"ft_elu({v}, {_float_literal(self.alpha)})"
-
 
 @dataclasses.dataclass(frozen=True)
-class Celu(Elementwise):
+class Celu(_NumericArguments):
     """F.celu: max(0, x) + min(0, alpha * (exp(x / alpha) - 1)). Its slope below 0 is exp(x / alpha)
     > 0 for either sign of alpha: non-decreasing always. alpha = 0 is refused, as torch refuses it."""
 
@@ -341,12 +344,6 @@ class Celu(Elementwise):
 
     def increasing(self) -> bool:
         return True
-
-    def forward_code(self, x: str, attr: str | None) -> str:
-        return f"F.celu({x}, alpha={self.alpha!r})"
-
-    def cuda(self, v: str, load: ParamLoader) -> str:
-        return f"ft_celu({v}, {_float_literal(self.alpha)})"
 
 
 #: F.gelu's approximations and their helpers in templates/elementwise.cuh.
@@ -384,7 +381,7 @@ SOFTPLUS_THRESHOLD = 20.0
 
 
 @dataclasses.dataclass(frozen=True)
-class Softplus(Elementwise):
+class Softplus(_NumericArguments):
     """F.softplus: x where beta * x > threshold, else log(1 + exp(beta * x)) / beta. Both pieces
     rise (slope sigmoid(beta * x) > 0, for either sign of beta); the switch between them steps down."""
 
@@ -412,15 +409,9 @@ class Softplus(Elementwise):
         t = self.threshold
         return t > 0 and math.log1p(math.exp(-t)) < 2.0 ** -25 * t
 
-    def forward_code(self, x: str, attr: str | None) -> str:
-        return f"F.softplus({x}, beta={self.beta!r}, threshold={self.threshold!r})"
-
-    def cuda(self, v: str, load: ParamLoader) -> str:
-        return f"ft_softplus({v}, {_float_literal(self.beta)}, {_float_literal(self.threshold)})"
-
 
 @dataclasses.dataclass(frozen=True)
-class Hardtanh(Elementwise):
+class Hardtanh(_NumericArguments):
     """F.hardtanh: x clamped to [min_val, max_val], NaN kept. Non-decreasing."""
 
     kind: ClassVar[str] = "hardtanh"
@@ -442,15 +433,9 @@ class Hardtanh(Elementwise):
     def increasing(self) -> bool:
         return True
 
-    def forward_code(self, x: str, attr: str | None) -> str:
-        return f"F.hardtanh({x}, min_val={self.min_val!r}, max_val={self.max_val!r})"
-
-    def cuda(self, v: str, load: ParamLoader) -> str:
-        return f"ft_hardtanh({v}, {_float_literal(self.min_val)}, {_float_literal(self.max_val)})"
-
 
 @dataclasses.dataclass(frozen=True)
-class Hardshrink(Elementwise):
+class Hardshrink(_NumericArguments):
     """F.hardshrink: 0 where -lambd <= x <= lambd, else x (NaN fails the test and stays NaN). Non-decreasing:
     it jumps up at +-lambd, from below -lambd to 0 and from 0 to above lambd; a negative lambd, which torch
     takes, zeroes nothing."""
@@ -469,15 +454,9 @@ class Hardshrink(Elementwise):
     def increasing(self) -> bool:
         return True
 
-    def forward_code(self, x: str, attr: str | None) -> str:
-        return f"F.hardshrink({x}, lambd={self.lambd!r})"
-
-    def cuda(self, v: str, load: ParamLoader) -> str:
-        return f"ft_hardshrink({v}, {_float_literal(self.lambd)})"
-
 
 @dataclasses.dataclass(frozen=True)
-class Softshrink(Elementwise):
+class Softshrink(_NumericArguments):
     """F.softshrink: x - lambd above lambd, x + lambd below -lambd, 0 between: continuous and
     non-decreasing. A negative lambd is refused, as torch refuses it."""
 
@@ -498,15 +477,9 @@ class Softshrink(Elementwise):
     def increasing(self) -> bool:
         return True
 
-    def forward_code(self, x: str, attr: str | None) -> str:
-        return f"F.softshrink({x}, lambd={self.lambd!r})"
-
-    def cuda(self, v: str, load: ParamLoader) -> str:
-        return f"ft_softshrink({v}, {_float_literal(self.lambd)})"
-
 
 @dataclasses.dataclass(frozen=True)
-class Threshold(Elementwise):
+class Threshold(_NumericArguments):
     """F.threshold: x where x > threshold, else value (NaN stays NaN); both arguments required, as in torch.
     Non-decreasing where value <= threshold (value = threshold is a clamp); a larger value steps down at the
     threshold and rises after: monotone in neither direction."""
@@ -526,8 +499,3 @@ class Threshold(Elementwise):
     def increasing(self) -> bool:
         return self.value <= self.threshold
 
-    def forward_code(self, x: str, attr: str | None) -> str:
-        return f"F.threshold({x}, {self.threshold!r}, {self.value!r})"
-
-    def cuda(self, v: str, load: ParamLoader) -> str:
-        return f"ft_threshold({v}, {_float_literal(self.threshold)}, {_float_literal(self.value)})"

@@ -33,8 +33,9 @@ from fusetune.worlds import DEFAULT as DEFAULT_WORLD
 from fusetune.worlds import WORLDS
 
 #: How many of the best candidates are timed again, head to head, before a winner is named, and in how
-#: many interleaved rounds: each keeps its best round. A busy host (a fleet's other workers building beside
-#: a 20-us forward) was seen to slow one round of every candidate 2-4x; a second round seldom shares it.
+#: many interleaved rounds: each keeps its best round. A busy moment of the host (a fleet's other workers
+#: building beside a forward of microseconds) slows every candidate timed during it; interleaved, it falls on
+#: one round of each, which its other rounds outvote.
 RETIME_TOP = 3
 RETIME_ROUNDS = 2
 #: After the starts, every world (``producer.impl``) whose best time is within COMPETITIVE times the
@@ -563,10 +564,10 @@ def _best_round(times: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _retime_text(first: dict[str, Any], again: dict[str, Any]) -> str:
-    """``cudnn_fused 0.0980 -> 0.0954 ms``: a candidate's world, its search time and its time again."""
+    """``cudnn_fused 0.0980 then 0.0954 ms``: a candidate's world, its search time and its time again."""
     world = first["candidate"].get("producer.impl", DEFAULT_WORLD)
     now = f"{again['time_ms']:.4f} ms" if again["status"] == "ok" else again["status"]
-    return f"{world} {first['time_ms']:.4f} -> {now}"
+    return f"{world} {first['time_ms']:.4f} then {now}"
 
 
 def _counts(entry: Entry) -> dict[str, int]:

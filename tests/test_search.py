@@ -583,7 +583,7 @@ def test_an_unlucky_first_timing_of_pytorchs_forward_is_timed_again(cache):
     result = tune_shape(spec, LARGE[1], cache, MACHINE, FakeBench(times=times).factory, trials=8, echo=lines.append)
     assert len(seen) >= 2 and result.candidate["producer.impl"] == "eager"
     said = [line for line in lines if "re-timed the best" in line]  # the user sees both of eager's timings
-    assert len(said) == 1 and "eager 100.0000 -> 0.5000 ms" in said[0], said
+    assert len(said) == 1 and "eager 100.0000 then 0.5000 ms" in said[0], said
 
 
 def test_the_best_are_re_timed_in_rounds_and_a_busy_moment_of_the_host_is_not_the_winners_time(cache):
@@ -603,7 +603,7 @@ def test_the_best_are_re_timed_in_rounds_and_a_busy_moment_of_the_host_is_not_th
     assert seen and set(seen.values()) == {RETIME_ROUNDS}  # every one of the best, once a round
     assert result.time_ms == pytest.approx(1.0 + fake_time(result.candidate))  # its quiet round
     said = [line for line in lines if "re-timed the best" in line]
-    assert len(said) == 1 and f"-> {result.time_ms:.4f} ms" in said[0]
+    assert len(said) == 1 and f"then {result.time_ms:.4f} ms" in said[0]
 
 
 def test_a_candidate_failing_a_re_timing_round_is_not_named(cache):

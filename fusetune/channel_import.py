@@ -6,7 +6,10 @@ write them after a convolution:
     ``nn.LayerNorm(C)`` or ``F.layer_norm(x, (C,), w, b, eps)`` -> ``.permute(0, 3, 1, 2)`` (1-D to 3-D), which
     timm's and torchvision's ``LayerNorm2d`` (nn.LayerNorm subclasses, traced through) compute too;
   * ConvNeXt's by hand: ``u = x.mean(1, keepdim=True); s = (x - u).pow(2).mean(1, keepdim=True); x = (x - u) /
-    torch.sqrt(s + eps); x = w[:, None, None] * x + b[:, None, None]`` (the affine optional).
+    torch.sqrt(s + eps); x = w[:, None, None] * x + b[:, None, None]`` (the affine optional);
+  * a patch embedding's layer norm over the channels of tokens: ``x.flatten(2).transpose(1, 2)`` (ViT, PVT,
+    SegFormer) or ``x.permute(0, 2, 3, 1)`` left channels-last (Swin) -> LayerNorm(C): norm_tokens_last, run on the
+    trace, computes it before the views (the permuted form above, the model's views after it).
 
 Each matcher takes the subgraph exactly (the biased variance, eps inside the square root, the permutes' dims, a
 normalized_shape of the channels alone); a near miss (``x.var(1)``, ``sqrt(s) + eps``, a mean over other dims)
@@ -22,7 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fusetune.importer import Mapped, ParamRef, Site, bind_op, bind_all, fetch, has_node, Stop, reduction
+from fusetune.importer import (Mapped, ParamRef, Site, Stop, _is_shape_read, _shape, bind_all, bind_op, fetch,
+                                has_node, reduction)
 
 #: The config keys of a layer norm over the channels that name parameters (importer.chain_config declares them).
 PARAM_KEYS = ("weight", "bias")
@@ -287,3 +291,218 @@ def _affine(site: Site, value: torch.fx.Node):
         views += [names[v] for v in ref.views] + [user]
         out = user
     return weight, bias, out, views
+
+
+# -- a layer norm over the channels of tokens --------------------------------------------------------------------
+# Patch embeddings (ViT, Swin, PVT, SegFormer) normalise a convolution's output after laying its channels last:
+# ``x.flatten(2).transpose(1, 2)`` (tokens [N, H*W, C]) or ``x.permute(0, 2, 3, 1)`` (NHWC), then LayerNorm(C).
+# A layer norm over the last dim of such a view is the one over the channels before it, with the view taken after:
+# norm_tokens_last rewrites the graph so (its values exactly, each node's shape recorded again), and the chain's walk
+# then meets the permuted form above (permute -> LayerNorm(C) -> permute back), the model's own view ops after it.
+
+_FLATTENS = (("call_method", "flatten"), ("call_function", torch.flatten))
+_TRANSPOSES = (("call_method", "transpose"), ("call_function", torch.transpose), ("call_method", "swapaxes"),
+               ("call_function", torch.swapaxes))
+_LAYER_NORMS = (("call_function", F.layer_norm), ("call_function", torch.layer_norm))
+#: Readers of the tokens that take any strides and make a new tensor of their own: a fused chain's tokens (a view
+#: of its NCHW output) need no copy before them, nor before a view laying the channels back at dim 1 (wav2vec2's
+#: transpose back, SegFormer's ``transpose(1, 2).reshape(N, C, H, W)``: then a contiguous one). Any other reader gets
+#: ``.contiguous()`` first (a no-op where the chain runs its own ops), as a ``.view()`` after it may need the layout
+#: eager's layer norm gave.
+_TAKE_ANY_STRIDES = (("call_function", F.linear), ("call_function", torch.matmul), ("call_function", operator.matmul),
+                     *_LAYER_NORMS)
+_TAKE_ANY_STRIDES_MODULES = (nn.Linear, nn.LayerNorm)
+
+Layout = tuple[tuple[int, ...], ...]  # each dim of a view as the dims of the original value it holds, in order
+
+
+def _constant_args(node: torch.fx.Node, names: Sequence[str], defaults: dict[str, Any]) -> dict[str, Any] | None:
+    a = bind_all(node, ["input", *names], defaults)
+    if isinstance(a, str) or has_node([a[k] for k in names]):
+        return None
+    return a
+
+
+def _dim(d: Any, rank: int) -> int | None:
+    if isinstance(d, bool) or not isinstance(d, int) or not -rank <= d < rank:
+        return None
+    return d % rank
+
+
+def _moved(node: torch.fx.Node, layout: Layout) -> Layout | None:
+    """The layout after ``node`` (a flatten, transpose or permute reading the value of ``layout``), or None where
+    it is none of them, or its arguments are computed or out of range."""
+    rank = len(layout)
+    if _is(node, _FLATTENS):
+        a = _constant_args(node, ["start_dim", "end_dim"], {"start_dim": 0, "end_dim": -1})
+        start, end = (_dim(a["start_dim"], rank), _dim(a["end_dim"], rank)) if a else (None, None)
+        if start is None or end is None or start > end:
+            return None
+        return (*layout[:start], tuple(d for group in layout[start:end + 1] for d in group), *layout[end + 1:])
+    if _is(node, _TRANSPOSES):
+        a = _constant_args(node, ["dim0", "dim1"], {})
+        d0, d1 = (_dim(a["dim0"], rank), _dim(a["dim1"], rank)) if a else (None, None)
+        if d0 is None or d1 is None:
+            return None
+        out = list(layout)
+        out[d0], out[d1] = layout[d1], layout[d0]
+        return tuple(out)
+    if _is(node, _PERMUTES):
+        dims = [_dim(d, rank) for d in _permute_dims(node) or ()]
+        if sorted(d for d in dims if d is not None) != list(range(rank)) or len(dims) != rank:
+            return None
+        return tuple(layout[d] for d in dims)
+    return None
+
+
+def _tokens_norm(gm: torch.fx.GraphModule, norm: torch.fx.Node
+                 ) -> tuple[torch.fx.Node, list[torch.fx.Node]] | None:
+    """(the value, the views from it to ``norm``'s input) where ``norm`` is a layer norm over the last dim of a view
+    of the value that lays its channels (dim 1) last, alone, its batch dim first and its spatial dims between in
+    their order (merged or not): ``flatten(2).transpose(1, 2)``, ``permute(0, 2, 3, 1)``; every value between read
+    by the next view alone, the value by the first alone (and reads of its shape). None for anything else."""
+    views: list[torch.fx.Node] = []
+    value = norm.args[0] if norm.args else None
+    while isinstance(value, torch.fx.Node) and (_is(value, _FLATTENS) or _is(value, _TRANSPOSES)
+                                                 or _is(value, _PERMUTES)) and len(views) < 4:
+        if len(value.users) != 1 or not value.args:
+            return None
+        views.insert(0, value)
+        value = value.args[0]
+    shape = _shape(value)
+    if not views or not isinstance(value, torch.fx.Node) or shape is None:
+        return None
+    if any(u is not views[0] and not _is_shape_read(u) for u in value.users):  # SegFormer's _, _, H, W = x.shape
+        return None
+    if not 3 <= len(shape) <= 5:
+        return None
+    layout = _layout(views, len(shape))
+    if layout is None or not _ordered(layout, channel_at=len(layout) - 1, rank=len(shape)):
+        return None
+    if not _norm_over(gm, norm, views[-1], shape[1]):
+        return None
+    return value, views
+
+
+def _layout(views: Sequence[torch.fx.Node], rank: int, start: Layout | None = None) -> Layout | None:
+    """The layout after ``views`` of a value of ``rank`` dims (from ``start``, else the value's own)."""
+    layout: Layout | None = start or tuple((d,) for d in range(rank))
+    for view in views:
+        layout = _moved(view, layout) if layout is not None else None
+    return layout
+
+
+def _ordered(layout: Layout, channel_at: int, rank: int) -> bool:
+    """The batch dim first, the channels (dim 1) alone at ``channel_at`` (1 or the last), the spatial dims in the
+    others in their order, merged or not."""
+    if len(layout) < 3 or layout[0] != (0,) or layout[channel_at] != (1,):
+        return False
+    return tuple(d for i, group in enumerate(layout[1:], 1) if i != channel_at for d in group) == tuple(range(2, rank))
+
+
+def _norm_over(gm: torch.fx.GraphModule, norm: torch.fx.Node, value: torch.fx.Node, channels: int) -> bool:
+    """``norm`` is nn.LayerNorm or F.layer_norm of ``value`` over (channels,) alone (its parameters any)."""
+    if norm.op == "call_module":
+        module = gm.get_submodule(norm.target)
+        return (type(module) is nn.LayerNorm and len(norm.args) == 1 and not norm.kwargs
+                and norm.args[0] is value and tuple(module.normalized_shape) == (channels,))
+    if not _is(norm, _LAYER_NORMS):
+        return False
+    a = bind_all(norm, ["input", "normalized_shape", "weight", "bias", "eps"],
+                 {"weight": None, "bias": None, "eps": 1e-5})
+    if isinstance(a, str) or a["input"] is not value or has_node(a["normalized_shape"]):
+        return False
+    shape = a["normalized_shape"]
+    return (list(shape) if isinstance(shape, (tuple, list, torch.Size)) else [shape]) == [channels]
+
+
+def _already_permuted(views: list[torch.fx.Node], norm: torch.fx.Node, rank: int) -> bool:
+    """The form the walk takes as it is: one permute(0, 2, .., 1), the norm's one reader its permute back."""
+    back = _only_user(norm)
+    if len(views) != 1 or not _is(views[0], _PERMUTES) or back is None or not _is(back, _PERMUTES):
+        return False
+    return tuple(d % rank for d in _permute_dims(back) or ()) == (0, rank - 1, *range(1, rank - 1))
+
+
+def _takes_any_strides(gm: torch.fx.GraphModule, node: torch.fx.Node, tokens: torch.fx.Node, layout: Layout,
+                       rank: int) -> bool:
+    """``node`` reading ``tokens`` (of ``layout``) needs no copy of them first (_TAKE_ANY_STRIDES)."""
+    if node.op == "call_module":
+        return type(gm.get_submodule(node.target)) in _TAKE_ANY_STRIDES_MODULES
+    if _is(node, _TRANSPOSES + _PERMUTES) and node.args and node.args[0] is tokens:
+        back = _moved(node, layout)
+        return back is not None and _ordered(back, channel_at=1, rank=rank)
+    return _is(node, _TAKE_ANY_STRIDES)
+
+
+def norm_tokens_last(gm: torch.fx.GraphModule) -> None:
+    """Every layer norm over the channels of a value's tokens (_tokens_norm) computed before the views instead:
+    ``value.permute(0, 2, .., 1)`` -> the same norm node -> ``.permute(0, r - 1, 1, .., r - 2)`` -> the model's
+    views (Swin's permute kept as a permute of the NCHW value) -> ``.contiguous()`` unless every reader takes any
+    strides -> the norm's readers. The same values, and the same layout of the tokens where the chain runs its own
+    ops; the node names the user's but for the permutes added. Run on a traced graph with its shapes recorded."""
+    changed = False
+    for norm in list(gm.graph.nodes):
+        if norm.op not in ("call_module", "call_function"):
+            continue
+        found = _tokens_norm(gm, norm)
+        if found is None:
+            continue
+        value, views = found
+        rank = len(_shape(value))
+        if _already_permuted(views, norm, rank):
+            continue
+        last = (0, *range(2, rank), 1)
+        back = (0, rank - 1, *range(1, rank - 1))
+        readers = list(norm.users)
+        graph = gm.graph
+        swin = len(views) == 1 and _is(views[0], _PERMUTES) and tuple(
+            d % rank for d in _permute_dims(views[0])) == last
+        if swin:
+            first = views[0]
+        else:
+            with graph.inserting_before(norm):
+                first = graph.create_node("call_method", "permute", (value, last), name=f"{norm.name}_input")
+            norm.replace_input_with(views[-1], first)
+        with graph.inserting_after(norm):
+            nchw = graph.create_node("call_method", "permute", (norm, back), name=f"{norm.name}_nchw")
+        if swin:
+            with graph.inserting_after(nchw):
+                views = [graph.create_node("call_method", "permute", (nchw, last), name=f"{norm.name}_nhwc")]
+        else:
+            views[0].replace_input_with(value, nchw)
+            at = nchw
+            for view in views:
+                at.append(view)
+                at = view
+        tokens = views[-1]
+        layout = _layout(views, rank)
+        if not all(_takes_any_strides(gm, r, norm, layout, rank) for r in readers):
+            with graph.inserting_after(tokens):
+                tokens = graph.call_method("contiguous", (tokens,))
+        for reader in readers:
+            reader.replace_input_with(norm, tokens)
+        _record_shapes(value, [first, norm, nchw, *views] + ([tokens] if tokens is not views[-1] else []))
+        changed = True
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+
+
+def _record_shapes(value: torch.fx.Node, nodes: Sequence[torch.fx.Node]) -> None:
+    """Each rewritten node's ``tensor_meta`` from running it on meta tensors (the layer norm as F.layer_norm over
+    the last dim: its parameters change no shape)."""
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+    meta = value.meta["tensor_meta"]
+    env = {value: torch.empty_strided(tuple(meta.shape), tuple(meta.stride), dtype=meta.dtype, device="meta")}
+    for node in nodes:
+        x = env[node.args[0]]
+        if node.op == "call_method":
+            out = getattr(x, node.target)(*node.args[1:], **node.kwargs)
+        elif _is(node, _FLATTENS + _TRANSPOSES + _PERMUTES):
+            out = node.target(x, *node.args[1:], **node.kwargs)
+        else:
+            out = F.layer_norm(x, (x.shape[-1],))
+        env[node] = out
+        node.meta["tensor_meta"] = _extract_tensor_metadata(out)

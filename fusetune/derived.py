@@ -140,26 +140,48 @@ VIEW_METHODS = frozenset({"view", "view_as", "reshape", "flatten", "squeeze", "u
 
 def written_in_place(gm: torch.fx.GraphModule) -> frozenset[str]:
     """The model's tensors (get_attr targets) that an op of the trace writes in place, directly or through a view:
-    ``self.u.copy_(u)`` (a spectral norm's power iteration), ``self.count += 1`` on a buffer, ``self.w[0] = 0``.
-    A derivation reading one would be replayed at the fused call on the written values, not the ones the forward
-    read before its write."""
+    ``self.u.copy_(u)`` (a spectral norm's power iteration), ``torch.mul(v, 2, out=self.u)``,
+    ``F.relu(self.u, inplace=True)``, ``nn.ReLU(inplace=True)(self.u)``, ``self.u[:2].zero_()``,
+    ``torch.flatten(self.u).mul_(2)``. A derivation reading one would be replayed at the fused call on the written
+    values, not the ones the forward read before its write.
+    (``self.count += 1`` writes nothing in the trace: torch.fx records it as an add and rebinds the attribute;
+    ``self.u[0] = 0`` does not trace with the buffer a node, and a trace reading buffers as values has none.)"""
     written: set[str] = set()
     for node in gm.graph.nodes:
-        if node.op not in ("call_function", "call_method") or not node.args:
-            continue
-        name = str(node.target) if node.op == "call_method" else str(getattr(node.target, "__name__", ""))
-        name = name.split(".")[0]  # an aten overload's: copy_.default
-        if not ((name.endswith("_") and not name.startswith("_")) or node.target is operator.setitem
-                or node.kwargs.get("out") is not None):
-            continue
-        base = node.args[0]
-        while isinstance(base, torch.fx.Node) and base.op != "get_attr" and base.args and (
-                (base.op == "call_method" and base.target in VIEW_METHODS)
-                or (base.op == "call_function" and base.target in (operator.getitem, getattr))):
-            base = base.args[0]
-        if isinstance(base, torch.fx.Node) and base.op == "get_attr":
-            written.add(str(base.target))
+        if node.op in ("call_function", "call_method", "call_module"):
+            for target in _written_operands(gm, node):
+                base = _viewed(target)
+                if isinstance(base, torch.fx.Node) and base.op == "get_attr":
+                    written.add(str(base.target))
     return frozenset(written)
+
+
+def _written_operands(gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[Any, ...]:
+    """What a call writes in place: its ``out=`` tensors where it has them, else its first operand where it is an
+    in-place op (a name ending in ``_``, an aten overload's ``copy_.default`` too; ``inplace=True``, of the call or
+    its module: ``nn.ReLU(inplace=True)``; setitem)."""
+    if node.op == "call_module":
+        inplace = getattr(gm.get_submodule(str(node.target)), "inplace", False) is True
+        return (node.args[0],) if inplace and node.args else ()
+    out = node.kwargs.get("out")
+    if out is not None:
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    name = str(node.target) if node.op == "call_method" else str(getattr(node.target, "__name__", ""))
+    name = name.split(".")[0]
+    in_place = ((name.endswith("_") and not name.startswith("_")) or node.target is operator.setitem
+                or node.kwargs.get("inplace") is True)
+    return (node.args[0],) if in_place and node.args else ()
+
+
+def _viewed(value: Any) -> Any:
+    """The tensor a view (VIEW_METHODS, as a method or a torch function, an index, an attribute) is of."""
+    while isinstance(value, torch.fx.Node) and value.op != "get_attr" and value.args and (
+            (value.op in ("call_method", "call_function")
+             and (value.target if value.op == "call_method" else getattr(value.target, "__name__", None))
+             in VIEW_METHODS)
+            or (value.op == "call_function" and value.target in (operator.getitem, getattr))):
+        value = value.args[0]
+    return value
 
 
 def _op(gm: torch.fx.GraphModule, node: torch.fx.Node, user_tensor: Callable[[torch.fx.Node], bool]

@@ -287,14 +287,14 @@ def trace(model: nn.Module, inputs: Sequence[Any], source: str = "<model>") -> t
     except Exception as exc:
         gm = _export_instead(model, inputs, source, exc)
     _read_through_in_place_writes(gm)
-    if _propagate_fake(gm, inputs):
-        return gm
-    try:  # ShapeProp prints the failing node's traceback before raising: the error below says it in one line
-        with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):
-            ShapeProp(gm).propagate(*inputs)
-    except Exception as exc:
-        raise TraceError(f"{source}: running the traced model on the example inputs failed"
-                         f"{_failed_at(exc, gm)}") from None
+    if not _propagate_fake(gm, inputs):
+        try:  # ShapeProp prints the failing node's traceback before raising: the error below says it in one line
+            with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):
+                ShapeProp(gm).propagate(*inputs)
+        except Exception as exc:
+            raise TraceError(f"{source}: running the traced model on the example inputs failed"
+                             f"{_failed_at(exc, gm)}") from None
+    _channel_import().norm_tokens_last(gm)  # a layer norm over tokens' channels before their views: exactly so
     return gm
 
 
@@ -2345,25 +2345,29 @@ def match_pointwise_region(site: Site, readers: Sequence[torch.fx.Node]
     compute one op of the vocabulary however written (an erf GELU, ``torch.where(x > 0, x, x * s)``): every
     node between x and J reads only x, nodes of the region and constants, has x's shape and no reader
     outside the region. The region is evaluated in float64 on ``_PROBE`` and compared with each of
-    ``REGION_CANDIDATES`` (leaky_relu's slope read off its value at -1). Returns (the region's nodes, J
+    ``REGION_CANDIDATES`` (leaky_relu's slope read off its value at -1); where none matches at any join, the first
+    region an ``expression`` computes (``_region_expression``: a custom form such as ``x * torch.tanh(x)``), unless
+    the vocabulary's own ops take the readers otherwise (``_expression_fallback``). Returns (the region's nodes, J
     last; the op's entry; J), or None."""
     gm, shape = site.gm, site.shape_in
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     region: list[torch.fx.Node] = []
     frontier = sorted(readers, key=order.__getitem__)
     seen: set[torch.fx.Node] = set()
+    fallback: tuple[list[torch.fx.Node], Entry, torch.fx.Node] | None = None  # the first region an expression takes
     while frontier and len(region) < 16:
         node = frontier.pop(0)
         if node in seen:
             continue
         if not _region_node(gm, node) or _in_place(gm, node) or _shape(node) != shape:
-            return None  # an in-place op: its input's other readers read the new values
+            # in place: its input's other readers read the new values
+            return _expression_fallback(site, readers, fallback)
         for arg in node.all_input_nodes:
             if not (site.is_x(arg) or arg in seen or arg in frontier or _constant(gm, arg)):
                 if arg.op == "get_attr" or order[arg] > order[node]:
-                    return None
+                    return _expression_fallback(site, readers, fallback)
                 if arg not in region and not any(arg is r for r in readers):
-                    return None  # an input from outside the region (computed elsewhere)
+                    return _expression_fallback(site, readers, fallback)  # an input computed outside the region
         seen.add(node)
         region.append(node)
         region.sort(key=order.__getitem__)
@@ -2374,13 +2378,16 @@ def match_pointwise_region(site: Site, readers: Sequence[torch.fx.Node]
             entry = _region_op(gm, site, region, join)
             if entry is not None:
                 return region, entry, join
+            if fallback is None and (expression := _region_expression(gm, site, region, join)) is not None:
+                fallback = list(region), expression, join
         frontier.extend(u for u in node.users if u not in seen and u not in frontier)
         frontier.sort(key=order.__getitem__)
-    return None
+    return _expression_fallback(site, readers, fallback)
 
 
-def _region_op(gm: torch.fx.GraphModule, site: Site, region: list[torch.fx.Node], join: torch.fx.Node) -> Entry | None:
-    """The candidate op the region computes on ``_PROBE``, or None."""
+def _region_value(gm: torch.fx.GraphModule, site: Site, region: list[torch.fx.Node],
+                  join: torch.fx.Node) -> torch.Tensor | None:
+    """The region's value at J on ``_PROBE`` (float64), or None where it does not take a 1-D float64 probe."""
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
     env: dict[torch.fx.Node, torch.fx.Node] = {a: x for a in site.cur}
@@ -2394,6 +2401,14 @@ def _region_op(gm: torch.fx.GraphModule, site: Site, region: list[torch.fx.Node]
         return None
     if not isinstance(value, torch.Tensor) or value.shape != _PROBE.shape or value.dtype != torch.float64:
         return None
+    return value
+
+
+def _region_op(gm: torch.fx.GraphModule, site: Site, region: list[torch.fx.Node], join: torch.fx.Node) -> Entry | None:
+    """The candidate op the region computes on ``_PROBE``, or None."""
+    value = _region_value(gm, site, region, join)
+    if value is None:
+        return None
     for entry, fn in REGION_CANDIDATES:
         if torch.allclose(value, fn(_PROBE), rtol=1e-10, atol=1e-12):
             return dict(entry)
@@ -2401,6 +2416,133 @@ def _region_op(gm: torch.fx.GraphModule, site: Site, region: list[torch.fx.Node]
     if math.isfinite(slope) and torch.allclose(value, F.leaky_relu(_PROBE, slope), rtol=1e-10, atol=1e-12):
         return {"op": "leaky_relu", "negative_slope": slope}
     return None
+
+
+#: The region's arithmetic an ``expression`` writes (fusetune/ops/expression.py), by function or method name.
+_EXPRESSION_ARITHMETIC: dict[Any, str] = {
+    operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/", torch.add: "+", torch.sub: "-",
+    torch.subtract: "-", torch.mul: "*", torch.multiply: "*", torch.div: "/", torch.divide: "/",
+    torch.true_divide: "/", "add": "+", "sub": "-", "subtract": "-", "mul": "*", "multiply": "*", "div": "/",
+    "divide": "/", "true_divide": "/"}
+#: The region's functions of one value an expression calls, by function or method name -> the expression's name.
+_EXPRESSION_FUNCTIONS: dict[Any, str] = {
+    **{getattr(torch, n): n for n in ("erf", "erfc", "tanh", "sigmoid", "exp", "expm1", "log", "log1p", "abs", "sqrt",
+                                      "rsqrt", "square", "relu", "neg")},
+    **{getattr(torch.special, n): n for n in ("erf", "erfc", "expm1", "log1p")}, torch.special.expit: "sigmoid",
+    **{getattr(F, n): n for n in ("relu", "relu6", "sigmoid", "tanh", "silu", "hardsigmoid")}, operator.neg: "neg",
+    **{n: n for n in ("erf", "tanh", "sigmoid", "exp", "log", "abs", "sqrt", "rsqrt", "square", "relu", "neg")}}
+#: The region's extrema and clamps: minimum(a, b), maximum(a, b); a clamp against numbers is their composition.
+_EXPRESSION_EXTREMA: dict[Any, str] = {torch.minimum: "minimum", torch.maximum: "maximum"}
+_EXPRESSION_CLAMPS: dict[Any, tuple[str, ...]] = {torch.clamp: ("min", "max"), "clamp": ("min", "max"),
+                                                   torch.clamp_min: ("min",), "clamp_min": ("min",),
+                                                   torch.clamp_max: ("max",), "clamp_max": ("max",)}
+
+
+def _expression_operand(gm: torch.fx.GraphModule, site: Site, written: Mapping[torch.fx.Node, str],
+                        arg: Any) -> str | None:
+    """An argument as an expression's text: x, a region node's text, a number (a one-value constant's too)."""
+    if site.is_x(arg):
+        return "x"
+    if isinstance(arg, torch.fx.Node):
+        if arg in written:
+            return f"({written[arg]})"
+        if not _constant(gm, arg):
+            return None
+        arg = float(fetch(gm, arg.target).item())
+    if isinstance(arg, bool) or not isinstance(arg, (int, float)) or not math.isfinite(arg):
+        return None
+    return f"({float(arg)!r})"
+
+
+def _expression_node(gm: torch.fx.GraphModule, site: Site, written: Mapping[torch.fx.Node, str],
+                     node: torch.fx.Node) -> str | None:
+    """One region node as an expression's text over its arguments' texts, or None where the grammar has no form for
+    it (a comparison, torch.where, an argument the grammar does not take)."""
+    key = node.target
+    try:
+        known = key in _EXPRESSION_ARITHMETIC or key in _EXPRESSION_FUNCTIONS or key in _EXPRESSION_EXTREMA \
+            or key in _EXPRESSION_CLAMPS or key in (operator.pow, torch.pow, "pow")
+    except TypeError:  # an unhashable target
+        return None
+    if not known:
+        return None
+    kwargs = dict(node.kwargs)
+    if kwargs.pop("inplace", False):
+        return None
+    names = _EXPRESSION_CLAMPS.get(key, ())
+    bounds = {name: kwargs.pop(name) for name in names if name in kwargs}
+    alpha = kwargs.pop("alpha", 1)
+    args = [_expression_operand(gm, site, written, a) for a in node.args]
+    if kwargs or None in args:
+        return None
+    if key in _EXPRESSION_CLAMPS:
+        value, *positional = args
+        bounds.update(zip(names, node.args[1:]))
+        if len(positional) > len(names):
+            return None
+        out = value
+        for name, function in (("min", "maximum"), ("max", "minimum")):
+            if bounds.get(name) is not None:
+                bound = _expression_operand(gm, site, written, bounds[name])
+                if bound is None:
+                    return None
+                out = f"{function}({out}, {bound})"
+        return out
+    if alpha != 1 and key not in _EXPRESSION_ARITHMETIC:
+        return None
+    if key in _EXPRESSION_FUNCTIONS and len(args) == 1:
+        return f"{_EXPRESSION_FUNCTIONS[key]}({args[0]})"
+    if len(args) != 2:
+        return None
+    a, b = args
+    if key in _EXPRESSION_EXTREMA:
+        return f"{_EXPRESSION_EXTREMA[key]}({a}, {b})"
+    if key in (operator.pow, torch.pow, "pow"):
+        return f"{a} ** {b}"
+    symbol = _EXPRESSION_ARITHMETIC[key]
+    if alpha != 1:
+        scale = _expression_operand(gm, site, written, alpha)
+        if symbol not in "+-" or scale is None:
+            return None
+        b = f"({scale} * {b})"
+    return f"{a} {symbol} {b}"
+
+
+def _region_expression(gm: torch.fx.GraphModule, site: Site, region: list[torch.fx.Node],
+                       join: torch.fx.Node) -> Entry | None:
+    """The region as an ``expression`` entry (x, numbers, arithmetic and the vocabulary's parameter-free functions),
+    accepted where it computes the region's own values on ``_PROBE`` in float64; None where a node has no form in
+    the grammar or the values differ."""
+    from fusetune.ops.expression import ExpressionError, canonical_text, evaluate, parse_expression
+
+    written: dict[torch.fx.Node, str] = {}
+    for node in region:
+        text = _expression_node(gm, site, written, node)
+        if text is None:
+            return None
+        written[node] = text
+    try:
+        tree = parse_expression(written[join])
+    except ExpressionError:
+        return None
+    value = _region_value(gm, site, region, join)
+    with torch.no_grad():
+        mine = evaluate(tree, _PROBE.clone())
+    if value is None or not isinstance(mine, torch.Tensor) or mine.shape != value.shape or not torch.allclose(
+            mine, value, rtol=1e-10, atol=1e-12, equal_nan=True):
+        return None
+    return {"op": "expression", "expr": canonical_text(written[join])}
+
+
+def _expression_fallback(site: Site, readers: Sequence[torch.fx.Node],
+                         fallback: tuple[list[torch.fx.Node], Entry, torch.fx.Node] | None
+                         ) -> tuple[list[torch.fx.Node], Entry, torch.fx.Node] | None:
+    """The region an expression computes, where no candidate matched, unless the vocabulary's own ops take the value's
+    readers: the convolution's output read twice is read by name after it (``by: producer``), and walk_chain tries an
+    idiom (match_idiom, x * f(x) as silu, mish, hardswish) after the regions."""
+    if fallback is None or site.cur & site.producer or match_idiom(site, readers) is not None:
+        return None
+    return fallback
 
 
 #: Ops that return their input's value: the chain's value under another name (``r = x.clone()``).

@@ -119,12 +119,13 @@ __host__ __device__ __forceinline__ float ft_sign(float x) {
 }
 
 // F.hardshrink: 0 where -lambd <= x <= lambd, else x. F.softshrink: x -+ lambd outside [-lambd, lambd],
-// else x * 0 (NaN stays NaN). F.threshold: value where x <= threshold, else x. NaN fails every test.
+// else +0 (not x * 0: torch's kernels give +0 for a negative x there too), NaN kept. F.threshold: value
+// where x <= threshold, else x. NaN fails every test.
 __host__ __device__ __forceinline__ float ft_hardshrink(float x, float lambd) {
   return (x >= -lambd && x <= lambd) ? 0.0f : x;
 }
 __host__ __device__ __forceinline__ float ft_softshrink(float x, float lambd) {
-  return x > lambd ? x - lambd : (x < -lambd ? x + lambd : x * 0.0f);
+  return x != x ? x : (x > lambd ? x - lambd : (x < -lambd ? x + lambd : 0.0f));
 }
 __host__ __device__ __forceinline__ float ft_threshold(float x, float threshold, float value) {
   return x <= threshold ? value : x;

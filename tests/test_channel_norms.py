@@ -243,9 +243,9 @@ def test_render_reads_the_weight_and_bias_as_parameters():
 
 
 @pytest.mark.parametrize("stem", ["convnext_layernorm2d_by_hand", "conv_permute_layernorm_normalize",
-                                  "timm_layernorm2d"])
+                                  "timm_layernorm2d", "swin_patch_embed_channels_last", "sweep4_patch_embed_tokens"])
 def test_optimize_replaces_the_forms_and_keeps_the_output(stem: str, tmp_path: Path):
-    """fusetune.optimize on the three import forms (fake benchmarker): every chain fused, the user's tensors
+    """fusetune.optimize on the import forms (fake benchmarker): every chain fused, the user's tensors
     the chains' own, and the optimized model's outputs the user's (on the CPU: the chains' eager path)."""
     from conftest import import_file
     from fake_handlers import MACHINE_FIELDS, FakeBench
@@ -255,7 +255,7 @@ def test_optimize_replaces_the_forms_and_keeps_the_output(stem: str, tmp_path: P
 
     module = import_file(ROOT / "tests" / "models" / f"{stem}.py")
     torch.manual_seed(0)
-    model, inputs = module.Model(), tuple(module.get_inputs())
+    model, inputs = module.Model(*module.get_init_inputs()), tuple(module.get_inputs())
     model.eval()
     opt = optimize(model, inputs, cache_dir=tmp_path, trials=2, benchmarker=FakeBench().factory,
                    machine=Machine(*MACHINE_FIELDS))
@@ -269,3 +269,25 @@ def test_optimize_replaces_the_forms_and_keeps_the_output(stem: str, tmp_path: P
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
     for name, tensor in model.named_parameters():
         assert opt.get_parameter(name) is tensor
+
+
+@pytest.mark.parametrize("stem", ["swin_patch_embed_channels_last", "sweep4_patch_embed_tokens",
+                                  "patch_embed_tokens_near_misses"])
+def test_a_norm_over_tokens_channels_is_computed_before_their_views_exactly(stem: str):
+    """channel_import.norm_tokens_last: the trace's outputs are the model's bit for bit, laid out alike (a later
+    .view() works on them as on the model's); a norm over the tokens' channels reads the NCHW value permuted
+    (what the walk takes), and the near misses keep their graph as written."""
+    from conftest import import_file
+
+    from fusetune.importer import trace
+
+    module = import_file(ROOT / "tests" / "models" / f"{stem}.py")
+    torch.manual_seed(0)
+    model, inputs = module.Model(*module.get_init_inputs()).eval(), tuple(module.get_inputs())
+    gm = trace(model, inputs)
+    with torch.no_grad():
+        got, want = gm(*inputs), model(*inputs)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w) and g.stride() == w.stride()
+    rewritten = [n.name for n in gm.graph.nodes if n.name.endswith("_nchw")]
+    assert len(rewritten) == {"swin_patch_embed_channels_last": 4, "sweep4_patch_embed_tokens": 2}.get(stem, 0)

@@ -273,3 +273,15 @@ def test_the_kernels_compute_with_the_weight_the_model_computes_on_a_gpu(stem: s
               f"optimized {error(got):.2e}")
         assert all(c.kernel_calls == 1 for c in chains), step
         assert error(got) <= max(8 * error(want), 8 * error(last), 1e-5), step
+
+
+def test_every_form_of_an_in_place_write_marks_its_buffer() -> None:
+    """A buffer the forward writes (a method ending in ``_`` on a torch function's view or an index, ``out=``,
+    ``inplace=True``) is written_in_place, so no derivation replays it; a buffer only read, the input of an ``out=`` call
+    among them, is not."""
+    from fusetune.derived import written_in_place
+
+    module = import_file(Path(__file__).resolve().parent / "in_place_writes" / "buffer_writes_every_form.py")
+    model = module.Model()
+    buffers = {name for name, _ in model.named_buffers()}
+    assert written_in_place(trace(model, module.get_inputs())) == {b for b in buffers if b.startswith("written_")}

@@ -507,7 +507,7 @@ def optimized_on_gpu(model, inputs: tuple, tmp_path: Path, budget_s: float = 240
                                   "sweep3_diffusion_resblock_temb_proj", "sweep3_fpn_topdown_interpolate",
                                   "sweep3_kb_add_sub_alpha_rounding_mode", "sweep3_where_zeros_like_special_erf",
                                   "sweep3_causal_pad_conv", "sweep3_threshold_forms", "pointwise_math_by_every_name",
-                                  *SWEEP4])
+                                  "swin_patch_embed_channels_last", "kb_conv2d_custom_pointwise_forms", *SWEEP4])
 # Not fast_style_reflection_pads: on an H200 its kernels were 1.7e-4 from float64 where the whole model's eager was
 # 9.4e-8 in either layout; verification takes eager's error chain by chain (a chain's channels-last convolution
 # there may be TF32's), which this bound on the whole model does not reproduce.

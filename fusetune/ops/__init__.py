@@ -7,6 +7,7 @@ from fusetune.ops.activations import (Abs, Ceil, Celu, Cos, Elu, Erf, Erfc, Exp,
                                       Logsigmoid, Mish, Neg, Reciprocal, Relu6, Round, Rsqrt, Selu, Sigmoid, Sign,
                                       Silu, Sin, Softplus, Softshrink, Softsign, Sqrt, Square, Tanh, Tanhshrink,
                                       Threshold, Trunc)
+from fusetune.ops.expression import Expression
 from fusetune.ops.elementwise import Add, Clamp, Div, Elementwise, Maximum, Minimum, Mul, Pow, Prelu, Relu, Sub
 from fusetune.ops.channel import ChannelLayerNorm, ChannelNorm, Normalize
 from fusetune.ops.dropout import Dropout
@@ -72,6 +73,7 @@ REGISTRY: dict[str, type[Op]] = {
     "ceil": Ceil,
     "round": Round,
     "trunc": Trunc,
+    "expression": Expression,
     "batch_norm": BatchNorm,
     "group_norm": GroupNorm,
     "instance_norm": InstanceNorm,

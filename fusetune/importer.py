@@ -323,17 +323,19 @@ def trace_differs(root: nn.Module, gm: torch.fx.GraphModule, inputs: Sequence[An
             torch.default_generator.manual_seed(0)
             for index in devices:
                 torch.cuda.default_generators[index].manual_seed(0)
-            return pytree.tree_leaves(fn(*copies))
+            # an output that is a buffer (or a view of one) would change under the next run's restore: copied
+            return [x.clone() if isinstance(x, torch.Tensor) else x for x in pytree.tree_leaves(fn(*copies))]
 
     try:
-        want = run(root)
-    except Exception as exc:  # the user's model itself fails at these inputs (a CPU tensor beside CUDA ones, say)
-        return f"own forward fails on the example inputs ({type(exc).__name__}: {exc})"
-    try:
-        got = run(gm)
-    except Exception as exc:  # the trace ran on the example when traced; a second run may not (state it changed)
-        return f"trace fails on the example inputs where its own forward runs ({type(exc).__name__}: {exc})"
-    finally:
+        try:
+            want = run(root)
+        except Exception as exc:  # the user's model itself fails at these inputs (a CPU tensor beside CUDA ones)
+            return f"own forward fails on the example inputs ({type(exc).__name__}: {exc})"
+        try:
+            got = run(gm)
+        except Exception as exc:  # the trace ran on the example when traced; a second run may not (state it changed)
+            return f"trace fails on the example inputs where its own forward runs ({type(exc).__name__}: {exc})"
+    finally:  # the user's buffers as they were, whichever run failed
         with torch.no_grad():
             for b, saved in buffers:
                 b.copy_(saved)

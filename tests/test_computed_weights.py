@@ -285,3 +285,20 @@ def test_every_form_of_an_in_place_write_marks_its_buffer() -> None:
     model = module.Model()
     buffers = {name for name, _ in model.named_buffers()}
     assert written_in_place(trace(model, module.get_inputs())) == {b for b in buffers if b.startswith("written_")}
+
+
+def test_checking_a_trace_leaves_the_users_buffers_as_they_were_even_where_a_run_fails() -> None:
+    """trace_differs runs the model and its trace from the buffers as they were and puts them back after, also
+    where the model's own run raises; a buffer the model returns is compared as that run left it."""
+    from fusetune.importer import trace_differs
+
+    module = import_file(Path(__file__).resolve().parent / "in_place_writes" / "writes_then_fails.py")
+    model = module.Model()
+    inputs = module.get_inputs()
+    gm = trace(model, inputs)
+    model.steps.fill_(5)
+    assert trace_differs(model, gm, inputs) is None
+    assert model.steps.item() == 5
+    wide = [torch.randn(2, 3, 8, 9)]
+    assert "own forward fails" in trace_differs(model, gm, wide)
+    assert model.steps.item() == 5

@@ -224,7 +224,8 @@ def _norm_cancels_input(steps: list[Step], spec: ProblemSpec) -> list[Step]:
     an instance norm or a group norm of one channel a group; one per sample before a layer norm over
     (C, *spatial) or any group norm; one per channel before a mean centring over each channel's batch and
     spatial dims. Not batch norm in training mode (its running statistics would see t), nor in eval mode (it
-    subtracts no mean of its input). The steps between must keep t one value a set (_cancelling_norm).
+    subtracts no mean of its input). The steps between must keep t one value a set (_cancelling_norm). Exact
+    for finite t: a NaN or an infinity in t reaches PyTorch's output, not the kernels'.
 
     Only an input's add: the kernels read an input only where they store an element, after their norm, so
     it would split the chain into two regions; a number or a parameter they add for free before the norm,

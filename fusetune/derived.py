@@ -14,6 +14,7 @@ namespaces alone, never evaluating text.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import operator
 from typing import Any, Callable, Mapping
 
@@ -133,9 +134,13 @@ def derivation(gm: torch.fx.GraphModule, node: torch.fx.Node, shape: tuple[int, 
     return Derivation(tuple(ops), tuple(shape)), calls
 
 
-#: Views of a tensor, through which an in-place op writes the tensor itself (``self.u.view(-1).copy_(u)``).
-VIEW_METHODS = frozenset({"view", "view_as", "reshape", "flatten", "squeeze", "unsqueeze", "t", "transpose", "permute",
-                          "narrow", "select", "expand", "expand_as", "detach", "unflatten", "as_strided"})
+#: Reshapes that keep a tensor's values in their order (a per-channel tensor viewed as (1, C, 1, 1) in the forward):
+#: through these the importer reads a model tensor or an input as the values it is (importer._VIEW_METHODS).
+RESHAPE_METHODS = frozenset({"view", "reshape", "flatten", "squeeze", "unsqueeze"})
+#: Views of a tensor, through which an in-place op writes the tensor itself (``self.u.view(-1).copy_(u)``): the
+#: reshapes, and the views that reorder, select or broadcast its values.
+VIEW_METHODS = RESHAPE_METHODS | {"view_as", "t", "transpose", "permute", "narrow", "select", "expand", "expand_as",
+                                  "detach", "unflatten", "as_strided"}
 
 
 def written_in_place(gm: torch.fx.GraphModule) -> frozenset[str]:
@@ -156,20 +161,32 @@ def written_in_place(gm: torch.fx.GraphModule) -> frozenset[str]:
     return frozenset(written)
 
 
-def _written_operands(gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[Any, ...]:
-    """What a call writes in place: its ``out=`` tensors where it has them, else its first operand where it is an
-    in-place op (a name ending in ``_``, an aten overload's ``copy_.default`` too; ``inplace=True``, of the call or
-    its module: ``nn.ReLU(inplace=True)``; setitem)."""
+def overwrites_input(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Whether the op overwrites its first operand: PyTorch's in-place forms (a name ending in ``_``: ``x.relu_()``,
+    ``F.elu_(x)``, an aten overload's ``copy_.default``) and ``inplace=True`` of the call, by keyword or position
+    (``F.relu(x, True)``), or of its module (``nn.ReLU(inplace=True)``)."""
     if node.op == "call_module":
-        inplace = getattr(gm.get_submodule(str(node.target)), "inplace", False) is True
-        return (node.args[0],) if inplace and node.args else ()
-    out = node.kwargs.get("out")
-    if out is not None:
-        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        return bool(getattr(gm.get_submodule(str(node.target)), "inplace", False))
     name = str(node.target) if node.op == "call_method" else str(getattr(node.target, "__name__", ""))
     name = name.split(".")[0]
-    in_place = ((name.endswith("_") and not name.startswith("_")) or node.target is operator.setitem
-                or node.kwargs.get("inplace") is True)
+    if name.endswith("_") and not name.startswith("_"):
+        return True
+    if node.op != "call_function":
+        return False
+    try:
+        bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)
+    except (TypeError, ValueError):
+        return bool(node.kwargs.get("inplace", False))
+    return bool(bound.arguments.get("inplace", False))
+
+
+def _written_operands(gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[Any, ...]:
+    """What a call writes in place: its ``out=`` tensors where it has them, else its first operand where it
+    overwrites it (overwrites_input) or is a setitem (``x[i] = v``)."""
+    out = node.kwargs.get("out") if node.op != "call_module" else None
+    if out is not None:
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    in_place = overwrites_input(gm, node) or node.target is operator.setitem
     return (node.args[0],) if in_place and node.args else ()
 
 

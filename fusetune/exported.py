@@ -27,6 +27,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fusetune.ops import SPECIAL_NAMES
+
 aten = torch.ops.aten
 
 def _overload(name: str, overload: str) -> Any:
@@ -46,8 +48,7 @@ _ATEN_ROWS: tuple[tuple[str, str, Callable[..., Any]], ...] = (
       for name in ("relu", "sigmoid", "tanh", "exp", "log", "abs", "sqrt", "neg", "selu", "clamp", "clamp_min",
                    "clamp_max", "clone", "square", "rsqrt", "reciprocal", "erf", "erfc", "log1p", "expm1", "log2",
                    "log10", "exp2", "sin", "cos", "sign", "sgn", "floor", "ceil", "round", "trunc", "fix")),
-    *((f"special_{name}", "default", getattr(torch.special, name))
-      for name in ("erf", "erfc", "log1p", "expm1", "exp2")),
+    *((f"special_{name}", "default", getattr(torch.special, name)) for name in SPECIAL_NAMES),
     ("log_sigmoid", "default", F.logsigmoid),
     *((name, "default", getattr(F, name))
       for name in ("relu6", "hardtanh", "leaky_relu", "gelu", "softplus", "celu", "silu", "mish", "hardsigmoid",

@@ -44,9 +44,9 @@ from fusetune import broadcast
 from fusetune.computed_weights import (hook_derivations, owners_refusal, parametrization_refusal,
                                        parametrized_convolution)
 from fusetune.config import _reserved, load_config, parse_config
-from fusetune.derived import Derivation, derivation, written_in_place
+from fusetune.derived import RESHAPE_METHODS, Derivation, derivation, overwrites_input, written_in_place
 from fusetune.errors import ConfigError, FusetuneError, count
-from fusetune.ops import Shape
+from fusetune.ops import SPECIAL_NAMES, TORCH_ALIASES, Shape
 from fusetune.paths import decode_text, read_bytes
 from fusetune.producers import KINDS, SPATIAL_NAMES
 
@@ -894,9 +894,11 @@ class DerivedRef:
 _INPUT_PREFIX = "input_"
 
 
-#: Reshapes of a tensor that keep its values' order: a per-channel tensor viewed as (1, C, 1, 1) in the forward.
-_VIEW_METHODS = ("view", "reshape", "unsqueeze", "squeeze", "flatten", "contiguous")
-_VIEW_FUNCTIONS = (torch.reshape, torch.unsqueeze, torch.squeeze, torch.flatten)
+#: Reshapes of a tensor that keep its values' order (derived.RESHAPE_METHODS: a per-channel tensor viewed as
+#: (1, C, 1, 1) in the forward), and contiguous, which keeps them too (derived.VIEW_METHODS, the views a write goes
+#: through, leaves it out: it copies a tensor that is not contiguous).
+_VIEW_METHODS = RESHAPE_METHODS | {"contiguous"}
+_VIEW_FUNCTIONS = tuple(getattr(torch, name) for name in sorted(RESHAPE_METHODS) if name != "view")  # no torch.view
 
 
 def _viewed_tensor(gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[str, list[torch.fx.Node]] | None:
@@ -1977,10 +1979,6 @@ def _reductions() -> dict[tuple[str, Any], Builder]:
     return rows
 
 
-#: PyTorch's other names of the binary ops: (the op, the alias of torch and of Tensor).
-_BINARY_ALIASES = (("mul", "multiply"), ("sub", "subtract"), ("div", "divide"), ("div", "true_divide"))
-
-
 def _binaries() -> dict[tuple[str, Any], Builder]:
     rows: dict[tuple[str, Any], Builder] = {}
     for kind, op_fn, torch_fn, method in (("mul", operator.mul, torch.mul, "mul"), ("add", operator.add, torch.add, "add"),
@@ -1990,9 +1988,6 @@ def _binaries() -> dict[tuple[str, Any], Builder]:
         rows[("call_function", op_fn)] = binary(kind)
         rows[("call_function", torch_fn)] = _method_or_fn_binary(kind)
         rows[("call_method", method)] = _method_or_fn_binary(kind)
-    for kind, alias in _BINARY_ALIASES:  # torch.multiply(x, y), x.subtract(y), ...: the same ops under other names
-        rows[("call_function", getattr(torch, alias))] = _method_or_fn_binary(kind)
-        rows[("call_method", alias)] = _method_or_fn_binary(kind)
     for kind in ("minimum", "maximum"):
         rows[("call_function", getattr(torch, kind))] = binary(kind)
         rows[("call_method", kind)] = binary(kind)
@@ -2019,9 +2014,6 @@ POW_FORMS: dict[str, float] = {"square": 2.0, "rsqrt": -0.5, "reciprocal": -1.0}
 #: round has a row of its own (round_op: its decimals).
 MATH_FUNCTIONS = ("exp", "log", "abs", "sqrt", "erf", "erfc", "log1p", "expm1", "log2", "log10", "exp2", "sin", "cos",
                   "sign", "floor", "ceil", "trunc")
-#: torch.special's names of ops (an erf GELU written with torch.special.erf): its name -> the op.
-SPECIAL_NAMES: dict[str, str] = {"erf": "erf", "erfc": "erfc", "log1p": "log1p", "expm1": "expm1", "exp2": "exp2",
-                                 "expit": "sigmoid"}
 
 
 def _pow_forms() -> dict[tuple[str, Any], Builder]:
@@ -2080,17 +2072,11 @@ TABLE: dict[tuple[str, Any], Builder] = {
                  modules=(nn.Softshrink,)),
     **{key: row for kind in MATH_FUNCTIONS
        for key, row in _pointwise(kind, functions=(getattr(torch, kind),), methods=(kind,)).items()},
-    **_pointwise("abs", functions=(torch.absolute,), methods=("absolute",)),  # PyTorch's aliases
-    **_pointwise("trunc", functions=(torch.fix,), methods=("fix",)),
-    **_pointwise("sign", functions=(torch.sgn,), methods=("sgn",)),  # sgn is sign on real values
-    **{("call_function", getattr(torch.special, name)): unary(kind) for name, kind in SPECIAL_NAMES.items()},
     **{row: round_op for row in (("call_function", torch.round), ("call_method", "round"),
                                  ("call_function", torch.special.round))},
-    **_pointwise("neg", functions=(torch.neg, operator.neg, torch.negative), methods=("neg", "negative")),
+    **_pointwise("neg", functions=(torch.neg, operator.neg), methods=("neg",)),
     ("call_function", torch.clamp): clamp(),
     ("call_method", "clamp"): clamp(),
-    ("call_function", torch.clip): clamp(),  # torch.clip is clamp's alias (its in-place clip_ follows, below)
-    ("call_method", "clip"): clamp(),
     ("call_function", torch.clamp_min): clamp(only="min"),
     ("call_method", "clamp_min"): clamp(only="min"),
     ("call_function", torch.clamp_max): clamp(only="max"),
@@ -2147,10 +2133,22 @@ TABLE: dict[tuple[str, Any], Builder] = {
 }
 
 
+def _alias_rows(table: Mapping[tuple[str, Any], Builder]) -> dict[tuple[str, Any], Builder]:
+    """Rows for PyTorch's other names of the ops (ops.TORCH_ALIASES, ops.SPECIAL_NAMES: torch.fix, x.sgn(),
+    torch.special.expit), derived from the table: each reads as its op's own torch function or method does."""
+    rows: dict[tuple[str, Any], Builder] = {}
+    for alias, kind in TORCH_ALIASES.items():
+        rows[("call_function", getattr(torch, alias))] = table[("call_function", getattr(torch, kind))]
+        rows[("call_method", alias)] = table[("call_method", kind)]
+    for name, kind in SPECIAL_NAMES.items():
+        rows[("call_function", getattr(torch.special, name))] = table[("call_function", getattr(torch, kind))]
+    return rows
+
+
 def in_place(builder: Builder) -> Builder:
     """An op's in-place form (``x.relu_()``, ``y.mul_(s)``, ``F.elu_(x)``): its out-of-place op where it writes the
     chain's value, which the walk has read only there (a convolution's output that another op also reads is a
-    NoChain: _in_place); not where it writes another tensor, whose later readers would miss the write."""
+    NoChain: derived.overwrites_input); not where it writes another tensor, whose later readers would miss the write."""
     def build(site: Site) -> Mapped:
         if not site.node.args or not site.is_x(site.node.args[0]):
             raise Stop("it writes in place a tensor other than the chain's value")
@@ -2174,6 +2172,7 @@ def _in_place_rows(table: Mapping[tuple[str, Any], Builder]) -> dict[tuple[str, 
     return rows
 
 
+TABLE.update(_alias_rows(TABLE))
 TABLE.update(_in_place_rows(TABLE))
 
 #: relu6(x + 3) as PyTorch users write it.
@@ -2217,7 +2216,7 @@ def match_idiom(site: Site, readers: Sequence[torch.fx.Node]
         node, cur = first, set(site.cur)
         while node is not mul and len(inner) < 3:
             builder = lookup(site.gm, node)
-            if builder is None or _in_place(site.gm, node):  # in place: the multiply would read f(x) twice
+            if builder is None or overwrites_input(site.gm, node):  # in place: the multiply would read f(x) twice
                 break
             try:
                 mapped = builder(dataclasses.replace(site, node=node, cur=cur))
@@ -2269,21 +2268,24 @@ def match_centring(site: Site, readers: Sequence[torch.fx.Node]) -> tuple[list[t
     return None
 
 
-#: Elementwise functions and methods a user writes an activation with (x * 0.5 * (1 + torch.erf(x / sqrt(2))),
-#: torch.where(x > 0, x, x * 0.2)): what ``match_pointwise_region`` may evaluate. None reads a shape or a state.
+#: torch's elementwise functions a user writes an activation with (x * 0.5 * (1 + torch.erf(x / sqrt(2))),
+#: torch.where(x > 0, x, x * 0.2)), by name: what ``match_pointwise_region`` may evaluate.
+_REGION_TORCH_NAMES: tuple[str, ...] = (
+    "add", "sub", "mul", "div", "multiply", "subtract", "divide", "true_divide", "pow", "neg", "erf", "erfc", "tanh",
+    "sigmoid", "exp", "expm1", "log", "log1p", "abs", "sqrt", "rsqrt", "square", "where", "clamp", "clamp_min",
+    "clamp_max", "relu", "maximum", "minimum", "gt", "ge", "lt", "le",
+    # torch.where(x < 0, torch.zeros_like(x), x): a tensor of x's shape, of constants
+    "zeros_like", "ones_like", "full_like",
+    # x.masked_fill(x < 0, 0.0): a where with a constant
+    "masked_fill")
+#: Elementwise functions and methods a user writes an activation with: what ``match_pointwise_region`` may evaluate.
+#: None reads a shape or a state.
 REGION_FUNCTIONS: frozenset[Any] = frozenset({
     operator.add, operator.sub, operator.mul, operator.truediv, operator.pow, operator.neg, operator.gt,
     operator.ge, operator.lt, operator.le,
-    *(getattr(torch, n) for n in ("add", "sub", "mul", "div", "multiply", "subtract", "divide", "true_divide",
-                                  "pow", "neg", "erf", "erfc", "tanh", "sigmoid", "exp",
-                                  "expm1", "log", "log1p", "abs", "sqrt", "rsqrt", "square", "where", "clamp",
-                                  "clamp_min", "clamp_max", "relu", "maximum", "minimum", "gt", "ge", "lt", "le",
-                                  # torch.where(x < 0, torch.zeros_like(x), x): a tensor of x's shape, of constants
-                                  "zeros_like", "ones_like", "full_like",
-                                  # x.masked_fill(x < 0, 0.0): a where with a constant
-                                  "masked_fill")),
-    # torch.special's names (an erf GELU written with torch.special.erf)
-    *(getattr(torch.special, n) for n in ("erf", "erfc", "expm1", "log1p", "expit")),
+    *(getattr(torch, n) for n in _REGION_TORCH_NAMES),
+    # torch.special's names of those (an erf GELU written with torch.special.erf)
+    *(getattr(torch.special, n) for n, kind in SPECIAL_NAMES.items() if kind in _REGION_TORCH_NAMES),
     *(getattr(F, n) for n in ("relu", "relu6", "softplus", "hardtanh", "sigmoid", "tanh", "silu", "gelu", "elu",
                               "leaky_relu", "hardsigmoid")),
 })
@@ -2361,7 +2363,7 @@ def match_pointwise_region(site: Site, readers: Sequence[torch.fx.Node]
         node = frontier.pop(0)
         if node in seen:
             continue
-        if not _region_node(gm, node) or _in_place(gm, node) or _shape(node) != shape:
+        if not _region_node(gm, node) or overwrites_input(gm, node) or _shape(node) != shape:
             # in place: its input's other readers read the new values
             return _expression_fallback(site, readers, fallback)
         for arg in node.all_input_nodes:
@@ -2639,25 +2641,6 @@ def _is_convolution(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     return node.op == "call_function" and node.target in _CONV_FUNCTIONS
 
 
-def _in_place(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
-    """Whether the op overwrites its input (``nn.ReLU(inplace=True)``, ``F.relu(x, inplace=True)``, ``x.relu_()``):
-    harmless inside a chain, whose values have one reader, but not on a convolution's output that another op reads."""
-    if node.op == "call_module":
-        return bool(getattr(gm.get_submodule(node.target), "inplace", False))
-    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
-    if isinstance(name, str) and name.endswith("_") and not name.startswith("_"):
-        return True  # x.relu_(), y.mul_(s), F.elu_(x): PyTorch's in-place forms end with "_"
-    if node.op == "call_method":
-        return False
-    if node.op == "call_function":
-        try:
-            bound = inspect.signature(node.target).bind(*node.args, **node.kwargs)
-        except (TypeError, ValueError):
-            return bool(node.kwargs.get("inplace", False))
-        return bool(bound.arguments.get("inplace", False))
-    return False
-
-
 def _is_identity(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     if node.op == "call_method" and node.target in IDENTITY_METHODS:
         return node.target != "clone" or not node.kwargs
@@ -2881,7 +2864,7 @@ def _read_through_in_place_writes(gm: torch.fx.GraphModule) -> None:
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     changed = False
     for node in gm.graph.nodes:
-        if node.op not in ("call_function", "call_method", "call_module") or not _in_place(gm, node):
+        if node.op not in ("call_function", "call_method", "call_module") or not overwrites_input(gm, node):
             continue
         written = (_module_argument(node) if node.op == "call_module"
                    else node.args[0] if node.args else node.kwargs.get("input", node.kwargs.get("self")))
@@ -2967,7 +2950,7 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
             idiom = match_idiom(site, candidates)
             if idiom is None:
                 names = ", ".join(c.name for c in candidates)
-                writes = [c.name for c in candidates if _in_place(gm, c)]
+                writes = [c.name for c in candidates if overwrites_input(gm, c)]
                 chain.end, chain.end_node = (f"its value is read by several ops ({names}), not as x * f(x) for an "
                                              "f of the idioms (swish, mish, hardswish written out)"
                                              + (f"; {', '.join(writes)} writes it in place, so the others read the "
@@ -3005,7 +2988,7 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
             chain.end, chain.end_node = f"{_describe(gm, nxt)}: {mapped}", nxt.name
             break
         shared = [p.name for p in pending if p is not nxt]
-        if first and shared and _in_place(gm, nxt):
+        if first and shared and overwrites_input(gm, nxt):
             return NoChain(node.name, f"{_describe(gm, nxt)} writes the convolution's output in place, which "
                                       f"{', '.join(shared)} also reads (after it, so it reads the new values)")
         if nxt in pending:

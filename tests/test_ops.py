@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from fusetune.errors import ConfigError
-from fusetune.ops import REGISTRY, OpContext, ParamDecl
+from fusetune.ops import ALIASES, REGISTRY, SPECIAL_NAMES, TORCH_ALIASES, OpContext, ParamDecl
 from fusetune.ops.elementwise import Elementwise
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -380,6 +380,30 @@ def test_defaults_are_pytorchs():
     assert parse("hardtanh", {}).forward_code("x", None) == "F.hardtanh(x, min_val=-1.0, max_val=1.0)"
     assert parse("hardshrink", {}).forward_code("x", None) == "F.hardshrink(x, lambd=0.5)"
     assert parse("softshrink", {}).forward_code("x", None) == "F.softshrink(x, lambd=0.5)"
+
+
+#: The operands after x that an op's torch function takes in the alias check: the binaries' other operand (nonzero,
+#: both signs), clamp's bounds.
+_ALIAS_OPERANDS: dict[str, tuple[Any, ...]] = {
+    **{kind: (torch.linspace(-2.5, 3.5, 101, dtype=torch.float64).add(0.03),) for kind in ("mul", "sub", "div")},
+    "clamp": (-1.0, 2.0)}
+
+
+@pytest.mark.parametrize("alias", sorted(ALIASES))
+def test_aliases_are_pytorchs_names_of_registry_ops(alias: str):
+    """Each of PyTorch's other names (ops.ALIASES, which the importer and the config's hint read) names a REGISTRY op
+    and computes what the op's torch function does: as a torch function and a Tensor method (TORCH_ALIASES), or in
+    torch.special (SPECIAL_NAMES)."""
+    kind = ALIASES[alias]
+    assert kind in REGISTRY and alias not in REGISTRY
+    x = torch.linspace(-3.7, 3.7, 101, dtype=torch.float64)
+    rest = _ALIAS_OPERANDS.get(kind, ())
+    want = getattr(torch, kind)(x, *rest)
+    spellings = ([getattr(torch, alias), lambda *a: getattr(a[0], alias)(*a[1:])] if alias in TORCH_ALIASES
+                 else [getattr(torch.special, alias)])
+    assert alias in TORCH_ALIASES or SPECIAL_NAMES.get(alias) == kind
+    for spelling in spellings:
+        torch.testing.assert_close(spelling(x, *rest), want, rtol=0.0, atol=0.0)
 
 
 @pytest.mark.parametrize("exponent,helper", [(2.0, "ft_pow2(v)"), (3, "ft_pow3(v)"), (0.5, "ft_pow_half(v)"),

@@ -96,13 +96,21 @@ REGISTRY: dict[str, type[Op]] = {
     "slice": Slice,
 }
 
-#: PyTorch's other names of ops of the REGISTRY (torch.fix, x.sgn(), torch.absolute, torch.special.expit, torch.clip,
-#: torch.multiply): a config names each op once, by its REGISTRY name, and an unknown op that is one of these is told
-#: which (config.py); the importer maps the aliases themselves (importer.TABLE).
-ALIASES: dict[str, str] = {"fix": "trunc", "sgn": "sign", "absolute": "abs", "negative": "neg", "expit": "sigmoid",
-                           "clip": "clamp", "multiply": "mul", "subtract": "sub", "divide": "div", "true_divide": "div"}
+#: PyTorch's other names of REGISTRY ops, each a torch function and a Tensor method (torch.fix(x), x.sgn(), torch.clip,
+#: x.multiply(y); sgn is sign on real values): name -> the op. The importer reads each as its op's own function or
+#: method (importer.TABLE).
+TORCH_ALIASES: dict[str, str] = {"fix": "trunc", "sgn": "sign", "absolute": "abs", "negative": "neg", "clip": "clamp",
+                                 "multiply": "mul", "subtract": "sub", "divide": "div", "true_divide": "div"}
+#: torch.special's names of REGISTRY ops (an erf GELU written with torch.special.erf): name -> the op. The importer
+#: reads each as the op's torch function (importer.TABLE, its pointwise regions); torch.special.round is round's own
+#: row (its decimals).
+SPECIAL_NAMES: dict[str, str] = {"erf": "erf", "erfc": "erfc", "log1p": "log1p", "expm1": "expm1", "exp2": "exp2",
+                                 "expit": "sigmoid"}
+#: All of PyTorch's other names of REGISTRY ops: a config names each op once, by its REGISTRY name, and an unknown op
+#: that is one of these is told which (config.py).
+ALIASES: dict[str, str] = {**TORCH_ALIASES, **{name: op for name, op in SPECIAL_NAMES.items() if name != op}}
 
-__all__ = ["REGISTRY", "ALIASES", "Op", "OpContext", "ParamDecl", "Shape", "Elementwise", "Norm", "Pool", "Reduce",
+__all__ = ["REGISTRY", "ALIASES", "TORCH_ALIASES", "SPECIAL_NAMES", "Op", "OpContext", "ParamDecl", "Shape", "Elementwise", "Norm", "Pool", "Reduce",
            "Add", "Clamp", "Div", "Mul", "Relu", "BatchNorm", "GroupNorm", "InstanceNorm",
            "MaxPool", "AvgPool", "AdaptiveAvgPool", "AdaptiveMaxPool", "AdaptivePool", "DimReduce", "Dropout",
            "Flatten", "LayerNorm", "LogSoftmax", "MeanCentre", "SoftmaxOp", "SpatialReduce", "Squeeze", "Unflatten", "Unsqueeze", "View",

@@ -286,12 +286,7 @@ class Pow(_Binary):
     def cuda(self, v: str, load: ParamLoader) -> str:
         if self.scalar is None:
             return f"powf({v}, {self._operand_cuda(load)})"
-        if self.scalar == 0.0:
-            return "1.0f"  # torch.pow(x, 0) is 1 for every x, NaN included
-        if self.scalar == 1.0:
-            return v
-        helper = _POW_HELPERS.get(self.scalar)
-        return f"{helper}({v})" if helper else f"powf({v}, {_float_literal(self.scalar)})"
+        return pow_cuda(v, self.scalar)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,3 +345,14 @@ class Relu(Elementwise):
 
     def cuda(self, v: str, load: ParamLoader) -> str:
         return f"ft_max_nan({v}, 0.0f)"
+
+
+def pow_cuda(v: str, exponent: float) -> str:
+    """``v`` to a number's power in CUDA as torch.pow computes it: 1 for 0 (NaN included), ``v`` for 1, a helper
+    of templates/elementwise.cuh where one is exact for the exponent (_POW_HELPERS), else powf."""
+    if exponent == 0.0:
+        return "1.0f"
+    if exponent == 1.0:
+        return v
+    helper = _POW_HELPERS.get(exponent)
+    return f"{helper}({v})" if helper else f"powf({v}, {_float_literal(exponent)})"

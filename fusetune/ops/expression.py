@@ -25,7 +25,7 @@ from typing import Any, Callable, ClassVar, Mapping, Union
 from fusetune.errors import did_you_mean
 from fusetune.ops.activations import UNARY
 from fusetune.ops.base import Op, OpContext, reject_unknown
-from fusetune.ops.elementwise import _POW_HELPERS, Elementwise, ParamLoader, _float_literal
+from fusetune.ops.elementwise import Elementwise, ParamLoader, _float_literal, pow_cuda
 
 #: The functions of one argument an expression may call: name -> (CUDA format of ``{v}``, PyTorch format of
 #: ``{x}``): UNARY's rows and relu (elementwise.Relu's forms).
@@ -215,13 +215,7 @@ def render_cuda(node: Node, v: str) -> str:
     if isinstance(node, BinOp):
         return f"({render_cuda(node.left, v)} {node.symbol} {render_cuda(node.right, v)})"
     if isinstance(node, Power):
-        base = render_cuda(node.base, v)
-        if node.exponent == 0.0:
-            return "1.0f"  # torch.pow(x, 0) is 1 for every x, NaN included
-        if node.exponent == 1.0:
-            return base
-        helper = _POW_HELPERS.get(node.exponent)
-        return f"{helper}({base})" if helper else f"powf({base}, {_float_literal(node.exponent)})"
+        return pow_cuda(render_cuda(node.base, v), node.exponent)
     if node.name in EXTREMA:
         a, b = (render_cuda(arg, v) for arg in node.args)
         return f"{EXTREMA[node.name][0]}({a}, {b})"

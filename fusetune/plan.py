@@ -352,6 +352,11 @@ def _plan_region(spec: ProblemSpec, steps: Sequence[Step]) -> Plan:
         if op.role == "elementwise":
             position = position if _SLOTS[position] in ("pre", "mid", "post", "final") else position + 1
             if op.uses_producer() and _SLOTS[position] not in PRODUCER_SLOTS:
+                if reader is not None and not groups["pool"] and _SLOTS[position] == "post":
+                    raise PlanError(f"{spec.path}: {step.where} reads the convolution's output (by: producer) after "
+                                    f"{reader.where}, which reads input '{reader.op.reads_input()}': the kernels read "
+                                    "an input where they store an element (their post chain), where the "
+                                    "convolution's output is not kept")
                 raise PlanError(f"{spec.path}: {step.where} reads the convolution's output (by: producer) after a "
                                 f"{_PRODUCER_GONE[_SLOTS[position - 1]]}")
             name = op.reads_input()

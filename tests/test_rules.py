@@ -287,3 +287,10 @@ def test_a_ceil_mode_pool_that_adds_no_window_at_the_configs_shapes_is_the_kerne
     assert [step.op.ceil_mode for step in partial.tail] == [True]
     assert ("ceil_mode=True (a partial last window), adding a window at one of the config's shapes or more, runs in "
             "PyTorch after this region") in partial.ends
+
+
+def test_a_read_of_the_convolutions_output_after_an_inputs_read_says_so_not_a_pool():
+    """Without a pool, an op reading an input moves the chain to the kernels' store chain: a later by: producer ends
+    the region there, and ``fusetune plan`` names the input's read as the reason, not a pool the chain lacks."""
+    text = CliRunner().invoke(main, ["plan", str(CANCELLED_INPUTS / "add_temb_mul_producer_instancenorm.yaml")]).output
+    assert "after epilogue[0] (add), which reads input 'temb'" in text and "after a pool" not in text

@@ -1646,7 +1646,7 @@ def pool_fn(kind: str, dims: int) -> Builder:
             names += ["divisor_override"] if dims > 1 else []
             a = bind_op(site, names, {"stride": None, "padding": 0, "ceil_mode": False, "count_include_pad": True,
                                     "divisor_override": None})
-        return _one(site, _pool_entry(kind, dims, a, site.shape_in))
+        return _one(site, _pool_entry(kind, dims, a))
     return build
 
 
@@ -1658,34 +1658,15 @@ def pool_module(kind: str) -> Builder:
         a = {key: getattr(m, key) for key in ("kernel_size", "stride", "padding", "dilation", "ceil_mode",
                                                "return_indices", "count_include_pad", "divisor_override")
              if hasattr(m, key)}
-        return _one(site, _pool_entry(kind, dims, a, site.shape_in))
+        return _one(site, _pool_entry(kind, dims, a))
     return build
 
 
-def _ceil_changes(kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int],
-                  sizes: Sequence[int]) -> int | None:
-    """The first dim whose output size ceil_mode=True changes at the traced ``sizes`` (PyTorch's rule: one more
-    window where a partial one starts inside the input or its left padding), None where none: then every window is
-    the same either way, and the pool floors exactly as the vocabulary's does."""
-    for d, (k, s, p, n) in enumerate(zip(kernel, stride, padding, sizes)):
-        floor = (n + 2 * p - k) // s + 1
-        ceil = -(-(n + 2 * p - k) // s) + 1
-        if (ceil - 1) * s >= n + p:
-            ceil -= 1
-        if ceil != floor:
-            return d
-    return None
-
-
-def _pool_entry(kind: str, dims: int, a: Mapping[str, Any], shape: Shape | None = None) -> Entry:
-    kernel = _as_list(_window(a["kernel_size"], dims), dims)
-    stride_given = a.get("stride") not in (None, [], ())
-    stride = _as_list(_window(a["stride"], dims), dims) if stride_given else kernel
+def _pool_entry(kind: str, dims: int, a: Mapping[str, Any]) -> Entry:
     padding = _as_list(_window(a.get("padding", 0), dims), dims)
-    ceil = False  # where ceil_mode=True adds a window at the traced size: PyTorch's pool, after the kernels' region
-    if a.get("ceil_mode"):
-        sizes = list(shape[-dims:]) if shape is not None and len(shape) >= dims else None
-        ceil = sizes is None or _ceil_changes(kernel, stride, padding, sizes) is not None
+    # ceil_mode as the user wrote it: where it adds no window at the config's shapes the planner takes the pool as
+    # floor mode there, and the model runs PyTorch's forward at any other shape (regions.ceil_adds_no_window)
+    ceil = bool(a.get("ceil_mode"))
     if _window(a.get("dilation", 1), dims) != 1:
         raise Stop(f"dilation={a['dilation']!r} is not in the vocabulary (the pools take dilation 1)")
     if a.get("return_indices"):

@@ -226,7 +226,10 @@ def test_stop_reasons_are_named(tmp_path: Path) -> None:
     assert "is a convolution" in two.written[0].chain.end
     ceil = import_model(str(MODELS / "conv2d_pools_ceil_mode_exact.py"), tmp_path)
     assert [e.get("ceil_mode", False) for w in ceil.written for e in w.epilogue if "pool" in e["op"]] == [
-        False, False, True]  # ceil_mode where it adds a window at the traced size (14), not where it adds none
+        True, True, True]  # as the user wrote it: the planner decides at the config's shapes, guarded at others
+    plans = [make_plan(load_config(w.config)) for w in ceil.written]
+    assert [("ceil_adds_no_window" in p.rules, [s.op.kind for s in p.tail]) for p in plans] == [
+        (True, []), (True, []), (False, ["max_pool"])]  # kernels where ceil adds no window at the traced size
     # relu(y) in place, then z + y: the add reads the write's result (the same tensor), z + z, mul 2
     inplace = import_model(str(MODELS / "kb_conv2d_inplace_relu_residual.py"), tmp_path)
     assert inplace.written[0].chain.nodes == ["conv1", "relu", "add"]

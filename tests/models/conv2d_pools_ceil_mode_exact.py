@@ -1,7 +1,8 @@
-"""Pools as ResNet-D and GoogLeNet write them, at sizes where ceil_mode=True adds no window (the same pool as the
-vocabulary's, which floors): AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False) on an even size (no padding:
-the two counts agree), MaxPool2d(3, 2, ceil_mode=True) on 13; and a MaxPool2d(3, 2, ceil_mode=True) on 14, whose
-partial last window makes it PyTorch's pool, after its chain's fused region. Three chains."""
+"""Pools as ResNet-D and GoogLeNet write them, at sizes where ceil_mode=True adds no window (the kernels pool them
+as floor mode at the config's shape, the model running PyTorch's forward at any other): AvgPool2d(2, 2,
+ceil_mode=True, count_include_pad=False) on an even size (no padding: the two counts agree), MaxPool2d(3, 2,
+ceil_mode=True) on 13; and a MaxPool2d(3, 2, ceil_mode=True) on 14, whose partial last window makes it PyTorch's
+pool, after its chain's fused region. Three chains."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

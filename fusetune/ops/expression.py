@@ -25,12 +25,12 @@ from typing import Any, Callable, ClassVar, Mapping, Union
 from fusetune.errors import did_you_mean
 from fusetune.ops.activations import UNARY
 from fusetune.ops.base import Op, OpContext, reject_unknown
-from fusetune.ops.elementwise import Elementwise, ParamLoader, _float_literal, pow_cuda
+from fusetune.ops.elementwise import Elementwise, ParamLoader, Relu, _float_literal, pow_cuda
 
 #: The functions of one argument an expression may call: name -> (CUDA format of ``{v}``, PyTorch format of
 #: ``{x}``): UNARY's rows and relu (elementwise.Relu's forms).
 FUNCTIONS: dict[str, tuple[str, str]] = {**{name: (facts.cuda, facts.torch) for name, facts in UNARY.items()},
-                                         "relu": ("ft_max_nan({v}, 0.0f)", "torch.relu({x})")}
+                                         "relu": (Relu().cuda("{v}", None), Relu().forward_code("{x}", None))}
 #: The functions of two arguments: name -> (CUDA helper, torch function, torch.clamp's key against a number).
 #: NaN from either side propagates, as torch.minimum / torch.maximum (and torch.clamp) do.
 EXTREMA: dict[str, tuple[str, str, str]] = {"minimum": ("ft_min_nan", "torch.minimum", "max"),
@@ -245,43 +245,15 @@ def render_torch(node: Node, x: str) -> str:
     return FUNCTIONS[node.name][1].format(x=render_torch(node.args[0], x))
 
 
-_TORCH_CALL = re.compile(r"(?P<module>torch|F)\.(?P<name>\w+)\(\{x\}\)")
-
-
-def _torch_function(template: str) -> Callable[[Any], Any]:
-    """The PyTorch function a FUNCTIONS row's torch format calls (each is ``torch.NAME({x})`` or ``F.NAME({x})``)."""
+def evaluate(node: Node, x: Any) -> Any:
+    """``node`` on tensor ``x``: render_torch's text, the very code the generated model runs, executed with torch and
+    F as its only names (the importer compares it with the region it was read from, in float64). The text is ours,
+    rendered from a tree of the grammar, never the user's."""
     import torch
     import torch.nn.functional as F
 
-    match = _TORCH_CALL.fullmatch(template)
-    assert match, f"not a call of x: {template!r}"
-    return getattr(torch if match["module"] == "torch" else F, match["name"])
-
-
-def evaluate(node: Node, x: Any) -> Any:
-    """``node`` on tensor ``x`` by the same PyTorch functions as render_torch writes (the importer compares it with
-    the region it was read from, in float64), without evaluating text."""
-    import torch
-
-    if isinstance(node, Value):
-        return x
-    if isinstance(node, Num):
-        return node.value
-    if isinstance(node, Negate):
-        return -evaluate(node.operand, x)
-    if isinstance(node, BinOp):
-        return _ARITHMETIC[node.symbol](evaluate(node.left, x), evaluate(node.right, x))
-    if isinstance(node, Power):
-        return torch.pow(evaluate(node.base, x), node.exponent)
-    args = [evaluate(arg, x) for arg in node.args]
-    if node.name in EXTREMA:
-        a, b = args
-        if not isinstance(a, torch.Tensor):
-            a, b = b, a
-        if not isinstance(b, torch.Tensor):
-            return torch.clamp(a, **{EXTREMA[node.name][2]: b})
-        return (torch.minimum if node.name == "minimum" else torch.maximum)(a, b)
-    return _torch_function(FUNCTIONS[node.name][1])(args[0])
+    code = compile(render_torch(node, VALUE), "<expression>", "eval")
+    return eval(code, {"__builtins__": {}, "torch": torch, "F": F}, {VALUE: x})  # noqa: S307 (a tree of the grammar)
 
 
 def canonical_text(text: str) -> str:

@@ -2403,17 +2403,23 @@ def _region_op(gm: torch.fx.GraphModule, site: Site, region: list[torch.fx.Node]
     return None
 
 
-#: The region's arithmetic an ``expression`` writes (fusetune/ops/expression.py), by function or method name.
+#: The expression's operator of each arithmetic op of the vocabulary.
+_EXPRESSION_SYMBOLS: dict[str, str] = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+#: The region's arithmetic an ``expression`` writes (fusetune/ops/expression.py), by function or method name: the
+#: ops' own names and their PyTorch aliases (ops.TORCH_ALIASES: torch.multiply, x.true_divide(...)).
 _EXPRESSION_ARITHMETIC: dict[Any, str] = {
-    operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/", torch.add: "+", torch.sub: "-",
-    torch.subtract: "-", torch.mul: "*", torch.multiply: "*", torch.div: "/", torch.divide: "/",
-    torch.true_divide: "/", "add": "+", "sub": "-", "subtract": "-", "mul": "*", "multiply": "*", "div": "/",
-    "divide": "/", "true_divide": "/"}
-#: The region's functions of one value an expression calls, by function or method name -> the expression's name.
+    operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
+    **{key: _EXPRESSION_SYMBOLS[op]
+       for name, op in [*((n, n) for n in _EXPRESSION_SYMBOLS), *TORCH_ALIASES.items()] if op in _EXPRESSION_SYMBOLS
+       for key in (getattr(torch, name), name)}}
+#: The torch functions of one value a region's expression calls by their own names.
+_EXPRESSION_TORCH_NAMES = ("erf", "erfc", "tanh", "sigmoid", "exp", "expm1", "log", "log1p", "abs", "sqrt", "rsqrt",
+                           "square", "relu", "neg")
+#: The region's functions of one value an expression calls, by function or method name -> the expression's name
+#: (torch.special's names of those functions from ops.SPECIAL_NAMES).
 _EXPRESSION_FUNCTIONS: dict[Any, str] = {
-    **{getattr(torch, n): n for n in ("erf", "erfc", "tanh", "sigmoid", "exp", "expm1", "log", "log1p", "abs", "sqrt",
-                                      "rsqrt", "square", "relu", "neg")},
-    **{getattr(torch.special, n): n for n in ("erf", "erfc", "expm1", "log1p")}, torch.special.expit: "sigmoid",
+    **{getattr(torch, n): n for n in _EXPRESSION_TORCH_NAMES},
+    **{getattr(torch.special, n): op for n, op in SPECIAL_NAMES.items() if op in _EXPRESSION_TORCH_NAMES},
     **{getattr(F, n): n for n in ("relu", "relu6", "sigmoid", "tanh", "silu", "hardsigmoid")}, operator.neg: "neg",
     **{n: n for n in ("erf", "tanh", "sigmoid", "exp", "log", "abs", "sqrt", "rsqrt", "square", "relu", "neg")}}
 #: The region's extrema and clamps: minimum(a, b), maximum(a, b); a clamp against numbers is their composition.

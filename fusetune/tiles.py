@@ -535,11 +535,7 @@ def wide_depth(conv: dict, bm: int, bn: int, blocks: int = 1, staging: str = "ro
 def wide_depths(conv: dict, elem: int = 4, terms: int = 1) -> dict[tuple[int, int, int, str], int]:
     """(bm, bn, blocks, staging) -> wide_depth, for the variants' compile_if and constraints. Memoized on the
     convolution's facts: a plan's facts and constraints ask it hundreds of times for the same convolution."""
-    key = tuple(sorted(conv.items()))
-    try:
-        return dict(_wide_depths(key, elem, terms))
-    except TypeError:  # a fact given as a list (not hashable): computed, not memoized
-        return dict(_wide_depths.__wrapped__(key, elem, terms))
+    return dict(_wide_depths(tuple(sorted(conv.items())), elem, terms))  # geometry()'s facts: numbers and tuples
 
 
 @functools.lru_cache(maxsize=4096)

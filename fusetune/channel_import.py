@@ -124,24 +124,16 @@ def _layer_norm_call(site: Site, node: torch.fx.Node, value: torch.fx.Node) -> d
     """The entry of nn.LayerNorm(C) or F.layer_norm(value, (C,), weight, bias, eps) at ``node``, over the
     channels alone (normalized_shape exactly (C,)); None for any other call or shape."""
     channels = site.channels
-    if node.op == "call_module":
-        module = site.gm.get_submodule(node.target)
-        if type(module) is not nn.LayerNorm or len(node.args) != 1 or node.kwargs or node.args[0] is not value:
-            return None
-        if tuple(module.normalized_shape) != (channels,):
-            return None
+    found = _layer_norm_over(site.gm, node, value, channels)
+    if found is None:
+        return None
+    if isinstance(found, nn.LayerNorm):
         target = str(node.target)
-        weight = ParamRef(f"{target}.weight", (channels,)) if module.weight is not None else None
-        bias = ParamRef(f"{target}.bias", (channels,)) if module.bias is not None else None
-        return _entry(weight, bias, float(module.eps))
-    if not _is(node, (("call_function", F.layer_norm), ("call_function", torch.layer_norm))):
-        return None
-    a = bind_all(node, ["input", "normalized_shape", "weight", "bias", "eps"],
-                  {"weight": None, "bias": None, "eps": 1e-5})
-    if isinstance(a, str) or a["input"] is not value or has_node(a["normalized_shape"]) or has_node(a["eps"]):
-        return None
-    shape = a["normalized_shape"]
-    if (list(shape) if isinstance(shape, (tuple, list, torch.Size)) else [shape]) != [channels]:
+        weight = ParamRef(f"{target}.weight", (channels,)) if found.weight is not None else None
+        bias = ParamRef(f"{target}.bias", (channels,)) if found.bias is not None else None
+        return _entry(weight, bias, float(found.eps))
+    a = found
+    if has_node(a["eps"]):
         return None
     refs = []
     for key in PARAM_KEYS:
@@ -379,7 +371,7 @@ def _tokens_norm(gm: torch.fx.GraphModule, norm: torch.fx.Node
     layout = _layout(views, len(shape))
     if layout is None or not _ordered(layout, channel_at=len(layout) - 1, rank=len(shape)):
         return None
-    if not _norm_over(gm, norm, views[-1], shape[1]):
+    if _layer_norm_over(gm, norm, views[-1], shape[1]) is None:
         return None
     return value, views
 
@@ -400,20 +392,22 @@ def _ordered(layout: Layout, channel_at: int, rank: int) -> bool:
     return tuple(d for i, group in enumerate(layout[1:], 1) if i != channel_at for d in group) == tuple(range(2, rank))
 
 
-def _norm_over(gm: torch.fx.GraphModule, norm: torch.fx.Node, value: torch.fx.Node, channels: int) -> bool:
-    """``norm`` is nn.LayerNorm or F.layer_norm of ``value`` over (channels,) alone (its parameters any)."""
-    if norm.op == "call_module":
-        module = gm.get_submodule(norm.target)
-        return (type(module) is nn.LayerNorm and len(norm.args) == 1 and not norm.kwargs
-                and norm.args[0] is value and tuple(module.normalized_shape) == (channels,))
-    if not _is(norm, _LAYER_NORMS):
-        return False
-    a = bind_all(norm, ["input", "normalized_shape", "weight", "bias", "eps"],
+def _layer_norm_over(gm: torch.fx.GraphModule, node: torch.fx.Node, value: torch.fx.Node, channels: int
+                     ) -> nn.LayerNorm | dict[str, Any] | None:
+    """Where ``node`` normalizes ``value`` over (channels,) alone: its nn.LayerNorm module, or F.layer_norm's bound
+    arguments (input, normalized_shape, weight, bias, eps); None for any other call or shape."""
+    if node.op == "call_module":
+        module = gm.get_submodule(node.target)
+        return module if (type(module) is nn.LayerNorm and len(node.args) == 1 and not node.kwargs
+                          and node.args[0] is value and tuple(module.normalized_shape) == (channels,)) else None
+    if not _is(node, _LAYER_NORMS):
+        return None
+    a = bind_all(node, ["input", "normalized_shape", "weight", "bias", "eps"],
                  {"weight": None, "bias": None, "eps": 1e-5})
     if isinstance(a, str) or a["input"] is not value or has_node(a["normalized_shape"]):
-        return False
+        return None
     shape = a["normalized_shape"]
-    return (list(shape) if isinstance(shape, (tuple, list, torch.Size)) else [shape]) == [channels]
+    return a if (list(shape) if isinstance(shape, (tuple, list, torch.Size)) else [shape]) == [channels] else None
 
 
 def _already_permuted(views: list[torch.fx.Node], norm: torch.fx.Node, rank: int) -> bool:

@@ -532,6 +532,9 @@ def test_the_fused_chains_run_their_kernels_on_a_gpu(stem: str, tmp_path: Path) 
                                 for x in inputs)))
     assert all(c.kernel_calls == 1 for c in chains)
     for e, w, lw, g in zip(exact, want, last, got, strict=True):
+        if not g.is_floating_point():  # a pool's indices, a count: eager's exactly
+            assert g.dtype == w.dtype and torch.equal(g, w)
+            continue
         eager, eager_last, ours = (((y.double() - e).norm() / e.norm()).item() for y in (w, lw, g))
         print(f"\n{stem}: error vs float64: eager {eager:.2e} (channels last {eager_last:.2e}), optimized {ours:.2e}")
         assert g.shape == e.shape and ours <= max(8 * eager, 8 * eager_last, 1e-5)

@@ -26,6 +26,9 @@ class Dtype:
     to_float: str  # its conversion to float, and back (round to nearest even)
     from_float: str
     bytes: int
+    #: Its largest finite value (torch.finfo(...).max): nan_to_num's default for +inf, as PyTorch's at the dtype.
+    #: Required: each row states its own, so a new row cannot take another dtype's.
+    largest: float
     pair: str = ""  # two of them in one 4-byte word (CUDA's __half2, __nv_bfloat162): a paired load
     pair_to_float: str = ""  # its conversion to float2
     #: Its PTX type in the tensor cores' mma.sync m16n8k16 (f32 accumulation), "" for float32, whose
@@ -34,11 +37,13 @@ class Dtype:
 
 
 DTYPES: dict[str, Dtype] = {
-    "float32": Dtype("float32", "float32", "float", "float4", "", "", "", "", 4),
+    "float32": Dtype("float32", "float32", "float", "float4", "", "", "", "", 4, largest=3.4028234663852886e+38),
     "float16": Dtype("float16", "float16", "ft_t", "ft_t4", "__half", "cuda_fp16.h",
-                     "__half2float", "__float2half_rn", 2, "__half2", "__half22float2", "f16"),
+                     "__half2float", "__float2half_rn", 2, largest=65504.0,
+                     pair="__half2", pair_to_float="__half22float2", mma="f16"),
     "bfloat16": Dtype("bfloat16", "bfloat16", "ft_t", "ft_t4", "__nv_bfloat16", "cuda_bf16.h",
-                      "__bfloat162float", "__float2bfloat16_rn", 2, "__nv_bfloat162", "__bfloat1622float2", "bf16"),
+                      "__bfloat162float", "__float2bfloat16_rn", 2, largest=3.3895313892515355e+38,
+                      pair="__nv_bfloat162", pair_to_float="__bfloat1622float2", mma="bf16"),
 }
 
 #: Other spellings of the dtypes above, as PyTorch (``torch.half``, ``torch.float``), NumPy and mixed-precision

@@ -62,6 +62,8 @@ _ATEN_ROWS: tuple[tuple[str, str, Callable[..., Any]], ...] = (
     ("min", "other", torch.minimum), ("max", "other", torch.maximum),
     ("sum", "dim_IntList", torch.sum), ("mean", "dim", torch.mean), ("amax", "default", torch.amax),
     ("amin", "default", torch.amin), ("logsumexp", "default", torch.logsumexp),
+    ("var", "correction", torch.var), ("std", "correction", torch.std), ("var", "dim", torch.var),
+    ("std", "dim", torch.std), ("nan_to_num", "default", torch.nan_to_num),
     ("max", "dim", torch.max), ("min", "dim", torch.min),
     ("softmax", "int", torch.softmax), ("log_softmax", "int", torch.log_softmax),
     ("flatten", "using_ints", torch.flatten),

@@ -159,11 +159,12 @@ def view_op(op: Op, view: RegionView) -> Op:
     """The op the region's problem runs on the view in place of ``op`` (a map is itself)."""
     if isinstance(op, DimReduce):
         mode = kernel_mode(op.mode)
+        # (the op's own class and arguments kept: a var's correction)
         if view.form == "plane":  # every spatial dim, kept: the kernels' spatial reduction (regions.py)
-            return DimReduce(mode=mode, over="dim", dim=2, dims=(2,), keepdim=True)
-        return DimReduce(mode=mode, over="dim", dim=1, dims=(1,), keepdim=False)
+            return dataclasses.replace(op, mode=mode, over="dim", dim=2, dims=(2,), keepdim=True)
+        return dataclasses.replace(op, mode=mode, over="dim", dim=1, dims=(1,), keepdim=False)
     if isinstance(op, Softmax):
-        return type(op)(dim=1)
+        return dataclasses.replace(op, dim=1)
     if isinstance(op, (LayerNorm, MeanCentre)):  # over the last k dims: the view's spatial dim
         return op.on_plane()
     return op

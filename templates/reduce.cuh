@@ -39,9 +39,13 @@ __host__ __device__ __forceinline__ float ft_lse_value(FtLse acc) { return acc.m
 
 // softmax and log_softmax of a value x of a row, given the row's finished accumulator (channel_softmax.cu.j2):
 // exp(x - m) / s and x - m - log(s). As torch gives them: NaN for every value of a row that holds a NaN (s
-// is NaN), a +inf (torch's sum of exp(x - max) is NaN then), or only -inf (x - m is NaN).
+// is NaN), a +inf (torch's sum of exp(x - max) is NaN then), or only -inf (x - m is NaN). softmax's
+// accumulator is finished by ft_softmax_end, which takes the reciprocal of s once a row: each value is then
+// a product, not a float division, whose slow path is a called subroutine (with a thread's unrolled values
+// live across those calls, channel_softmax spilled registers at vec 2 and 4 with unroll 4; CUDA 13.0).
+__host__ __device__ __forceinline__ FtLse ft_softmax_end(FtLse acc) { return FtLse{acc.m, 1.f / acc.s}; }
 __host__ __device__ __forceinline__ float ft_softmax_of(float x, FtLse acc) {
-  return acc.m == INFINITY ? NAN : expf(x - acc.m) / acc.s;
+  return acc.m == INFINITY ? NAN : expf(x - acc.m) * acc.s;
 }
 __host__ __device__ __forceinline__ float ft_log_softmax_of(float x, FtLse acc) {
   return acc.m == INFINITY ? NAN : x - acc.m - logf(acc.s);

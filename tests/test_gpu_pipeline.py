@@ -147,9 +147,11 @@ def test_an_adaptive_pool_runs_in_the_kernels_at_another_shape(cache, worker, mo
 
 #: Chains whose later regions run on views of their input (fusetune/views.py): a logsumexp over every dim of
 #: a 4-D tensor (a channels view whose dim 1 the input's size sets), a sum over H that keeps its dim with a map
-#: after it, a softmax over a flattened 2-D tensor, a min over one (a plane view).
+#: after it, a softmax over a flattened 2-D tensor, a min over one (a plane view), a std over (H, W) (a channels
+#: view: the var accumulator over H * W values).
 VIEW_CHAINS = ["conv3d_hardsigmoid_max_channels_logsumexp", "convt2d_min_channels_sum_height_gelu_add",
-               "conv1d_elu_dropout_train_p0_max_time_softmax", "conv2d_amax_spatial_amin_channels"]
+               "conv1d_elu_dropout_train_p0_max_time_softmax", "conv2d_amax_spatial_amin_channels",
+               "conv2d_instancenorm_affine_gelu_std_spatial"]
 
 
 @pytest.mark.parametrize("name", VIEW_CHAINS)

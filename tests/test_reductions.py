@@ -4,7 +4,8 @@ Each mode's CUDA fragments (identity, step, merge, end, value) are compiled on t
 headers the kernels include (templates/elementwise.cuh, and the mode's own header) and fold rows of float32
 values four ways: one value after another (channel_reduce's contiguous path), in chunks merged left to right
 and right to left (merge's associativity), and over 8 lanes merged by xor butterflies as the channels-last
-path's shuffles do (lanes without values included). Each must give torch's reduction of the row in float64:
+path's shuffles do (lanes without values included). Each must give torch's reduction of the row in float64 (var's
+and std's with corrections 0, 1 and 2: ARGUMENTS):
 NaN where torch gives NaN, infinities exactly. The rows are tests/reductions/rows.yaml's corner cases and
 random ones of odd lengths and several scales.
 
@@ -26,7 +27,7 @@ import torch
 import yaml
 
 from fusetune.config import load_config
-from fusetune.ops.reduce import KERNEL_MODES, REDUCE_MODES
+from fusetune.ops.reduce import KERNEL_MODES, REDUCE_MODES, SPREAD_MODES
 from fusetune.ops.reductions import REDUCTIONS, KernelReduction
 from fusetune.plan import make_plan
 from fusetune.worlds import WORLDS, refusals
@@ -59,7 +60,8 @@ def rows() -> list[np.ndarray]:
 def host_program(modes: list[KernelReduction]) -> str:
     """A C++ program that reads rows (int32 count, then that many float32 values, until the end of stdin) and
     writes, per row, per mode, the four folds' float32 results, then the row's softmax and log_softmax as
-    channel_softmax computes them (logsumexp's fold, then ft_softmax_of / ft_log_softmax_of of each value)."""
+    channel_softmax computes them (logsumexp's fold, softmax's finish, then ft_softmax_of / ft_log_softmax_of of each
+    value)."""
     headers = sorted({r.header for r in modes if r.header})
     parts = ['#include "elementwise.cuh"', *(f'#include "{h}"' for h in headers),
              "#include <stdio.h>", "#include <stdint.h>", "#include <vector>", "#include <algorithm>"]
@@ -103,7 +105,8 @@ static void run{i}(const float* x, int n, float* out) {{
     {lse.acc} acc = {lse.identity};
     for (int k = 0; k < n; ++k) acc = {lse.fold_step("acc", "x[k]")};
     std::vector<float> sm(n), lsm(n);
-    for (int k = 0; k < n; ++k) sm[k] = ft_softmax_of(x[k], acc), lsm[k] = ft_log_softmax_of(x[k], acc);
+    const {lse.acc} finished = ft_softmax_end(acc);  // softmax's finish (fusetune/ops/channel.py's CHANNEL_MAPS)
+    for (int k = 0; k < n; ++k) sm[k] = ft_softmax_of(x[k], finished), lsm[k] = ft_log_softmax_of(x[k], acc);
     fwrite(sm.data(), 4, n, stdout);
     fwrite(lsm.data(), 4, n, stdout);"""
     parts.append(f"""
@@ -128,7 +131,7 @@ def host_run(tmp_path_factory) -> tuple[dict[str, np.ndarray], list[tuple[np.nda
     gxx = shutil.which("g++")
     if gxx is None:
         pytest.skip("g++ not found: the modes' CUDA fragments are compiled on the host with it")
-    modes = list(REDUCTIONS.values())
+    modes = [bound for _, bound in labelled()]
     folder = tmp_path_factory.mktemp("reductions")
     (folder / "reduce.cpp").write_text(host_program(modes))
     compile_ = subprocess.run([gxx, "-std=c++17", "-O1", "-ffp-contract=off", "-Wall", "-Werror",
@@ -146,7 +149,7 @@ def host_run(tmp_path_factory) -> tuple[dict[str, np.ndarray], list[tuple[np.nda
         at += 2 * row.size
     assert at == flat.size
     values = np.stack(folds)
-    return {r.mode: values[:, i, :] for i, r in enumerate(modes)}, softmaxes
+    return {label: values[:, i, :] for i, (label, _) in enumerate(labelled())}, softmaxes
 
 
 @pytest.fixture(scope="module")
@@ -154,16 +157,49 @@ def host_values(host_run) -> dict[str, np.ndarray]:
     return host_run[0]
 
 
-def torch_value(mode: str, row: np.ndarray) -> float:
+#: The arguments a mode's row is folded with beside its defaults (the labels ``var(correction=0.0)`` and so on):
+#: torch.var's and torch.std's corrections 0 (the population's) and 2 (more than a row of one or two values has).
+ARGUMENTS: dict[str, list[dict[str, float]]] = {mode: [{"correction": 0.0}, {"correction": 2.0}]
+                                               for mode in SPREAD_MODES}
+
+
+def labelled() -> list[tuple[str, KernelReduction]]:
+    """Every row with its defaults (labelled by its mode), then with ARGUMENTS' values (labelled by them too)."""
+    out = [(r.mode, r) for r in REDUCTIONS.values()]
+    for mode, variants in ARGUMENTS.items():
+        for values in variants:
+            args = ", ".join(f"{k}={v}" for k, v in values.items())
+            out.append((f"{mode}({args})", REDUCTIONS[mode].bind(**values)))
+    return out
+
+
+def torch_value(label: str, row: np.ndarray) -> float:
+    """torch's reduction of the row in float64, by the label's mode and arguments (a var's correction)."""
+    mode = label.split("(")[0]
     x = torch.from_numpy(row.astype(np.float64))
     fn = {"max": torch.amax, "min": torch.amin}.get(mode) or getattr(torch, mode)
+    if mode in SPREAD_MODES:  # (a row of n <= correction values: torch warns, and gives inf or NaN as the row)
+        correction = dict(REDUCTIONS[mode].bind(**_values(label)).arguments)["correction"]
+        return float(fn(x, dim=0, correction=int(correction)))
     return float(fn(x, dim=0))
 
 
-def close(mode: str, got: float, ref: float, row: np.ndarray) -> bool:
+def _values(label: str) -> dict[str, float]:
+    """The arguments a label names (``var(correction=0.0)``: {"correction": 0.0}), none for a bare mode."""
+    if "(" not in label:
+        return {}
+    return {k: float(v) for k, v in (part.split("=") for part in label[label.index("(") + 1:-1].split(", "))}
+
+
+def close(label: str, got: float, ref: float, row: np.ndarray) -> bool:
     """float32 ``got`` is float64 ``ref``: NaN only with NaN, infinities exactly, max and min exactly (one
     of the row's values), else within float32's rounding of a sum of the row's magnitudes (a logsumexp's:
-    of its log-sum and its max)."""
+    of its log-sum and its max; a var's: of the squared deviations, the var itself). A var or
+    std whose squared deviations pass float32's range (rows of 1e30 and more) is +inf in float32, as torch's
+    float32 reduction on a GPU gives it."""
+    mode = label.split("(")[0]
+    if mode in SPREAD_MODES and np.isfinite(ref) and _squares_overflow(row):
+        return got == np.inf
     if np.isnan(ref) or np.isnan(got):
         return bool(np.isnan(ref) and np.isnan(got))
     if np.isinf(ref) or np.isinf(got) or mode in ("max", "min"):
@@ -174,13 +210,20 @@ def close(mode: str, got: float, ref: float, row: np.ndarray) -> bool:
 
 
 def test_every_mode_the_planner_fuses_has_a_row():
-    assert set(KERNEL_MODES) <= set(REDUCTIONS) <= set(REDUCE_MODES)
+    assert set(KERNEL_MODES) <= set(REDUCTIONS) <= set(REDUCE_MODES) | set(SPREAD_MODES)
     for stage, modes in STAGE_REDUCE_MODES.items():
         assert set(modes) <= set(REDUCTIONS), stage
     assert STAGE_REDUCE_MODES["channel_reduce"] == tuple(REDUCTIONS)
 
 
-@pytest.mark.parametrize("mode", list(REDUCTIONS))
+def _squares_overflow(row: np.ndarray) -> bool:
+    """Whether a row's squared deviations from its mean pass float32's largest value."""
+    x = row.astype(np.float64)
+    return bool(np.max((x - x.mean()) ** 2) > np.finfo(np.float32).max)
+
+
+@pytest.mark.filterwarnings("ignore:.*degrees of freedom is <= 0")
+@pytest.mark.parametrize("mode", [label for label, _ in labelled()])
 def test_folds_match_torch(mode: str, host_values: dict[str, np.ndarray]):
     failures = []
     for i, row in enumerate(rows()):
@@ -290,3 +333,75 @@ def test_other_modes_are_offered_as_before():
     assert plan.reduce.mode == "min"
     inside = [name for name in plan.impl_stages if WORLDS[name].computes_conv_inside]
     assert inside, plan.describe()
+
+
+def test_var_over_channels_is_fused_with_its_correction():
+    """A var over the channels is channel_reduce's (and the kernels' that compute the convolution inside), its
+    correction bound into the rendered fragment; a std over (H, W) is a later region on the channels view, the
+    same accumulator over H * W values (a spatial var is no fold of plane_reduce's one float)."""
+    from fusetune.codegen import render
+    from fusetune.pipeline import later_segments
+
+    plan = _plan("conv2d_relu_log_nan_to_num_args_var_channels")
+    assert plan.family == "channel_reduce" and plan.reduce.mode == "var" and plan.reduce.correction == 2
+    assert plan.reduce.kernel.result("acc") == "ft_var_value(acc, 2.0f)"
+    unit = render(plan).cuda_sources["channel_reduce.cu"]
+    assert "ft_var_value(acc[j], 2.0f)" in unit and "struct FtSpread" in unit
+    assert "gemm_main" in _plan("conv3d_groupnorm_gelu_var_channels_keepdim").impl_stages["gemm"]
+    spatial = _plan("conv2d_instancenorm_affine_gelu_std_spatial")
+    assert spatial.reduce is None  # region 0 ends before the std: no kernel of region 0 reduces over (H, W) by it
+    (region,) = later_segments(spatial)
+    later = make_plan(region.spec)
+    assert (later.family, later.reduce.mode, later.reduce.correction) == ("channel_reduce", "std", 0)
+    assert region.view.form == "channels" and (region.view.first, region.view.last) == (2, 3)
+
+
+#: A row longer than a float counts: past 2^24 a float count stops (2^24 + 1 rounds back to 2^24), so a var
+#: counted in one divides by 2^24 whatever the row's length. SPLIT (odd: the parts' pivots differ) is where the
+#: merged folds cut it.
+LONG_ROW, SPLIT = 2 ** 24 + 2 ** 22, 2 ** 23 + 1
+
+
+def long_row_program(r: KernelReduction) -> str:
+    """A C++ program that folds the row 1, -1, 1, ... of LONG_ROW values with ``r`` one value after another, and
+    as its two parts at SPLIT merged both ways round, and writes the three float32 results."""
+    return f"""#include "elementwise.cuh"
+#include "{r.header}"
+#include <stdio.h>
+static {r.acc} part(long lo, long hi) {{
+  {r.acc} a = {r.identity};
+  for (long k = lo; k < hi; ++k) a = {r.fold_step("a", "(k % 2 ? -1.f : 1.f)")};
+  return a;
+}}
+int main() {{
+  const {r.acc} head = part(0, {SPLIT}), tail = part({SPLIT}, {LONG_ROW});
+  const {r.acc} folds[3] = {{part(0, {LONG_ROW}), {r.fold_merge("head", "tail")}, {r.fold_merge("tail", "head")}}};
+  float out[3];
+  for (int i = 0; i < 3; ++i) {{
+    {r.acc} a = folds[i];
+    {r.finish("a", str(LONG_ROW))}
+    out[i] = {r.result("a")};
+  }}
+  fwrite(out, 4, 3, stdout);
+  return 0;
+}}
+"""
+
+
+@pytest.mark.parametrize("mode", SPREAD_MODES)
+def test_a_spread_counts_a_row_past_a_floats_count(mode: str, tmp_path: Path):
+    """var and std of a row of more than 2^24 values divide by its own count (torch's, in float64), folded in
+    one run and merged from two parts either way round."""
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ not found: the modes' CUDA fragments are compiled on the host with it")
+    (tmp_path / "long.cpp").write_text(long_row_program(REDUCTIONS[mode]))
+    compile_ = subprocess.run([gxx, "-std=c++17", "-O1", "-ffp-contract=off", "-Wall", "-Werror",
+                               f"-I{TEMPLATES}", "long.cpp", "-o", "long", "-lm"],
+                              cwd=tmp_path, capture_output=True, text=True)
+    assert compile_.returncode == 0, compile_.stderr
+    got = np.frombuffer(subprocess.run([str(tmp_path / "long")], capture_output=True, check=True).stdout, np.float32)
+    row = torch.tensor([1.0, -1.0], dtype=torch.float64).repeat(LONG_ROW // 2)
+    correction = int(dict(REDUCTIONS[mode].arguments)["correction"])
+    ref = float(getattr(torch, mode)(row, dim=0, correction=correction))
+    assert np.allclose(got, ref, rtol=1e-6, atol=0), (got.tolist(), ref)

@@ -12,11 +12,16 @@ import dataclasses
 import math
 from typing import Any, ClassVar, Mapping
 
+from fusetune.dtypes import DTYPES, alias_of
+from fusetune.errors import did_you_mean, suggestion
 from fusetune.ops.base import Op, OpContext, Shape, is_int, reject_unknown, take_bool, take_int
-from fusetune.ops.reductions import REDUCTIONS, KernelReduction
+from fusetune.ops.reductions import REDUCTIONS, SPREAD_CORRECTION, KernelReduction
 
 #: Reduction modes torch names; amax/amin are max/min without indices, which the values equal.
 REDUCE_MODES = ("max", "min", "sum", "mean", "amax", "amin", "logsumexp")
+#: The reductions that measure a spread around the mean, with torch's ``correction`` (``Spread``): the kernels
+#: reduce them over the channels, by sums around a pivot (fusetune/ops/reductions.py, templates/variance.cuh).
+SPREAD_MODES = ("var", "std")
 #: The modes every kernel that reduces computes (over space or over channels); most that reduce over
 #: the channels take logsumexp too (fusetune/worlds/facts.py's STAGE_REDUCE_MODES). How each mode is
 #: computed is fusetune/ops/reductions.py's table.
@@ -41,8 +46,13 @@ class Reduce(Op):
 
     @property
     def kernel(self) -> KernelReduction:
-        """How the kernels compute this mode (its accumulator, step, merge and end), for the modes they take."""
-        return REDUCTIONS[self.mode]
+        """How the kernels compute this mode (its accumulator, step, merge and end), for the modes they take,
+        with the op's values of the mode's arguments."""
+        return REDUCTIONS[self.mode].bind(**self.kernel_arguments())
+
+    def kernel_arguments(self) -> dict[str, float]:
+        """The op's values of its mode's arguments (KernelReduction.arguments): none but a spread's correction."""
+        return {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,26 +207,105 @@ class DimReduce(Reduce):
 
 
 @dataclasses.dataclass(frozen=True)
+class Spread(DimReduce):
+    """torch.var / torch.std(x, dim, correction, keepdim): the sum of squared deviations from the mean over
+    ``dims``, divided by max(0, n - correction) (std: its square root). ``unbiased`` is the older spelling
+    (true: correction 1, false: 0). ``dim`` is required: torch's default reduces the batch dim too.
+
+    Not a fold of folds: a var of vars is no var, so the rules neither merge two in a row nor split one over the
+    channels and space (regions.py); the kernels take one over the channels (or, in a later region, over a run
+    of consecutive dims as the channels of a view), by sums of deviations from a pivot (templates/variance.cuh)."""
+
+    correction: int = SPREAD_CORRECTION
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, ["dim", "keepdim", "correction", "unbiased"], ctx)
+        if "dim" not in raw:
+            raise ctx.error("dim", f"missing; expected the dim or dims to reduce (torch.{raw['op']} without dim "
+                                   "reduces every dim, the batch's too: a sample's output would depend on the others)")
+        dims = take_dims(raw, "dim", ctx, default=None)
+        keepdim = take_bool(raw, "keepdim", ctx, default=False)
+        if "correction" in raw and "unbiased" in raw:
+            raise ctx.error("unbiased", "give correction or unbiased, not both (unbiased is the older spelling of "
+                                        "correction 1 or 0), as PyTorch refuses both")
+        if "unbiased" in raw:
+            correction = 1 if take_bool(raw, "unbiased", ctx, default=True) else 0
+        else:
+            correction = take_int(raw, "correction", ctx, default=SPREAD_CORRECTION, minimum=0)
+        return cls(mode=str(raw["op"]), over="dim", dim=dims[0], dims=dims, keepdim=keepdim, correction=correction)
+
+    def kernel_arguments(self) -> dict[str, float]:
+        return {"correction": float(self.correction)}
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        dim = self.dims[0] if len(self.dims) == 1 else self.dims
+        keep = ", keepdim=True" if self.keepdim else ""
+        return f"torch.{self.mode}({x}, dim={dim}, correction={self.correction}{keep})"
+
+    def canonical(self) -> dict[str, Any]:
+        return {**super().canonical(), "correction": self.correction}
+
+
+@dataclasses.dataclass(frozen=True)
 class Softmax(Op):
-    """softmax / log_softmax over one dim: every value of a row is needed before any is written."""
+    """softmax / log_softmax over one dim: every value of a row is needed before any is written.
+
+    ``dtype`` is PyTorch's (``torch.softmax(x, dim, dtype=torch.float32)``: the input cast to it, the op computed
+    and returned in it), kept as written, so that the reference runs the model's own forward (a float64 run of it
+    too: cast to the dtype there, as the user's model is). The input's own dtype is no cast for the kernels; a wider
+    one (``widens``: float32 on a float16 chain) the planner runs, and everything after it, in PyTorch (the kernels
+    store the config's dtype); a narrower one (or the other half type) is refused: it would round the values
+    before the op, and the config would not say what it meant."""
 
     role: ClassVar[str] = "softmax"
     log: ClassVar[bool]
     dim: int = 1
+    dtype: str | None = None
+    widens: bool = False
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
-        reject_unknown(raw, ["dim"], ctx)
+        reject_unknown(raw, ["dim", "dtype"], ctx)
         if "dim" not in raw:
             raise ctx.error("dim", "missing; expected the dim to normalise over (1 for channels), as PyTorch asks")
         rank = len(ctx.in_shape)
         dim = take_int(raw, "dim", ctx)
         if not -rank <= dim < rank:
             raise ctx.error("dim", f"expected a dim in [{-rank}, {rank - 1}] for an input of rank {rank}, got {dim}")
-        return cls(dim=dim % rank)
+        dtype = _softmax_dtype(raw, ctx)
+        return cls(dim=dim % rank, dtype=dtype, widens=dtype is not None and dtype != ctx.dtype)
+
+    def out_dtype(self, dtype: str) -> str:
+        return self.dtype if self.widens and self.dtype else dtype
 
     def forward_code(self, x: str, attr: str | None) -> str:
-        return f"torch.{'log_softmax' if self.log else 'softmax'}({x}, dim={self.dim})"
+        cast = f", dtype=torch.{self.dtype}" if self.dtype else ""
+        return f"torch.{'log_softmax' if self.log else 'softmax'}({x}, dim={self.dim}{cast})"
+
+    def canonical(self) -> dict[str, Any]:
+        out = super().canonical()
+        if self.dtype is None:  # left out where none: the keys of every softmax without it stay as they were
+            del out["dtype"], out["widens"]
+        return out
+
+
+def _softmax_dtype(raw: Mapping[str, Any], ctx: OpContext) -> str | None:
+    """A softmax's ``dtype`` as written: None where it names none; the input's own or a wider one; a narrower one
+    (or the other half type) refused, naming the key."""
+    if raw.get("dtype") is None:
+        return None
+    value = raw["dtype"]
+    if value not in DTYPES:
+        alias = alias_of(value) if isinstance(value, str) else None
+        hint = suggestion(alias) if alias else did_you_mean(value, DTYPES) if isinstance(value, str) else ""
+        raise ctx.error("dtype", f"expected one of {', '.join(DTYPES)}, got {value!r}{hint}")
+    if value != ctx.dtype and DTYPES[value].bytes <= DTYPES[ctx.dtype].bytes:
+        wider = [name for name, d in DTYPES.items() if d.bytes > DTYPES[ctx.dtype].bytes]
+        raise ctx.error("dtype", f"dtype {value} does not widen the op's {ctx.dtype} input: PyTorch would round the "
+                                 f"values to {value} before the op; expected {ctx.dtype} (the input's own: no "
+                                 f"cast){''.join(f' or {name}' for name in wider)}")
+    return value
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """KernelBench-style custom pointwise forms, each after an op (so the chain's value, read twice, is not the
 convolution's output): x * torch.sigmoid(x + 3) / 6, x * torch.tanh(x) and CLIP's QuickGELU x * torch.sigmoid(1.702
-* x), no activation of the vocabulary, imported as expressions (the first region that joins: x * sigmoid(x + 3), its
-/ 6 an op of its own), the chain going on after each; torch.sigmoid(x) * x * 2.0 and x / (1 + torch.exp(-x)) - 0.5
-are silu's, then an op. Then x * torch.where(x > 0, 1.0, 0.5) + x, which no expression writes (a comparison): the
-chain ends there."""
+* x), no activation of the vocabulary, imported as expressions, each the value's whole pointwise run: x *
+sigmoid(x + 3) / 6 (the parameter's scale ends it), x * tanh(x) with the relu after it, and the QuickGELU with
+torch.sigmoid(x) * x * 2.0 and x / (1 + torch.exp(-x)) - 0.5 after it (x read 8 times), the chain going on after
+each. Then x * torch.where(x > 0, 1.0, 0.5) + x, which no expression writes (a comparison): the chain ends there."""
 import torch
 import torch.nn as nn
 

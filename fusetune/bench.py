@@ -23,7 +23,7 @@ from fusetune.codegen import render
 from fusetune.config import ProblemSpec
 from fusetune.dtypes import DTYPES
 from fusetune.errors import FusetuneError
-from fusetune.evaluate import draw_extra_inputs, median_ms
+from fusetune.evaluate import draw_extra_inputs, median_ms, outputs_of
 from fusetune.export import find_winner
 from fusetune.ops import Shape
 from fusetune.plan import Plan, make_plan
@@ -165,8 +165,6 @@ def peak_tflops(flops_per_sm_clock: int) -> float | None:
 
 def run_bench(spec: ProblemSpec, shape: Shape, cache: Cache, *, reps: int = 50, compile_modes: tuple[str, ...] = (
         "default", "max-autotune-no-cudagraphs"), echo: Callable[[str], None] = print) -> dict[str, Any]:
-    import torch
-
     machine = Machine.detect()
     plan = make_plan(spec)
     rendered = render(plan)
@@ -195,6 +193,14 @@ def _winner_or_full(plan: Plan, rendered: Any, variant: dict[str, Any], cache: C
     return winner_module(plan, variant)
 
 
+def _flat(out: Any) -> Any:
+    """A forward's outputs (one tensor, or each a model returns: ``outputs: [chain, producer]``) as one flat float64
+    tensor: the errors and the allclose below then take every output."""
+    import torch
+
+    return torch.cat([o.double().flatten() for o in outputs_of(out)])
+
+
 def _run_bench(spec: ProblemSpec, shape: Shape, plan: Plan, generated: Any, entry: Any, machine: Machine, reps: int,
                compile_modes: tuple[str, ...], echo: Callable[[str], None], cache: Cache) -> dict[str, Any]:
     import torch
@@ -210,8 +216,8 @@ def _run_bench(spec: ProblemSpec, shape: Shape, plan: Plan, generated: Any, entr
     inputs = draw_extra_inputs(generated, plan.spec.input_shapes(shape))  # the forward's arguments after x, if any
     kernel_extra = dict(zip(getattr(generated, "INPUTS", []), inputs)).get(getattr(generated, "KERNEL_INPUT", None))
     with torch.no_grad():
-        ref64 = copy.deepcopy(reference).double()(x.double(), *(t.double() for t in inputs))
-        out, eager_out = fused(x, *inputs).double(), copy.deepcopy(reference)(x, *inputs).double()
+        ref64 = _flat(copy.deepcopy(reference).double()(x.double(), *(t.double() for t in inputs)))
+        out, eager_out = _flat(fused(x, *inputs)), _flat(copy.deepcopy(reference)(x, *inputs))
         err_fused = ((out - ref64).norm() / ref64.norm()).item()
         err_eager = ((eager_out - ref64).norm() / ref64.norm()).item()
         # What a user's acceptance test against eager at the dtype sees (the config's tolerance, if any).

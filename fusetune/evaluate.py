@@ -8,7 +8,8 @@ precision, the larger of its errors on contiguous and on channels-last input (cu
 for some layouts and shapes and not others, and half precision's error is thousands of times
 float32's, so a fixed tolerance would be too tight or too loose). Batch norm's running
 statistics are checked the same way. Where the config sets a tolerance, the output must also
-be ``torch.allclose`` to eager PyTorch's own at the dtype: a user's fixed acceptance test.
+be ``torch.allclose`` to eager PyTorch's own at the dtype: a user's fixed acceptance test. A model
+that returns several tensors (``outputs: [chain, producer]``) has each checked so, in order.
 
 Timing: warm-up, L2 flushed before every run, CUDA events around the forward alone,
 median of many runs.
@@ -80,9 +81,36 @@ def graph_of(fn: Callable[[], Any]) -> Callable[[], Any]:
     return graph.replay
 
 
+def several(out) -> bool:
+    """Whether a forward returned several outputs (a tuple or a list, as ``outputs: [chain, producer]``'s model
+    does) rather than one tensor: the one test of that form every check here uses."""
+    return isinstance(out, (tuple, list))
+
+
+def outputs_of(out) -> tuple:
+    """A forward's outputs as a tuple: one tensor, or each a model returns (``outputs: [chain, producer]``)."""
+    return tuple(out) if several(out) else (out,)
+
+
+def shape_mismatch(out, want) -> str | None:
+    """Why a forward's outputs ``out`` are not shaped as the reference's ``want`` (each output's shape, and one
+    tensor against several), None where they are."""
+    got_shapes = [tuple(o.shape) for o in outputs_of(out)]
+    want_shapes = [tuple(o.shape) for o in outputs_of(want)]
+    if got_shapes == want_shapes and several(out) == several(want):
+        return None
+    got_text, want_text = (shapes[0] if len(shapes) == 1 else shapes for shapes in (got_shapes, want_shapes))
+    return f"output shape {got_text}, expected {want_text}"
+
+
 def _errors(out, ref) -> tuple[float, float]:
-    """(relative L2 error, max abs error over max |ref|), both in float64."""
+    """(relative L2 error, max abs error over max |ref|), both in float64; over several outputs (a tuple), the
+    largest of each."""
     import torch
+
+    if several(out):
+        each = [_errors(o, r) for o, r in zip(out, outputs_of(ref), strict=True)]
+        return max(e[0] for e in each), max(e[1] for e in each)
 
     diff = (out.double() - ref.double())
     ref_norm = ref.double().norm().item()
@@ -139,6 +167,9 @@ def _allclose_refusal(out, eager, tolerance: dict) -> str | None:
     where it passes: the config's tolerance, a user's acceptance test against eager PyTorch."""
     import torch
 
+    if several(out):  # each output the model returns, in order
+        return next((why for o, e in zip(out, outputs_of(eager), strict=True)
+                     if (why := _allclose_refusal(o, e, tolerance)) is not None), None)
     got, want = out.double(), eager.double()
     atol, rtol = tolerance["atol"], tolerance["rtol"]
     if torch.allclose(got, want, atol=atol, rtol=rtol):
@@ -269,8 +300,9 @@ class Session:
         with torch.no_grad():
             out = model(self.x, *self.inputs)
         torch.cuda.synchronize()
-        if tuple(out.shape) != tuple(self.out64.shape):
-            return {"status": "wrong_result", "log": f"output shape {tuple(out.shape)}, expected {tuple(self.out64.shape)}"}
+        mismatch = shape_mismatch(out, self.out64)
+        if mismatch is not None:
+            return {"status": "wrong_result", "log": mismatch}
         rel, mx = self._compare(out, _stat_buffers(model))
         eager_rel, eager_mx = self.eager_errors
         tol_rel = max(ERROR_RATIO * eager_rel, ERROR_FLOOR)
@@ -279,13 +311,14 @@ class Session:
         if self.tf32_errors is not None:
             info.update(tf32_error_rel=self.tf32_errors[0], tf32_error_max=self.tf32_errors[1])
         if not (rel <= tol_rel and mx <= tol_mx):
-            nan = int(torch.isnan(out).sum().item())
+            nan = sum(int(torch.isnan(o).sum().item()) for o in outputs_of(out))
             return {"status": "wrong_result", **info,
                     "log": f"error rel {rel:.3g} (allowed {tol_rel:.3g}), max {mx:.3g} (allowed {tol_mx:.3g}); "
                            f"{nan} NaN outputs"}
         if self.tolerance is not None:
             refusal = _allclose_refusal(out, self.eager_out, self.tolerance)
-            info["eager_diff_max"] = float((out.double() - self.eager_out.double()).abs().max().item())
+            info["eager_diff_max"] = max(float((o.double() - e.double()).abs().max().item())
+                                         for o, e in zip(outputs_of(out), outputs_of(self.eager_out), strict=True))
             if refusal is not None:
                 return {"status": "wrong_result", **info, "log": refusal}
         return {"status": "ok", **info}

@@ -39,6 +39,7 @@ import dataclasses
 import functools
 import json
 import logging
+import operator
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
@@ -1239,7 +1240,8 @@ def _reference_graph(gm: torch.fx.GraphModule, item: Found, replaced_by: Mapping
     match = match_producer(gm, nodes[item.chain.producer_node])
     if out is None or match is None or isinstance(match, str):
         return "its nodes are not in the traced graph"
-    for node in inside - {out}:
+    returned = _returned_producer(item, nodes)  # the convolution's output where the chain returns it too
+    for node in inside - {out} - set(returned):
         outside = [u.name for u in node.users if u not in inside]
         if outside and node.name not in item.chain.sizes:  # a size: _replace gives its readers its traced value
             return f"{node.name} is also read by {', '.join(outside)}"
@@ -1273,8 +1275,17 @@ def _reference_graph(gm: torch.fx.GraphModule, item: Found, replaced_by: Mapping
                 env[node] = sub.node_copy(node, arg)
     except _Outside as exc:
         return f"it reads {exc}, computed outside the chain"
-    sub.output(env[out])
+    values = {"chain": env[out], "producer": env[returned[0]] if returned else None}
+    sub.output(tuple(values[name] for name in item.spec.outputs) if len(item.spec.outputs) > 1 else env[out])
     return sub, match.input, extra
+
+
+def _returned_producer(item: Found, nodes: Mapping[str, torch.fx.Node]) -> list[torch.fx.Node]:
+    """The convolution's node and its identity aliases where the chain's config returns its output too (``outputs:
+    [chain, producer]``: ops outside the chain read it, importer.producer_outside), else none."""
+    if not item.spec.returns_producer:
+        return []
+    return [nodes[name] for name in item.chain.producer_values if name in nodes]
 
 
 class _Outside(Exception):
@@ -1292,7 +1303,21 @@ def _replace(gm: torch.fx.GraphModule, item: Found, chain: FusedChain,
     gm.add_submodule(name, chain)
     with gm.graph.inserting_after(out):
         new = gm.graph.call_module(name, (chain.state.input_node, *chain.state.input_nodes))
-    out.replace_all_uses_with(new)
+    returned = _returned_producer(item, nodes)
+    if returned:  # the fused module returns a tuple (config outputs): the chain's value and the convolution's output
+        with gm.graph.inserting_after(new):
+            value = gm.graph.call_function(operator.getitem, (new, item.spec.outputs.index("chain")))
+        with gm.graph.inserting_after(value):
+            conv = gm.graph.call_function(operator.getitem, (new, item.spec.outputs.index("producer")))
+        for node in returned:  # the ops outside the chain that read it (after its last value: importer.walk_chain)
+            for user in [u for u in node.users if u.name not in set(item.chain.nodes)]:
+                user.replace_input_with(node, conv)
+            if replaced_by is not None:  # a later chain's extra input may be it (a residual's shortcut)
+                replaced_by[node.name] = conv
+        out.replace_all_uses_with(value)
+        new = value
+    else:
+        out.replace_all_uses_with(new)
     if replaced_by is not None:
         replaced_by[out.name] = new
     _give_sizes(inside, item.chain.sizes)

@@ -15,9 +15,10 @@ here into segments, in order:
     the plane view; the region's problem is planned on the view's shape, and the generated ModelNew
     views the tensor in before the region and the region's output back to the chain's shape after it;
   * PyTorch: a view (free), an op no kernel family computes (a mean centring over dims that are not the
-    last ones nor a scope of the statistics pass, a reduction over dims that are not consecutive), or an
-    op that reads the convolution's output (which only region 0 has). It runs with the reference's own
-    modules, and the segment says why.
+    last ones nor a scope of the statistics pass, a reduction over dims that are not consecutive), an
+    op that reads the convolution's output (which only region 0 has), or any op after a softmax whose
+    ``dtype`` widens the tensor past the config's (the kernels read and store the config's dtype). It runs
+    with the reference's own modules, and the segment says why.
 
 Where a later region has no tuned module (not searched yet, or a search that found nothing), ModelNew
 runs its ops in PyTorch, exactly as before this module existed: a pipeline never needs more than the
@@ -28,12 +29,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from fusetune.config import ProblemSpec
+from fusetune.config import DEFAULT_OUTPUTS, ProblemSpec
 from fusetune.errors import PlanError
-from fusetune.ops import DimReduce, Shape
+from fusetune.ops import DimReduce, Op, Shape
 from fusetune.plan import Plan, _kernel_refusal, make_plan
 from fusetune.producers import Producer
-from fusetune.regions import Step, reference_attr
+from fusetune.regions import AT_SHAPES, Step, reference_attr
 from fusetune.views import RegionView, region_view, view_op
 
 
@@ -102,14 +103,18 @@ def _segments(plan: Plan) -> tuple[Segment, ...]:
             pytorch.clear()
             why.clear()
 
+    dtype = spec.dtype  # the tensor's element type: another after a softmax's dtype, which PyTorch then runs
     while rest:
         step = rest[0]
-        refusal = _refusal(step, shapes[0], scalars)
+        refusal = _refusal(step, shapes[0], scalars) if dtype == spec.dtype else (
+            f"{step.where}: the tensor is {dtype} here (a softmax's dtype before it), and the kernels read and "
+            f"store the config's {spec.dtype}")
         region = refusal or _region(spec, rest, shapes, len(out) + 1 + bool(pytorch))
         if isinstance(region, str):
             pytorch.append(step)
             why.append(region)
             shapes = [step.op.out_shape(s) for s in shapes]
+            dtype = step.op.out_dtype(dtype)
             rest = rest[1:]
             continue
         flush()
@@ -176,18 +181,27 @@ def region_spec(spec: ProblemSpec, steps: tuple[Step, ...], shapes: list[Shape],
     """A later region as a problem of its own: the chain's numerics and search settings, its producer
     the tensor it reads (at ``shapes``, the tensor's shape at each of the config's; through ``view`` where
     it has one, its ops then the view's), its ops as the rewritten chain has them, the chain's parameters
-    they read (same names)."""
+    they read (same names). A step a rule holding at the config's shapes only gave its form (regions.AT_SHAPES: a
+    ceil-mode pool that adds no window there) is its op as written, so that the region's own plan finds that form
+    and guards its model (Plan.at_shapes); composed with another op, its form (make_plan guards the chain)."""
     if view is not None:
         shapes = [view.shape(s) for s in shapes]
     first = shapes[0]
     producer = Producer.tensor(first[1], len(first) - 2, any_channels=view is not None)
-    ops = tuple(view_op(step.op, view) if view is not None else step.op for step in steps)
+    ops = tuple(view_op(_as_written(step), view) if view is not None else _as_written(step) for step in steps)
     names = {name for op in ops if op.role in ("elementwise", "channel_norm") for name in op.params()}
     parameters = tuple(p for p in spec.parameters if p.name in names)
     inputs = tuple(name for name in spec.inputs if any(op.reads_input() == name for op in ops))
     return dataclasses.replace(spec, name=f"{spec.name}_r{index}", producer=producer, parameters=parameters,
                                epilogue=ops, shapes=tuple(tuple(s) for s in shapes), inputs=inputs,
-                               input_kinds=tuple((n, k) for n, k in spec.input_kinds if n in inputs))
+                               input_kinds=tuple((n, k) for n, k in spec.input_kinds if n in inputs),
+                               outputs=DEFAULT_OUTPUTS)  # the convolution's output is region 0's to return
+
+
+def _as_written(step: Step) -> Op:
+    """The op a later region's problem has for a step: as the config wrote it where a rule holding at the config's
+    shapes only gave it its form (and it is one written op), else the step's op."""
+    return step.written[0] if AT_SHAPES in step.marks and len(step.written) == 1 else step.op
 
 
 def problems(spec: ProblemSpec) -> list[ProblemSpec]:

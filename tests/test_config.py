@@ -13,7 +13,7 @@ from fusetune.ops import (REGISTRY, AdaptiveAvgPool, BatchNorm, Clamp, DimReduce
                           MaxPool, Mul)
 from fusetune.ops.base import number_text_hint
 
-from conftest import SEEDS
+from conftest import ROOT, SEEDS
 
 #: name -> (output shape for shapes[0], output shape for shapes[1])
 OUTPUT_SHAPES = {
@@ -380,3 +380,22 @@ def test_every_op_refuses_an_unknown_key_naming_what_it_takes():
         else:
             assert "(expected one of: " in message, message
     assert "relu" in takes_none
+
+
+def test_outputs_says_what_the_model_returns_and_is_part_of_the_problem():
+    """``outputs: [chain, producer]`` makes the model return the convolution's output beside the chain's, in that
+    order, at the shapes each has; it is part of the problem's key, which a config without it keeps as it was."""
+    path = ROOT / "tests" / "chains" / "conv2d_groupnorm_silu_returns_producer.yaml"
+    spec = load_config(path)
+    assert spec.outputs == ("chain", "producer") and spec.returns_producer
+    shape = spec.shapes[0]
+    assert spec.output_shapes(shape) == [spec.output_shape(shape), spec.producer.out_shape(shape)]
+    raw = yaml.safe_load(path.read_text())
+    del raw["outputs"]
+    alone = parse_config(raw, "x.yaml")
+    assert alone.outputs == ("chain",) and not alone.returns_producer and "outputs" not in alone.canonical()
+    assert spec.canonical() == {**alone.canonical(), "outputs": ["chain", "producer"]}
+    assert spec.digest() != alone.digest()
+    raw["outputs"] = "producer"
+    with pytest.raises(ConfigError, match="expected a list of what the model returns"):
+        parse_config(raw, "x.yaml")

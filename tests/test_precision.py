@@ -474,3 +474,43 @@ def test_allclose_refusal_is_torch_allclose_and_says_where():
     exact = eager.float()
     assert _allclose_refusal(exact + 5e-5, exact, tolerance) is None  # within atol
     assert _allclose_refusal(exact + 3e-4, exact, tolerance) is not None  # beyond atol + rtol * |x| <= 2e-4
+
+
+def test_every_output_of_a_model_returning_two_is_checked():
+    """A model that returns the convolution's output beside the chain's (outputs: [chain, producer]) is verified
+    on both: an error, a NaN left unwritten or a tolerance missed in either output fails it, whichever it is."""
+    import math
+
+    import torch
+
+    from fusetune.evaluate import _allclose_refusal, _errors
+
+    tolerance = {"atol": 1e-4, "rtol": 1e-4}
+    chain, conv = torch.linspace(-1.0, 1.0, 101, dtype=torch.float64), torch.linspace(2.0, 3.0, 57, dtype=torch.float64)
+    each = [_errors(chain.float(), chain), _errors(conv.float(), conv)]  # float32's rounding: small, not zero
+    assert _errors((chain.float(), conv.float()), (chain, conv)) == (max(e[0] for e in each), max(e[1] for e in each))
+    off = conv.clone()
+    off[11] += 0.5
+    rel, mx = _errors((chain, off), (chain, conv))
+    assert rel == _errors(off, conv)[0] and mx == _errors(off, conv)[1] > 0.1
+    unwritten = conv.clone()
+    unwritten[0] = float("nan")
+    assert _errors((chain, unwritten), (chain, conv)) == (math.inf, math.inf)
+    assert _allclose_refusal((chain, conv), (chain, conv), tolerance) is None
+    assert "1 of 57 elements off" in _allclose_refusal((chain, off), (chain, conv), tolerance)
+
+
+def test_a_model_returning_a_list_is_shaped_as_one_returning_a_tuple():
+    """verify's shape check takes a list of outputs as the tuple it is (as outputs_of and the error checks do),
+    and still tells one tensor from several and a wrong shape from the right one."""
+    import torch
+
+    from fusetune.evaluate import shape_mismatch
+
+    chain, conv = torch.zeros(2, 3, 5), torch.zeros(2, 4, 5, 5)
+    assert shape_mismatch([chain, conv], (chain.double(), conv.double())) is None
+    assert shape_mismatch((chain, conv), [chain, conv]) is None
+    assert shape_mismatch(chain, chain.double()) is None
+    assert shape_mismatch([chain], chain) == "output shape (2, 3, 5), expected (2, 3, 5)"
+    assert shape_mismatch([chain, chain], (chain, conv)) == (
+        "output shape [(2, 3, 5), (2, 3, 5)], expected [(2, 3, 5), (2, 4, 5, 5)]")

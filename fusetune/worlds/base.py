@@ -18,6 +18,14 @@ if TYPE_CHECKING:
 
 #: How a generated model may launch a world (World.launch): its branches in model.py.j2's ModelNew._world.
 LAUNCHES = ("cudnn", "kernels", "cluster", "spectral", "folded", "eager", "inductor")
+#: The launches whose forward holds the convolution's output as a tensor it can return beside the chain's
+#: (``outputs: [chain, producer]``): cuDNN's convolution, and the reference's forward (eager or compiled). The
+#: others compute it inside their kernels and never write it (or fold the chain into it: cudnn_fused).
+PRODUCER_LAUNCHES = ("cudnn", "eager", "inductor")
+#: Why a world whose launch is not one of PRODUCER_LAUNCHES does not take a region whose model returns the
+#: convolution's output too.
+PRODUCER_OUTPUT_REFUSAL = ("the model also returns the convolution's output (outputs: [chain, producer]), which its "
+                           "kernels never write")
 
 
 class World(abc.ABC):
@@ -63,19 +71,26 @@ class World(abc.ABC):
     won: ClassVar[str | None] = None
 
     @property
+    def materializes_producer(self) -> bool:
+        """Whether its forward holds the convolution's output, so that a model returning it too may run here."""
+        return self.launch in PRODUCER_LAUNCHES
+
+    @property
     def own_kernels(self) -> bool:
         """Whether its candidate runs kernel stages of fusetune's: not the reference's forward (runs_reference),
         not cuDNN's fused convolution of a folded chain (launch "folded"). What a bench can time apart."""
         return not self.runs_reference and self.launch != "folded"
 
     def refusal(self, plan: Plan) -> str | None:
-        """Why this world is not offered for the region, None where it is: the dtype, its own reasons, a
+        """Why this world is not offered for the region, None where it is: the dtype, a model that also returns
+        the convolution's output where its forward never holds it (output_refusal), its own reasons, a
         reduction mode one of its stages does not compute (facts.STAGE_REDUCE_MODES), and a layer norm's
         per-element affine that one of its stages does not apply (facts.ELEMENT_AFFINE_STAGES), and an op
         after the norm that reads the convolution's output where one of its stages lacks it
         (facts.PRODUCER_STAGES), and an op that reads an extra input where one of its output stages does not
         read it at the stored index (facts.INPUT_STAGES)."""
-        return (self.region_refusal(plan) or self.numerics_refusal(plan) or self.why_not(plan)
+        return (self.region_refusal(plan) or self.numerics_refusal(plan) or self.output_refusal(plan)
+                or self.why_not(plan)
                 or reduce_mode_refusal(plan, self.stages(plan)) or element_affine_refusal(plan, self.stages(plan))
                 or producer_refusal(plan, self.stages(plan)) or input_refusal(plan, self.stages(plan)))
 
@@ -89,6 +104,14 @@ class World(abc.ABC):
         if self.computes_conv_inside:
             return "a later region: it reads an earlier region's output, there is no convolution to compute inside"
         return None if self.later_regions else self.later_refusal
+
+    def output_refusal(self, plan: Plan) -> str | None:
+        """Why it does not take a region whose model also returns the convolution's output (config ``outputs``):
+        its forward never holds that tensor (PRODUCER_LAUNCHES); None where it does or the model returns the
+        chain's value alone."""
+        if plan.spec.returns_producer and not self.materializes_producer:
+            return PRODUCER_OUTPUT_REFUSAL
+        return None
 
     #: Whether it takes a later region that has no convolution, and why not where it does not.
     later_regions: ClassVar[bool] = True

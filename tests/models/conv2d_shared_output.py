@@ -1,4 +1,4 @@
-"""Conv2d whose output is returned beside the chain: no chain (the intermediate value is needed)."""
+"""Conv2d whose output is returned beside the chain: the chain returns it too (outputs: [chain, producer])."""
 import torch
 import torch.nn as nn
 

@@ -126,13 +126,15 @@ def _pool_window(plan: Plan) -> dict[str, Any]:
     """The region's pool for the templates (pool.j2): its fixed window (an adaptive pool's: the one window it
     is at the config's shapes, else zeros; Plan.pool_window), padding, and an adaptive pool's output sizes
     and window bounds; ``shifted``: each window's origin is computed (padded, or adaptive) rather than the
-    output index times the stride."""
+    output index times the stride; a max pool's dilation (``dilated``: some is not 1) and an average's
+    divisor (its divisor_override, else None: the window's size)."""
     kernel, stride = plan.pool_window
     padding = plan.pool_padding
     adaptive = plan.pool_output is not None
     return {"mode": plan.pool.mode if plan.pool else "max", "kernel": kernel, "stride": stride, "padding": padding,
             "padded": any(padding), "adaptive": adaptive, "output": plan.pool_output,
-            "shifted": any(padding) or adaptive, "bounds": ADAPTIVE_BOUNDS}
+            "shifted": any(padding) or adaptive, "bounds": ADAPTIVE_BOUNDS, "dilation": plan.pool_dilation,
+            "dilated": plan.pool_dilation != (1, 1, 1), "divisor": plan.pool_divisor}
 
 
 def _without_path(text: str | None, path: str) -> str | None:
@@ -293,6 +295,9 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         tail_why=_without_path(plan.ends, plan.spec.path),
         later_regions=[{k: s[k] for k in ("index", "folder", "attrs", "params")} for s in later if s["kernels"]],
         reads_producer=any(op.uses_producer() for op in plan.spec.epilogue),
+        # what a forward returns, in the config's order (outputs:), from its chain's and its convolution's values
+        returned=lambda chain, producer: ", ".join({"chain": chain, "producer": producer}[o]
+                                                   for o in plan.spec.outputs),
         tail_reads_producer=any(step.op.uses_producer() for step in plan.tail), worlds=launches(plan),
         default_world=DEFAULT, input_params="".join(f", {name}: torch.Tensor" for name in plan.spec.inputs),
         input_args="".join(f", {name}" for name in plan.spec.inputs), **context)

@@ -135,6 +135,10 @@ def reference_attr(spec: ProblemSpec, i: int) -> str | None:
 CANCELS_BIAS = "cancels_bias"
 #: A reduction step marked so is computed by finalize from the norm's statistics: no main pass.
 FROM_STATISTICS = "from_statistics"
+#: A step a rule that holds at the config's shapes only gave its form (Rule.at_shapes; rewrite marks it): the
+#: kernels that compute that form are exact at those shapes only, PyTorch running it as written at any
+#: (Plan.at_shapes: region 0's kernels take it; pipeline.region_spec: a later region's problem has it as written).
+AT_SHAPES = "at_shapes"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,11 +165,6 @@ class Rewritten:
     #: The config's entries no step stands for any more: an identity, an add or a centring a norm cancels.
     dropped: tuple[Step, ...] = ()
 
-    @property
-    def at_shapes(self) -> bool:
-        """Whether a rule that holds at the config's shapes only fired (Rule.at_shapes)."""
-        return any(rule.at_shapes for rule in RULES if rule.name in self.fired)
-
 
 def rewrite(spec: ProblemSpec) -> Rewritten:
     """The config's chain after every rule, in order (each rule runs over the whole chain once)."""
@@ -175,6 +174,8 @@ def rewrite(spec: ProblemSpec) -> Rewritten:
         after = rule.apply(steps, spec)
         if after != steps:
             fired.append(rule.name)
+        if rule.at_shapes:
+            after = [step if step in steps or AT_SHAPES in step.marks else _mark(step, AT_SHAPES) for step in after]
         steps = after
     kept = {i for step in steps for i in step.entries}
     dropped = tuple(Step(op, reference_attr(spec, i), (i,), written=(op,)) for i, op in enumerate(spec.epilogue)
@@ -372,13 +373,15 @@ def _rank_after(op: Op, rank: int) -> int:
 
 
 def _merge_reductions(steps: list[Step], rank: int) -> list[Step]:
-    """torch.sum(torch.sum(x, 2), 2) is torch.sum(x, (2, 3)): reductions of one mode (not logsumexp)
-    with the same keepdim, in a row, over disjoint dims of the input."""
+    """torch.sum(torch.sum(x, 2), 2) is torch.sum(x, (2, 3)): reductions of one mode that folds (_SPLITTABLE;
+    not logsumexp, not var or std: a var of vars is no var) with the same keepdim, in a row, over disjoint dims
+    of the input."""
     def merge(a: Step, b: Step, in_rank: int) -> list[Step] | None:
         if not (isinstance(a.op, DimReduce) and isinstance(b.op, DimReduce)):
             return None
         mode_a, mode_b = (kernel_mode(s.op.mode) for s in (a, b))
-        if mode_a != mode_b or mode_a == "logsumexp" or a.op.keepdim != b.op.keepdim:
+        if (mode_a != mode_b or mode_a == "logsumexp" or mode_a not in _SPLITTABLE
+                or a.op.keepdim != b.op.keepdim):
             return None
         kept = list(range(in_rank)) if a.op.keepdim else [d for d in range(in_rank) if d not in a.op.dims]
         dims = tuple(sorted(set(a.op.dims) | {kept[d] for d in b.op.dims}))
@@ -439,8 +442,9 @@ def _kernel_reductions(steps: list[Step], rank: int) -> list[Step]:
                 out.append(step.becomes(SpatialReduce(mode=mode)))
                 if not op.keepdim:
                     out.append(step.becomes(Flatten(start_dim=1, end_dim=-1)))
-            elif op.dims == (1,):
-                out.append(step.becomes(DimReduce(mode=mode, over="dim", dim=1, dims=(1,))))
+            elif op.dims == (1,):  # (the op's own class and arguments kept: a var's correction)
+                out.append(step.becomes(dataclasses.replace(op, mode=mode, over="dim", dim=1, dims=(1,),
+                                                            keepdim=False)))
                 if op.keepdim:
                     out.append(step.becomes(Unsqueeze(dim=1)))
             else:
@@ -491,17 +495,18 @@ def _ceil_adds_no_window(steps: list[Step], spec: ProblemSpec) -> list[Step]:
 
 
 def _compose_pools(steps: list[Step], rank: int) -> list[Step]:
-    """Two pools of one mode whose windows neither overlap nor skip (stride = window) nor pad compose
-    into one pool of the product window."""
+    """Two pools of one mode whose windows neither overlap nor skip (stride = window) nor pad nor dilate, nor
+    divide by a divisor_override, compose into one pool of the product window."""
     def plain(op: Op) -> bool:
         return (isinstance(op, Pool) and op.padding is None and tuple(op.stride) == tuple(op.kernel_size)
-                and op.exact_in_kernels)
+                and op.exact_in_kernels and op.dilation is None and op.divisor_override is None)
 
     def merge(a: Step, b: Step, in_rank: int) -> list[Step] | None:
         if not (plain(a.op) and plain(b.op) and a.op.mode == b.op.mode):
             return None
         window = tuple(x * y for x, y in zip(a.op.kernel_size, b.op.kernel_size))
-        return [Step(type(a.op)(kernel_size=window, stride=window), None, a.entries + b.entries,
+        marks = tuple(dict.fromkeys(m for m in a.marks + b.marks if m == AT_SHAPES))  # a pool ceil_adds_no_window made
+        return [Step(type(a.op)(kernel_size=window, stride=window), None, a.entries + b.entries, marks=marks,
                      written=a.written + b.written)]
     return _pairwise(steps, merge, rank)
 

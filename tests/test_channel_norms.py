@@ -239,7 +239,9 @@ def test_render_reads_the_weight_and_bias_as_parameters():
     assert "ft_l2_normalize_of(x, acc[j])" in normalize and "ft_l2_normalize_end(acc, 0.5f)" in normalize
     assert "a.p[" not in normalize
     softmax = codegen.render(_plan(CHAINS / "conv2d_logsoftmax_channels_maxpool.yaml")).files["channel_softmax.cu"]
-    assert "_end(" not in softmax and "ft_log_softmax_of(x, acc[j])" in softmax
+    assert " = ft_softmax_end(" not in softmax and "ft_log_softmax_of(x, acc[j])" in softmax  # log_softmax: no finish
+    softmax = codegen.render(_plan(CHAINS / "convt2d_softmax_channels_bias_scale_sigmoid.yaml")).files["channel_softmax.cu"]
+    assert "acc[j] = ft_softmax_end(acc[j]);" in softmax and "acc = ft_softmax_end(acc);" in softmax  # 1 / s once
 
 
 @pytest.mark.parametrize("stem", ["convnext_layernorm2d_by_hand", "conv_permute_layernorm_normalize",

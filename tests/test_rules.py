@@ -186,7 +186,7 @@ def test_a_norm_cancels_a_broadcast_input_added_before_it(path, dropped, drop_bi
     assert plan.drop_bias is drop_bias
     if dropped:
         text = CliRunner().invoke(main, ["plan", str(path)]).output
-        assert f"  dropped (the result is the same without: the rewrites listed say why): epilogue[0] " in text
+        assert "  dropped (the result is the same without: the rewrites listed say why): epilogue[0] " in text
         assert "norm_cancels_input" in text
 
 
@@ -287,6 +287,38 @@ def test_a_ceil_mode_pool_that_adds_no_window_at_the_configs_shapes_is_the_kerne
     assert [step.op.ceil_mode for step in partial.tail] == [True]
     assert ("ceil_mode=True (a partial last window), adding a window at one of the config's shapes or more, runs in "
             "PyTorch after this region") in partial.ends
+
+
+def test_a_ceil_mode_pool_after_region_zero_leaves_its_kernels_exact_at_any_shape(tmp_path):
+    """The ceil-mode pool adds no window at the config's shapes but comes after a softmax over the channels, so
+    region 0 stops before it: its kernels compute no form that holds at those shapes only, and ``fusetune plan``
+    says no world is exact there alone (it said every one). The later region that pools it has the pool as
+    written (ceil mode): its own plan finds the floor-mode form and guards its model (EXACT_AT)."""
+    from fusetune.build import load_generated
+    from fusetune.codegen import render
+    from fusetune.pipeline import later_segments
+
+    spec = load_config(CHAINS / "conv2d_logsoftmax_channels_maxpool_ceil_whole_windows.yaml")
+    plan = make_plan(spec)
+    assert plan.pool is None and [step.op.kind for step in plan.tail] == ["max_pool"]
+    assert "ceil_adds_no_window" in plan.rules and not plan.at_shapes
+    assert not any("exact at the config's shapes only" in line for line in plan.regions())
+    assert load_generated(render(plan).write(tmp_path / "r0")).EXACT_AT is None
+    document = json.loads(CliRunner().invoke(main, ["plan", "--json", str(spec.path)]).output)[0]
+    assert document["exact_at_shapes_only"] == []
+    (later,) = [segment for segment in later_segments(plan) if segment.kernels]
+    assert [op.ceil_mode for op in later.spec.epilogue] == [True]
+    region = make_plan(later.spec)
+    assert region.pool is not None and not region.pool.ceil_mode and region.at_shapes
+    assert load_generated(render(region).write(tmp_path / "r1")).EXACT_AT == [list(s) for s in later.spec.shapes]
+    # composed with a pool after it into one of 4 x 4, the later region's problem can only have the composed form:
+    # the whole chain's model knows the shapes
+    spec = load_config(CHAINS / "conv2d_logsoftmax_channels_maxpool_ceil_maxpool.yaml")
+    composed = make_plan(spec)
+    assert composed.pool is None and {"ceil_adds_no_window", "compose_pools"} <= set(composed.rules)
+    (later,) = [segment for segment in later_segments(composed) if segment.kernels]
+    assert [op.kernel_size for op in later.spec.epilogue] == [(4, 4)] and composed.at_shapes
+    assert load_generated(render(composed).write(tmp_path / "composed")).EXACT_AT == [list(s) for s in spec.shapes]
 
 
 def test_a_read_of_the_convolutions_output_after_an_inputs_read_says_so_not_a_pool():

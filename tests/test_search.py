@@ -447,7 +447,9 @@ def test_shape_facts(seed, shape):
     world = plan_facts(plan)
     assert facts == {**expected, "F": bins, "direct": int("direct" in plan.impl_stages), "gemm": int("gemm" in plan.impl_stages),
                      "gemm_th": world["gemm_th"], "direct_cells": world["direct_cells"], "half_store": world["half_store"],
+                     "direct_element_values": 0,  # no seed has a layer norm's per-element affine
                      "tf32_terms": 1,  # the seeds' precision tf32: products rounded to TF32, not split
+                     "gemm_elem": 4, "gemm_stride": max(spec.producer.geometry()["stride"]),  # float32 seeds
                      "pool_extremes": world["pool_extremes"], "offered_impls": tuple(plan.impl_stages),
                      "extrema": int("gemm_extrema" in plan.impl_stages), "gemm_store": int("gemm_store" in plan.impl_stages),
                      "pool_sh": plan.pool_window[1][1], "pool_sw": plan.pool_window[1][2],

@@ -50,7 +50,7 @@ MOMENTS = KernelReduction(mode="moments", acc="FtMoments", words=6, identity="ft
 
 #: op kind -> how channel_softmax computes it.
 CHANNEL_MAPS: dict[str, ChannelMap] = {m.name: m for m in (
-    ChannelMap("softmax", REDUCTIONS["logsumexp"], "ft_softmax_of({x}, {acc})"),
+    ChannelMap("softmax", REDUCTIONS["logsumexp"], "ft_softmax_of({x}, {acc})", "ft_softmax_end({acc})"),
     ChannelMap("log_softmax", REDUCTIONS["logsumexp"], "ft_log_softmax_of({x}, {acc})"),
     ChannelMap("normalize", SUMSQ, "ft_l2_normalize_of({x}, {acc})", "ft_l2_normalize_end({acc}, {eps})"),
     ChannelMap("channel_layer_norm", MOMENTS, "ft_layer_norm_of({x}, {acc})", "ft_moments_end({acc}, {eps})"),

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 CONV_STAGES = ("direct_stats", "direct_main", "gemm_stats", "gemm_main", "gemm_cluster", "wide_stats", "wide_main")
 #: Why the worlds that compute the convolution inside the kernels refuse a padded pool.
 PADDED_POOL = "a padded pool (the kernels that compute the convolution pool whole unpadded windows of their boxes)"
+#: Why they refuse a dilated max pool (its window's inputs are dilation apart: not a cell of their boxes).
+DILATED_POOL = "a dilated pool (the kernels that compute the convolution pool whole undilated windows of their boxes)"
 #: Why they refuse an adaptive pool whose windows differ in size at the config's shapes (ops/pool.py's
 #: ADAPTIVE_BOUNDS): where they are one window there, they take it as that window (Plan.adaptive_window).
 ADAPTIVE_POOL = ("an adaptive pool whose windows differ in size at the config's shapes (the kernels that compute "
@@ -149,12 +151,15 @@ def input_refusal(plan: Plan, stages: tuple[str, ...]) -> str | None:
 
 def fixed_window_refusal(plan: Plan) -> str | None:
     """Why kernels that pool whole fixed windows of their boxes do not take the region's pool: PADDED_POOL
-    where it pads, ADAPTIVE_POOL where an adaptive pool's windows differ in size at the config's shapes;
-    None where it has none, a fixed unpadded one, or an adaptive one that is one window there
+    where it pads, DILATED_POOL where it dilates, ADAPTIVE_POOL where an adaptive pool's windows differ in size
+    at the config's shapes; None where it has none, a fixed unpadded undilated one (an average's
+    divisor_override is their divisor: pool.j2's reciprocal), or an adaptive one that is one window there
     (Plan.adaptive_window: exact at those shapes only, Plan.at_shapes_worlds)."""
     if plan.pool_output is not None and plan.adaptive_window is None:
         return ADAPTIVE_POOL
-    return PADDED_POOL if any(plan.pool_padding) else None
+    if any(plan.pool_padding):
+        return PADDED_POOL
+    return DILATED_POOL if plan.pool_dilation != (1, 1, 1) else None
 
 
 def unknown_family(plan: Plan, kernels: str) -> str | None:

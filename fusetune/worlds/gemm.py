@@ -29,8 +29,13 @@ class Gemm(World):
         """``gemm``: the whole-weights tensor-core kernels take the convolution; ``gemm_th``: the tallest
         box of theirs within the shared memory (tiles.gemm_max_height), 0 where they do not;
         ``tf32_terms``: the TF32 terms of each operand of their products (2: split TF32, precision ieee;
-        facts.gemm_terms), whose variants' compile_if leaves out those that spill registers then."""
+        facts.gemm_terms), whose variants' compile_if leaves out those that spill registers then;
+        ``gemm_stride``: the convolution's largest stride, which that rule reads too (gemm_stats.yaml);
+        ``gemm_elem``: the bytes of an element they stage (facts.gemm_elem: 2 on FP16/BF16 MMAs), which
+        gemm_main.yaml's rule reads."""
         offered = self.refusal(plan) is None
         terms = gemm_terms(plan)
-        th = gemm_max_height(plan.spec.producer.geometry(), gemm_windows(plan), gemm_elem(plan), terms) if offered else 0
-        return {"gemm": int(offered), "gemm_th": th, "tf32_terms": terms}
+        conv = plan.spec.producer.geometry()
+        th = gemm_max_height(conv, gemm_windows(plan), gemm_elem(plan), terms) if offered else 0
+        return {"gemm": int(offered), "gemm_th": th, "tf32_terms": terms, "gemm_stride": max(conv["stride"]),
+                "gemm_elem": gemm_elem(plan)}

@@ -1,6 +1,6 @@
 """Options a user passes that the vocabulary does not take, each said: AdaptiveAvgPool2d((None, 1)) (CoordAttention),
-divisor_override, a dilated max pool, softmax(dtype=), max_pool2d(return_indices=True), torch.max(x, 1)[1] and
-.max(1).indices; what it takes: AdaptiveMaxPool2d(3) on 7 x 9 (uneven windows), F.normalize(p=1)."""
+softmax(dtype=), max_pool2d(return_indices=True), torch.max(x, 1)[1] and .max(1).indices; what it takes:
+AdaptiveMaxPool2d(3) on 7 x 9 (uneven windows), divisor_override, a dilated max pool, F.normalize(p=1)."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -60,6 +60,22 @@ __host__ __device__ __forceinline__ float ft_celu(float x, float alpha) {
   return x > 0.0f ? x : alpha * expm1f(x / alpha);
 }
 
+// a / b without the IEEE float division's slow path, for the ops whose quotient is a loop's per-element work
+// (sigmoid, silu, gelu's tanh form, mish). That slow path is a called subroutine: with a thread's unrolled values
+// live across the calls, kernels spilled registers around it (channel_softmax at vec 2 and 4 with unroll 4;
+// channel_reduce's var, std and logsumexp accumulators after silu, gelu tanh or mish; CUDA 13.0). On the device it
+// is __fdividef (2 ulp), which gives a zero (a NaN for an infinite a) where 2^126 < |b|; on the host
+// (tests/test_ops.py compiles these helpers with g++) the same zero there and a / b elsewhere, so the op tests see
+// what the device gives past that edge. Not for a divisor that may pass 2^126 where the quotient is not tiny
+// (softsign's x / (1 + |x|) tends to 1, which this would make 0).
+__host__ __device__ __forceinline__ float ft_div_fast(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fdividef(a, b);
+#else
+  return fabsf(b) > 0x1p126f ? a * copysignf(0.0f, b) : a / b;
+#endif
+}
+
 // F.gelu(approximate='none'): 0.5 * x * (1 + erf(x / sqrt(2))), written 0.5 * x * erfc(-x / sqrt(2)),
 // the same function without the cancellation of 1 + erf for negative x.
 __host__ __device__ __forceinline__ float ft_gelu(float x) {
@@ -67,24 +83,28 @@ __host__ __device__ __forceinline__ float ft_gelu(float x) {
 }
 
 // F.gelu(approximate='tanh'): 0.5 * x * (1 + tanh(u)), u = sqrt(2 / pi) * (x + 0.044715 * x^3),
-// written x / (1 + exp(-2u)) (1 + tanh(u) = 2 / (1 + exp(-2u))): no cancellation for negative x.
+// written x / (1 + exp(-2u)) (1 + tanh(u) = 2 / (1 + exp(-2u))): no cancellation for negative x. The
+// denominator passes 2^126 below x = -10.0, where the value is above -1.2e-37: ft_div_fast's 0 there.
 __host__ __device__ __forceinline__ float ft_gelu_tanh(float x) {
   const float u = 0.7978845608028654f * (x + 0.044715f * (x * x * x));
-  return x / (1.0f + expf(-2.0f * u));
+  return ft_div_fast(x, 1.0f + expf(-2.0f * u));
 }
 
-// torch.sigmoid and F.silu (x * sigmoid(x)), as torch computes them.
-__host__ __device__ __forceinline__ float ft_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-__host__ __device__ __forceinline__ float ft_silu(float x) { return x / (1.0f + expf(-x)); }
+// torch.sigmoid and F.silu (x * sigmoid(x)), as torch computes them: 1 / (1 + exp(-x)) and x / (1 + exp(-x)),
+// through ft_div_fast. The denominator is at least 1; past 2^126 (x < -87.3, a sigmoid below 1.2e-38, a silu
+// above -1.1e-36) the value is a zero (-0 for silu); at x = -inf silu is -inf / inf, NaN, as in torch.
+__host__ __device__ __forceinline__ float ft_sigmoid(float x) { return ft_div_fast(1.0f, 1.0f + expf(-x)); }
+__host__ __device__ __forceinline__ float ft_silu(float x) { return ft_div_fast(x, 1.0f + expf(-x)); }
 
 // F.mish: x * tanh(softplus(x)). With e = exp(x), tanh(log(1 + e)) = n / (n + 2), n = e * (e + 2):
 // one exponential, accurate on both sides. Past x = 20 the factor is 1 in float32 (and n would
-// overflow later on), so x itself; NaN fails x <= 20 and returns x, NaN.
+// overflow later on), so x itself; NaN fails x <= 20 and returns x, NaN. n + 2 stays below 2.4e17, within
+// ft_div_fast's range.
 __host__ __device__ __forceinline__ float ft_mish(float x) {
   if (x <= 20.0f) {
     const float e = expf(x);
     const float n = e * (e + 2.0f);
-    return x * (n / (n + 2.0f));
+    return x * ft_div_fast(n, n + 2.0f);
   }
   return x;
 }
@@ -116,6 +136,12 @@ __host__ __device__ __forceinline__ float ft_tanhshrink(float x) { return x - ta
 // torch.sign: (0 < x) - (x < 0), which maps NaN (and -0) to 0, as torch does.
 __host__ __device__ __forceinline__ float ft_sign(float x) {
   return (float)((0.0f < x) - (x < 0.0f));
+}
+
+// torch.nan_to_num: NaN to nan, +inf to posinf, -inf to neginf (the op gives PyTorch's defaults: 0 and the
+// dtype's largest and lowest finite values), every other value as it is.
+__host__ __device__ __forceinline__ float ft_nan_to_num(float x, float nan, float posinf, float neginf) {
+  return x != x ? nan : (x == INFINITY ? posinf : (x == -INFINITY ? neginf : x));
 }
 
 // F.hardshrink: 0 where -lambd <= x <= lambd, else x. F.softshrink: x -+ lambd outside [-lambd, lambd],

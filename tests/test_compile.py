@@ -3,6 +3,7 @@ with every compile-time variant of every stage, no register spills, and no torch
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import itertools
 import os
 import re
@@ -32,9 +33,19 @@ EXPECTED_EXTRA = yaml.safe_load((ROOT / "tests" / "compile_expected.yaml").read_
 #: Chains of the corpus (tests/chains/) compiled whole here: padded pools (window_map after a 1-D
 #: convolution's batch norm; plane_reduce after a grouped one) and adaptive pools to a grid, whose windows
 #: vary (window_map averaging them in 2-D; plane_reduce after their max in 3-D), which only the kernels that
-#: read the convolution's output take.
+#: read the convolution's output take; a var over the channels (its four-float accumulator, in
+#: channel_reduce and in the kernels that compute the convolution and reduce over the channels). One cheap
+#: unit each: adaptive windows under a mish (window_map spilled around its float divisions where the windows'
+#: loops were unrolled), dilated pools (window_map's padded ones in 2-D, plane_reduce's in 3-D), and softmax
+#: over the channels in float32, after a log and before a sigmoid (channel_softmax's vec 2 and 4 at unroll 4
+#: spilled around the softmax's and the sigmoid's float divisions), and silu before a std and mish before a var over
+#: the channels (channel_reduce spilled around their float divisions: elementwise.cuh's ft_div_fast).
 CORPUS = ("conv1d_batchnorm_relu_maxpool_padded", "conv2d_grouped_strided_relu_maxpool_gap",
-          "conv2d_relu6_adaptiveavgpool_grid_flatten", "conv3d_hardtanh_adaptivemaxpool_grid_mean_keepdim")
+          "conv2d_relu6_adaptiveavgpool_grid_flatten", "conv3d_hardtanh_adaptivemaxpool_grid_mean_keepdim",
+          "conv3d_groupnorm_gelu_var_channels_keepdim", "convt2d_dilated_mish_adaptiveavgpool_grid",
+          "conv2d_relu_maxpool_dilated_padded_ceil", "conv3d_tanh_maxpool_dilated_mean_spatial",
+          "convt2d_softmax_channels_bias_scale_sigmoid", "conv1d_grouped_abs_log_softmax_channels",
+          "conv2d_silu_std_channels", "conv2d_mish_var_channels_uncorrected")
 #: Half precision (benchmarks/half/): the cuDNN world's kernels, each main family and norm scope once (window_map
 #: after group norm, channel_reduce after instance norm, finalize alone after batch norm, plane_reduce after a
 #: pool), both types; the direct world's where the weights fit in constant memory (a map after group norm in
@@ -45,15 +56,21 @@ CORPUS = ("conv1d_batchnorm_relu_maxpool_padded", "conv2d_grouped_strided_relu_m
 #: of each dtype compiles every variant, the others a sample (_units).
 HALF = ("conv2d_groupnorm_scale_maxpool_clamp_fp16", "conv3d_mul_instancenorm_clamp_mul_max_bf16",
         "convt3d_scale_batchnorm_gap_fp16", "convt3d_scale_maxpool_gap_clamp_bf16")
+#: Half-precision chains of the corpus (tests/chains/), after HALF so that those keep compiling every variant: a
+#: layer norm's per-element affine before a max pool in float16 (direct_main spilled at ct 8 with the plane's size
+#: a run-time value; ct 16 is left out by direct_main.yaml's direct_element_values rule).
+HALF_CORPUS = ("conv2d_layernorm_chw_relu_maxpool_fp16",)
 #: Later regions (fusetune/pipeline.py): the cuDNN world's kernels on an earlier region's output, no convolution
 #: (a group norm after a max pool, a 3-D reduction over channels of a pooled tensor), by chain and region.
 #: And on views of their input (fusetune/views.py): a softmax over a flattened 2-D tensor (channel_softmax on
-#: (N, F, 1)), a logsumexp over every dim but the batch's (channel_reduce, its channel count a run-time size).
+#: (N, F, 1)), a logsumexp over every dim but the batch's (channel_reduce, its channel count a run-time size), a
+#: std over (H, W) (channel_reduce's var accumulator on the channels view).
 LATER = {"conv2d_relu6_maxpool_groupnorm_r1": ("conv2d_relu6_maxpool_groupnorm", 1),
          "convt3d_maxpool_maxpool_sum_channels_r1": ("convt3d_maxpool_maxpool_sum_channels", 1),
          "conv1d_elu_dropout_train_p0_max_time_softmax_r2": ("conv1d_elu_dropout_train_p0_max_time_softmax", 2),
-         "conv3d_hardsigmoid_max_channels_logsumexp_r1": ("conv3d_hardsigmoid_max_channels_logsumexp", 1)}
-NAMES = sorted(SEEDS) + sorted(EXTRA) + list(CORPUS) + list(HALF) + list(LATER)
+         "conv3d_hardsigmoid_max_channels_logsumexp_r1": ("conv3d_hardsigmoid_max_channels_logsumexp", 1),
+         "conv2d_instancenorm_affine_gelu_std_spatial_r1": ("conv2d_instancenorm_affine_gelu_std_spatial", 1)}
+NAMES = sorted(SEEDS) + sorted(EXTRA) + list(CORPUS) + list(HALF) + list(HALF_CORPUS) + list(LATER)
 
 
 def _spec(name: str):
@@ -65,7 +82,7 @@ def _spec(name: str):
         return next(s.spec for s in segments if s.index == index)
     if name in SEEDS:
         return load_config(SEEDS[name])
-    if name in CORPUS:
+    if name in CORPUS or name in HALF_CORPUS:
         return load_config(ROOT / "tests" / "chains" / f"{name}.yaml")
     if name in HALF:
         return load_config(ROOT / "benchmarks" / "half" / f"{name}.yaml")
@@ -132,12 +149,50 @@ def compiled(rendered, tmp_path_factory, request):
     pool.shutdown(wait=True, cancel_futures=True)
 
 
+def test_split_tf32_statistics_that_spill_everywhere_are_not_compiled():
+    """gemm_stats in split TF32 (precision ieee) of a 3-D convolution of 24 channels and stride 2 spilled registers
+    in every variant its other rules leave (nvcc -Xptxas -v, CUDA 13.0): gemm_stats.yaml's compile_if leaves them all
+    out, and the search's constraint says why; at 32 channels of the same convolution they compile (and the
+    compile test above holds the ieee variants of the other chains to no spills)."""
+    spec = load_config(ROOT / "tests" / "chains" / "conv3d_strided24_instancenorm_relu_ieee.yaml")
+    module = render(make_plan(spec))
+    assert "gemm_stats.cu" in module.cuda_sources and not any(
+        re.fullmatch(r"gemm_stats_\d+\.cu", unit) for unit in module.cuda_sources)
+    family = load_family("gemm_stats")
+    names = {"C": 24, **plan_facts(make_plan(spec))}
+    assert not any(family.compiles(v, names) for v in family.variants())
+    wider = make_plan(dataclasses.replace(spec, producer=dataclasses.replace(spec.producer, out_channels=32)))
+    assert any(family.compiles(v, {"C": 32, **plan_facts(wider)}) for v in family.variants())
+
+
+def test_a_per_element_affine_bounds_direct_mains_channel_tile():
+    """direct_main with a layer norm's weight and bias per element of (C, H, W) before a 2 x 2 max pool, its cell's
+    inputs in registers: ct 8 compiles in float16 (without spills, the compile test above holds it to) and ct 16
+    does not (it spilled); in float32, where ptxas held those loads beside the inputs, ct 4 and not ct 8
+    (direct_main.yaml's direct_element_values rule)."""
+    spec = load_config(ROOT / "tests" / "chains" / "conv2d_layernorm_chw_relu_maxpool_fp16.yaml")
+    family = load_family("direct_main")
+
+    def tiles(spec) -> list[int]:
+        names = {"C": spec.producer.out_channels, **plan_facts(make_plan(spec))}
+        return sorted({v["ct"] for v in family.variants() if family.compiles(v, names)})
+    assert plan_facts(make_plan(spec))["direct_element_values"] == 8
+    assert tiles(spec) == [2, 4, 8]
+    assert tiles(dataclasses.replace(spec, dtype="float32")) == [2, 4]
+
+
 def test_extra_configs_cover_what_they_claim(rendered):
-    assert {rendered[name][0].family for name in CORPUS} == {"window_map", "plane_reduce"}
+    corpus = [rendered[name][0] for name in CORPUS]
+    assert {plan.family for plan in corpus} == {"window_map", "plane_reduce", "channel_reduce", "channel_softmax"}
     assert all(any(rendered[name][0].pool_padding) for name in CORPUS[:2])
-    adaptive = [rendered[name][0] for name in CORPUS[2:]]
-    assert all(plan.pool_output is not None for plan in adaptive)
+    adaptive = [plan for plan in corpus if plan.pool_output is not None]
     assert {(plan.family, plan.pool.mode) for plan in adaptive} == {("window_map", "avg"), ("plane_reduce", "max")}
+    assert any(op.kind == "mish" for plan in adaptive for op in plan.pre)
+    dilated = [plan for plan in corpus if plan.pool_dilation != (1, 1, 1)]
+    assert {(plan.family, any(plan.pool_padding)) for plan in dilated} == {("window_map", True), ("plane_reduce", False)}
+    softmax = [plan for plan in corpus if plan.family == "channel_softmax"]
+    assert {plan.spec.dtype for plan in softmax} == {"float32"} and {plan.channel_map.kind for plan in softmax} == {
+        "softmax"} and any(op.kind == "sigmoid" for plan in softmax for op in plan.final)
     half = [rendered[name][0] for name in HALF]
     assert {plan.spec.dtype for plan in half} == {"float16", "bfloat16"}
     assert {plan.family for plan in half} == {"window_map", "channel_reduce", "plane_reduce", None}

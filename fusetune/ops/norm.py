@@ -7,6 +7,7 @@ the channels of a group, instance norm takes them as they are.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, ClassVar, Mapping
 
 from fusetune.errors import count
@@ -48,6 +49,13 @@ class Norm(Op):
         per-channel norms), "channels" (one per element of (C, *spatial): ``c * S + s``), "spatial" (one
         per spatial position, shared by the channels: ``s``). A layer norm's (LayerNorm)."""
         return ""
+
+    @property
+    def element_plane(self) -> int:
+        """S of ``c * S + s`` where element_affine is "channels": the positions of a channel's plane, fixed by the
+        norm's shape, so a kernel may index with it as a constant (each channel's weight and bias at a constant
+        offset from one address, not an address per channel); 0 otherwise."""
+        return 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,6 +220,10 @@ class LayerNorm(Norm):
         if not self.affine or self.scope == "layer":
             return ""
         return "channels" if self.scope == "group" else "spatial"
+
+    @property
+    def element_plane(self) -> int:
+        return math.prod(self.normalized_shape[1:]) if self.element_affine == "channels" else 0
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":

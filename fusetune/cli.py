@@ -575,16 +575,25 @@ def _holds_nothing(root: Path) -> bool:
               help="Seconds for tuning all untuned shapes together.")
 @click.option("--strict", is_flag=True, help="Exit 1 if any shape falls back to eager PyTorch, or there is no config.")
 @click.option("--json", "as_json", is_flag=True, help="The outcome as one JSON document on stdout.")
+@click.option("--timings", is_flag=True, help="Also where the command's time went, phase by phase, on stderr.")
 @_storage_option
 @click.pass_context
 @_fail_cleanly
-def deploy(ctx: click.Context, config_dir: str, budget: float, strict: bool, as_json: bool,
+def deploy(ctx: click.Context, config_dir: str, budget: float, strict: bool, as_json: bool, timings: bool,
            storage: str | None) -> None:
     """Make sure every shape of every config in CONFIG_DIR is tuned for this GPU."""
+    import time
+
+    entered = time.perf_counter()
     from fusetune import documents
-    from fusetune.deploy import DeployReport, ensure_tuned
+    from fusetune.deploy import DeployReport, Phases, ensure_tuned, process_seconds
     from fusetune.search import Machine
 
+    phases = Phases()
+    age = process_seconds()
+    if age is not None:
+        phases.add("start", age - (time.perf_counter() - entered))
+    phases.add("imports", time.perf_counter() - entered)
     if not Path(config_dir).is_dir():  # click checks it too; a folder gone since is as mistyped
         click.echo(f"error: {config_dir}: no such folder of configs", err=True)
         sys.exit(2)
@@ -592,7 +601,8 @@ def deploy(ctx: click.Context, config_dir: str, budget: float, strict: bool, as_
     try:
         cache = _cache(ctx)
         try:
-            machine = Machine.detect()
+            with phases("machine"):
+                machine = Machine.detect()
         except FusetuneError as exc:  # why (a CPU-only torch, no device visible), said once: not an error here
             click.echo(f"fusetune: warning: {exc}; every shape stays on eager PyTorch", err=True)
             machine = None
@@ -608,28 +618,44 @@ def deploy(ctx: click.Context, config_dir: str, budget: float, strict: bool, as_
             factory.build_timeout = factory.open_timeout = max(1.0, seconds_left)
             return factory
         with reporter:
+            with phases("storage") if storage else contextlib.nullcontext():
+                store = _storage_for_deploy(storage, strict)
             report = ensure_tuned(Path(config_dir), cache, budget, make_bench_for, machine, reporter=reporter,
-                                  storage=_storage_for_deploy(storage, strict))
-        for w in reversed(worker_box):
-            w.close()
+                                  storage=store, phases=phases)
+        with phases("close"):
+            for w in reversed(worker_box):
+                w.close()
+            if store is not None:
+                store.close()
     except Exception as exc:  # never break a deploy unless asked to
         if strict:
             raise
         click.echo(f"tune-on-deploy: unexpected error, everything falls back to eager PyTorch: {exc}", err=True)
         if as_json:
             click.echo(documents.dumps(documents.deploy_document(DeployReport(fallback=[f"unexpected error: {exc}"]))))
+        _show_timings(phases, timings)
         sys.exit(0)
-    if as_json:
-        click.echo(documents.dumps(documents.deploy_document(report)))
-    else:
-        click.echo(f"tune-on-deploy: {len(report.cached)} cached, {len(report.tuned)} tuned, "
-                   f"{len(report.fallback)} on eager PyTorch ({report.seconds:.2f} s)")
-        for line in report.fallback:
-            click.echo(f"  fallback: {line}")
+    with phases("output"):
+        if as_json:
+            click.echo(documents.dumps(documents.deploy_document(report)))
+        else:
+            click.echo(f"tune-on-deploy: {len(report.cached)} cached, {len(report.tuned)} tuned, "
+                       f"{len(report.fallback)} on eager PyTorch ({report.seconds:.2f} s)")
+            for line in report.fallback:
+                click.echo(f"  fallback: {line}")
     if not report.configs:
         why = f"no configs (*.yaml, *.yml) in {config_dir}: nothing was tuned (is it the right folder?)"
         click.echo(f"error: {why}" if strict else f"fusetune: warning: {why}", err=True)
+    _show_timings(phases, timings)
     sys.exit(1 if strict and not report.ok else 0)
+
+
+def _show_timings(phases: Any, shown: bool) -> None:
+    """``deploy --timings``: each phase's seconds (``fusetune.deploy.Phases``) on stderr."""
+    if shown:
+        click.echo("fusetune deploy: timings", err=True)
+        for line in phases.lines():
+            click.echo(line, err=True)
 
 
 @main.command()

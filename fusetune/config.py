@@ -6,6 +6,7 @@ every error names the file, the key path and what was expected.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -39,12 +40,17 @@ PARAM_INITS = ("ones", "zeros", "randn")
 #: A parameter's shape: one value per channel, (C, 1, ..., 1); or one value (0-dim), which applies anywhere.
 PARAM_SHAPES = ("per_channel", "scalar")
 TOP_KEYS = ("name", "dtype", "precision", "tolerance", "producer", "parameters", "inputs", "epilogue", "shapes",
-            "search")
+            "outputs", "search")
 #: The keys every config gives (the others have defaults): named where a file holds none of them.
 REQUIRED_KEYS = ("name", "producer", "epilogue", "shapes")
 #: Names an extra input may not take: the generated forwards' own names (the chain's tensor ``x``, the
 #: convolution's output ``y``, ``self``) and the modules model.py imports.
 INPUT_RESERVED = ("x", "y", "self", "torch", "nn", "F", "os", "json", "producer")
+#: What the model may return (``outputs:``), in the order of its returned tuple: the chain's value, and the
+#: convolution's own output where the user's model also reads it outside the chain (a VAE block's
+#: ``h = conv_in(x); return h + f(silu(group_norm(h)))``). One output (the chain's) returns a bare tensor.
+OUTPUTS = ("chain", "producer")
+DEFAULT_OUTPUTS = ("chain",)
 SEARCH_KEYS = ("trials", "timeout", "seed", "exclude_worlds", "timing")
 #: How a candidate's forward is timed: issued op by op from the host (``launch``), or replayed from a CUDA
 #: graph (``graph``: what a forward costs inside one, as optimize replays a model and torch.compile's default
@@ -96,6 +102,14 @@ class ProblemSpec:
     #: The inputs that broadcast (``inputs: [{name: temb, shape: per_sample_channel}]``, fusetune/broadcast.py):
     #: (name, kind) pairs; an input not here has the chain's shape.
     input_kinds: tuple[tuple[str, str], ...] = ()
+    #: What the model returns (``outputs:``, OUTPUTS), in order; a tuple of them where more than one.
+    outputs: tuple[str, ...] = DEFAULT_OUTPUTS
+
+    @property
+    def returns_producer(self) -> bool:
+        """Whether the model also returns the convolution's output: only the worlds that write it may run it
+        (World.materializes_producer)."""
+        return "producer" in self.outputs
 
     def canonical(self) -> dict[str, Any]:
         """The problem's canonical form: everything that changes its result or what is accepted as
@@ -107,6 +121,8 @@ class ProblemSpec:
             out["inputs"] = list(self.inputs)
         if self.input_kinds:  # likewise: full-shape inputs' keys stay as they were
             out["input_kinds"] = dict(self.input_kinds)
+        if self.outputs != DEFAULT_OUTPUTS:  # likewise: one output's keys stay as they were
+            out["outputs"] = list(self.outputs)
         return out
 
     def numerics(self) -> dict[str, Any]:
@@ -136,6 +152,11 @@ class ProblemSpec:
 
     def output_shape(self, shape: Shape) -> Shape:
         return self.shapes_through(shape)[-1]
+
+    def output_shapes(self, shape: Shape) -> list[Shape]:
+        """The shape of each tensor the model returns (``outputs``, in order) at an input shape."""
+        through = self.shapes_through(shape)
+        return [through[-1] if name == "chain" else through[0] for name in self.outputs]
 
     def channels_at(self, i: int) -> int:
         """The channels of epilogue op ``i``'s input: the convolution's, or half of them after a glu over the
@@ -250,12 +271,33 @@ def parse_config(raw: Any, path: str = "<config>") -> ProblemSpec:
     parameters = _parse_parameters(raw.get("parameters", {}), path)
     inputs, input_kinds = _parse_inputs(raw.get("inputs", []), parameters, path)
     shapes = _parse_shapes(raw.get("shapes"), producer, path)
-    epilogue = _parse_epilogue(raw.get("epilogue"), producer, parameters, shapes, path, inputs)
+    epilogue = _parse_epilogue(raw.get("epilogue"), producer, parameters, shapes, path, inputs, dtype)
     search = _parse_search(raw.get("search", {}), path)
+    outputs = _parse_outputs(raw.get("outputs", list(DEFAULT_OUTPUTS)), path)
     return ProblemSpec(name=name, path=path, dtype=dtype, producer=producer,
                        parameters=tuple(parameters.values()), epilogue=epilogue,
                        shapes=shapes, search=search, precision=precision, tolerance=tolerance, inputs=inputs,
-                       input_kinds=input_kinds)
+                       input_kinds=input_kinds, outputs=outputs)
+
+
+def _parse_outputs(raw: Any, path: str) -> tuple[str, ...]:
+    """What the model returns, in order (OUTPUTS): the chain's value always, the convolution's output at most once
+    beside it."""
+    expected = ("a list of what the model returns, in order: chain, and producer where the convolution's output is "
+                "returned too (e.g. outputs: [chain, producer])")
+    if isinstance(raw, str) or not isinstance(raw, list) or not raw:
+        raise ConfigError(path, "outputs", f"expected {expected}, got {raw!r}")
+    for i, entry in enumerate(raw):
+        if entry not in OUTPUTS:
+            hint = did_you_mean(entry, OUTPUTS) if isinstance(entry, str) else ""
+            raise ConfigError(path, f"outputs[{i}]", f"unknown output {entry!r}{hint} (expected one of: "
+                                                     f"{', '.join(OUTPUTS)})")
+        if entry in raw[:i]:
+            raise ConfigError(path, f"outputs[{i}]", f"{entry!r} is listed twice: each output is returned once")
+    if "chain" not in raw:
+        raise ConfigError(path, "outputs", f"expected the chain's value among the outputs, got {raw!r} (e.g. "
+                                           "outputs: [chain, producer])")
+    return tuple(raw)
 
 
 def _check_keys(raw: Any, known: tuple[str, ...], path: str, where: str, expected: str) -> None:
@@ -388,11 +430,41 @@ def _reserved(name: str) -> bool:
     """A parameter becomes an attribute of the generated model: it must not replace one."""
     import re
 
-    import torch
-
-    if name in _MODEL_ATTRIBUTES or hasattr(torch.nn.Module, name):
+    if name in _MODEL_ATTRIBUTES or name in module_attributes():
         return True
     return re.fullmatch(rf"({'|'.join(REGISTRY)})_\d+", name) is not None
+
+
+#: What ``dir`` of a class holds beside its body's names and object's (read by ``module_attributes``).
+_CLASS_ATTRIBUTES = ("__annotations__", "__dict__", "__module__", "__weakref__")
+
+
+@functools.cache
+def module_attributes() -> frozenset[str]:
+    """The names ``hasattr(torch.nn.Module, name)`` holds for: torch's own answer where torch is imported, else
+    read from its class's source (torch/nn/modules/module.py) without importing torch: reading a config (a
+    deploy of stored winners) then needs no torch, seconds with its CUDA libraries."""
+    import ast
+    import importlib.util
+    import sys
+
+    found = importlib.util.find_spec("torch") if "torch" not in sys.modules else None
+    try:
+        tree = ast.parse((Path(list(found.submodule_search_locations)[0]) / "nn" / "modules" / "module.py")
+                         .read_text()) if found and found.submodule_search_locations else None
+    except (OSError, SyntaxError):
+        tree = None
+    body = next((n.body for n in (tree.body if tree else []) if isinstance(n, ast.ClassDef) and n.name == "Module"),
+                None)
+    if body is None:
+        import torch
+
+        return frozenset(dir(torch.nn.Module))
+    names = {n.name for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    names |= {t.id for n in body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    names |= {n.target.id for n in body
+              if isinstance(n, ast.AnnAssign) and n.value is not None and isinstance(n.target, ast.Name)}
+    return frozenset(names | set(dir(object)) | set(_CLASS_ATTRIBUTES))
 
 
 def _parse_shapes(raw: Any, producer: Producer, path: str) -> tuple[Shape, ...]:
@@ -431,7 +503,8 @@ def _parse_shapes(raw: Any, producer: Producer, path: str) -> tuple[Shape, ...]:
 
 
 def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, ParamDecl],
-                    shapes: tuple[Shape, ...], path: str, inputs: tuple[str, ...] = ()) -> tuple[Op, ...]:
+                    shapes: tuple[Shape, ...], path: str, inputs: tuple[str, ...] = (),
+                    dtype: str = DEFAULT_DTYPE) -> tuple[Op, ...]:
     """Every op PyTorch would run on its input is valid: whether the kernels take it is the planner's
     question (fusetune/regions.py), not the config's. What is checked here is what PyTorch itself
     would refuse, or what would silently mean something else (a per-channel parameter or a norm
@@ -470,8 +543,9 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
                                                  f"cannot apply to the input {list(current[0])} here: its shape changed "
                                                  "(PyTorch would broadcast one against the other or fail)")
         ctx = OpContext(path=path, key=key, in_shape=current[0], spatial_dims=producer.spatial_dims,
-                        parameters=parameters, inputs=inputs)
+                        parameters=parameters, inputs=inputs, dtype=dtype)
         op = REGISTRY[kind].parse(entry, ctx)
+        dtype = op.out_dtype(dtype)  # a softmax's dtype: what the ops after it see
         for param in getattr(op, "params", lambda: ())():
             decl = parameters.get(param)
             first = param_at.setdefault(param, (key, channels))

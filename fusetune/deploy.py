@@ -5,15 +5,16 @@ budget (or a machine without a GPU) falls back to eager PyTorch, and is reported
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import os
+import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Callable, Mapping
-
-import torch
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 
 from fusetune.build import build_and_load, load_generated
 from fusetune.cache import Cache
@@ -25,11 +26,31 @@ from fusetune.plan import make_plan
 from fusetune.paths import configs_in
 from fusetune.progress import PlainReporter, Reporter
 from fusetune.pipeline import expand
-from fusetune.search import Machine, ShapeResult, tune_shape
+from fusetune.search import BenchmarkerFactory, Machine, Prepared, ShapeResult, prepare, tune_shape
 from fusetune.storage import Storage
 from fusetune.winners import render_winners
 
+if TYPE_CHECKING:  # torch is imported by load_tuned: a deploy whose winners are stored runs without it
+    import torch
+
 log = logging.getLogger("fusetune.deploy")
+
+#: The phases of ``fusetune deploy`` that ``--timings`` shows, in order, and what each covers.
+PHASES = {
+    "start": "Python's start, fusetune.cli's imports and the options (from the process's start)",
+    "imports": "the command's own imports (fusetune.deploy, fusetune.search, codegen and its templates' engine)",
+    "machine": "the GPU's name and capability for the keys (search.Machine.detect)",
+    "storage": "connecting to --storage: SQLAlchemy, the driver, the tables",
+    "configs": "reading the configs and listing their regions",
+    "plans": "planning and rendering each region once (its source hash is part of every key)",
+    "lookups": "each shape's key looked up in the cache and --storage; a search where no winner is found",
+    "close": "stopping the evaluation process and the builds (where a shape was searched), the database",
+    "output": "writing the result",
+}
+#: Modules ``--timings`` says were loaded or not: the costly ones a deploy of stored winners does without
+#: (torch, optuna, a compiler's), and those it needs (jinja2 renders the keys' sources; the database's).
+WATCHED_MODULES = ("torch", "torch.utils.cpp_extension", "torch._inductor", "triton", "sympy", "optuna", "rich",
+                   "jinja2", "sqlalchemy", "psycopg")
 
 
 @dataclasses.dataclass
@@ -46,35 +67,83 @@ class DeployReport:
         return bool(self.configs) and not self.fallback
 
 
+class Phases:
+    """Wall seconds per phase of a deploy (``PHASES``), for ``fusetune deploy --timings``: where the
+    command's time goes, the same way on any host. A phase entered again adds up."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - start)
+
+    def lines(self) -> list[str]:
+        """One line per phase in ``PHASES``' order, the process's age, and which of ``WATCHED_MODULES`` loaded."""
+        out = [f"  {name:<8} {self.seconds[name]:6.2f} s  {what}" for name, what in PHASES.items()
+               if name in self.seconds]
+        age = process_seconds()
+        if age is not None:
+            out.append(f"  {'total':<8} {age:6.2f} s  since the process started (its exit comes after)")
+        loaded = [m for m in WATCHED_MODULES if m in sys.modules]
+        out.append(f"  loaded: {', '.join(loaded) or 'none'}; not loaded: "
+                   f"{', '.join(m for m in WATCHED_MODULES if m not in loaded) or 'none'}")
+        return out
+
+
+def process_seconds() -> float | None:
+    """Seconds since this process started, from Linux's /proc (to 10 ms); None where there is none."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime: clock ticks after boot
+        return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def ensure_tuned(config_dir: Path, cache: Cache, budget_s: float, make_bench_for: Callable, machine: Machine | None,
                  echo: Callable[[str], None] = print, reporter: Reporter | None = None,
-                 storage: Storage | None = None) -> DeployReport:
+                 storage: Storage | None = None, phases: Phases | None = None) -> DeployReport:
     """Tune every untuned shape of every config in ``config_dir`` within ``budget_s`` seconds in all.
 
     ``make_bench_for(cache, machine, seconds_left)`` returns a benchmarker factory whose builds and
-    set-up must also end within ``seconds_left``: the budget bounds more than the trials.
+    set-up must also end within ``seconds_left``: the budget bounds more than the trials. It is called
+    only where a shape is searched: a deploy whose winners are all found starts no evaluation process.
     ``reporter`` shows progress (shape k of n; default: plain lines through ``echo``).
     ``storage`` (``--storage``): winners stored in that database are used before anything is tuned.
+    ``phases`` gets the time of reading the configs, planning them and looking up (or tuning) the shapes.
     """
     reporter = reporter or PlainReporter(echo)
+    phases = phases if phases is not None else Phases()
     report = DeployReport()
     start = time.perf_counter()
     if not Path(config_dir).is_dir():
         raise ConfigError(str(config_dir), "", "no such folder of configs")
-    configs = configs_in(Path(config_dir))
-    report.configs = [str(p) for p in configs]
-    specs: list[ProblemSpec] = []
-    for path in configs:
-        try:
-            specs.append(load_config(path))
-        except ConfigError as exc:  # names the file already
-            report.fallback.append(str(exc))
-        except Exception as exc:  # one config never takes the others down
-            report.fallback.append(f"{path}: {type(exc).__name__}: {exc}")
-    deadline = time.monotonic() + budget_s
-    # Every config's first region first (most of a chain's time), then the later regions (fusetune/pipeline.py).
-    todo = [(spec, shape) for spec in specs for shape in spec.shapes] + [
-        (region, shape) for spec in specs for region, shapes in expand(spec, list(spec.shapes))[1:] for shape in shapes]
+    with phases("configs"):
+        configs = configs_in(Path(config_dir))
+        report.configs = [str(p) for p in configs]
+        specs: list[ProblemSpec] = []
+        for path in configs:
+            try:
+                specs.append(load_config(path))
+            except ConfigError as exc:  # names the file already
+                report.fallback.append(str(exc))
+            except Exception as exc:  # one config never takes the others down
+                report.fallback.append(f"{path}: {type(exc).__name__}: {exc}")
+        deadline = time.monotonic() + budget_s
+        # Every config's first region first (most of a chain's time), then the later regions (fusetune/pipeline.py).
+        todo = [(spec, shape) for spec in specs for shape in spec.shapes] + [
+            (region, shape) for spec in specs for region, shapes in expand(spec, list(spec.shapes))[1:]
+            for shape in shapes]
+    prepared: dict[int, Prepared | FusetuneError] = {}  # per region (id of its spec): planned once
     for number, (spec, shape) in enumerate(todo, 1):
         label = f"{spec.name} {list(shape)}"
         reporter.deploy_item(number, len(todo), label)
@@ -86,9 +155,13 @@ def ensure_tuned(config_dir: Path, cache: Cache, budget_s: float, make_bench_for
             report.fallback.append(f"{label}: time budget spent")
             continue
         try:
-            result: ShapeResult = tune_shape(spec, shape, cache, machine, make_bench_for(cache, machine, left),
-                                             timeout=min(left, spec.search.timeout), reporter=reporter,
-                                             storage=storage, budget_s=left)
+            with phases("plans"):
+                ready = _prepared(spec, prepared)
+            with phases("lookups"):
+                result: ShapeResult = tune_shape(spec, shape, cache, machine,
+                                                 _when_searched(make_bench_for, cache, machine, left),
+                                                 timeout=min(left, spec.search.timeout), reporter=reporter,
+                                                 storage=storage, budget_s=left, prepared=ready)
         except FusetuneError as exc:
             report.fallback.append(f"{label}: {exc}")
             continue
@@ -96,6 +169,27 @@ def ensure_tuned(config_dir: Path, cache: Cache, budget_s: float, make_bench_for
             label if result.status != "failed" else f"{label}: {result.message}")
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _prepared(spec: ProblemSpec, made: dict[int, Prepared | FusetuneError]) -> Prepared:
+    """``spec``'s plan, rendered (search.prepare), made at its first shape and kept in ``made``: the key of
+    every shape needs its source hash, the same for all. A plan that fails fails each shape alike."""
+    if id(spec) not in made:
+        try:
+            made[id(spec)] = prepare(spec)
+        except FusetuneError as exc:
+            made[id(spec)] = exc
+    found = made[id(spec)]
+    if isinstance(found, FusetuneError):
+        raise found
+    return found
+
+
+def _when_searched(make_bench_for: Callable, cache: Cache, machine: Machine,
+                   seconds_left: float) -> BenchmarkerFactory:
+    """The factory ``make_bench_for(cache, machine, seconds_left)`` makes, asked for when a search asks for its
+    benchmarker (tune_shape does so only where no winner is found)."""
+    return lambda plan, shape: make_bench_for(cache, machine, seconds_left)(plan, shape)
 
 
 def load_tuned(config: str | Path, cache: Cache | None = None, *,
@@ -111,6 +205,8 @@ def load_tuned(config: str | Path, cache: Cache | None = None, *,
     generated model's (``producer.weight``, ...). ``device``: where the model goes (default: CUDA
     where there is a GPU, else the CPU).
     """
+    import torch
+
     spec = load_config(config)
     cache = cache or Cache()
     plan = make_plan(spec)
@@ -194,6 +290,8 @@ def _map_chain(config: str | Path, spec: ProblemSpec) -> dict:
 def _renamed(model: torch.nn.Module, spec: ProblemSpec, config: str | Path,
              weights: torch.nn.Module | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The generated model's state dict made of ``weights``, each key looked up by the user's name first."""
+    import torch
+
     from fusetune.importer import declared_view
 
     given = weights.state_dict() if isinstance(weights, torch.nn.Module) else dict(weights)

@@ -7,19 +7,21 @@ reported to optuna as pruned: samplers then move on instead of treating it as un
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import importlib.util
 import math
 import os
 import random
+import sys
 import time
 import warnings
-from typing import Any, Callable, Protocol
-
-import optuna
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from fusetune import __version__
 from fusetune.cache import Cache, CacheWarning, Entry, make_key, repair_journal
-from fusetune.codegen import CUDA_FLAGS, plan_facts, plan_space, render
+from fusetune.codegen import CUDA_FLAGS, RenderedModule, plan_facts, plan_space, render
 from fusetune.config import ProblemSpec
 from fusetune.errors import FusetuneError, NoGpuError
 from fusetune.evaluate import VERIFICATION
@@ -31,6 +33,9 @@ from fusetune.storage import Storage, pull_winner, push_winner
 from fusetune.tiles import wide_axes, wide_cin_padded, wide_row_words, wide_workspace_words
 from fusetune.worlds import DEFAULT as DEFAULT_WORLD
 from fusetune.worlds import WORLDS
+
+if TYPE_CHECKING:  # optuna is imported where a study is opened: a lookup of stored winners (deploy) needs none
+    import optuna
 
 #: How many of the best candidates are timed again, head to head, before a winner is named, and in how
 #: many interleaved rounds: each keeps its best round. A busy moment of the host (a fleet's other workers
@@ -57,6 +62,22 @@ class Machine:
 
     @classmethod
     def detect(cls) -> "Machine":
+        """This process's GPU (torch's current device) and the torch and CUDA it runs with.
+
+        Where torch is not imported yet, the CUDA driver is asked (``driver_machine``): the name and
+        capability torch's device properties hold, without importing torch (seconds, with its CUDA
+        libraries) or making a CUDA context (up to a second): a deploy whose winners are all stored
+        needs neither. Where torch is imported already (its current device may be another, a test may
+        stand in for it) or the driver cannot answer, torch is asked; it also says why there is no GPU."""
+        if "torch" not in sys.modules:
+            found = driver_machine()
+            if found is not None:
+                return found
+        return cls.from_torch()
+
+    @classmethod
+    def from_torch(cls) -> "Machine":
+        """``detect`` through torch: imports it and makes a CUDA context."""
         import torch
 
         if not torch.cuda.is_available():
@@ -64,6 +85,63 @@ class Machine:
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         return cls(gpu=props.name, capability=f"{props.major}.{props.minor}",
                    cuda=str(torch.version.cuda), torch=torch.__version__.split("+")[0])
+
+
+#: The CUDA driver's library (never bundled with torch: the one torch's CUDA runtime loads too).
+CUDA_DRIVER = "libcuda.so.1"
+#: cuda.h's CUdevice_attribute numbers of the compute capability, read by ``driver_machine``.
+DRIVER_ATTRIBUTES = {"major": 75, "minor": 76}  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, _MINOR
+#: How long a device name may be (cudaDeviceProp.name's size, which the runtime fills from the driver's).
+DEVICE_NAME_BYTES = 256
+
+
+def torch_build() -> tuple[str, str | None] | None:
+    """torch's ``__version__`` and ``version.cuda`` (None: a CPU-only or ROCm build), read from the file
+    ``torch.version`` is (torch/version.py: constants only) without importing torch; None where unreadable."""
+    found = importlib.util.find_spec("torch")
+    if found is None or not found.submodule_search_locations:
+        return None
+    path = Path(list(found.submodule_search_locations)[0]) / "version.py"
+    spec = importlib.util.spec_from_file_location("fusetune_torch_version", path)
+    if spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+        version, cuda = str(module.__version__), module.cuda
+    except Exception:  # a file of another shape: torch is asked instead, whatever it holds
+        return None
+    return version, (None if cuda is None else str(cuda))
+
+
+def driver_machine() -> Machine | None:
+    """``Machine.detect``'s answer for CUDA device 0 (torch's current device in a process that has not chosen
+    one), from the CUDA driver API: cuDeviceGetName and the capability attributes are what the runtime copies
+    into the device properties torch reads, so the cache key is the same. ``cuInit`` starts the driver but
+    makes no context. None where torch would be asked instead: no driver, no device visible, a torch
+    without CUDA, a driver of an older CUDA major version than torch's (torch would see no GPU)."""
+    build = torch_build()
+    if build is None or build[1] is None:
+        return None
+    version, cuda = build
+    try:
+        driver, cuda_major = ctypes.CDLL(CUDA_DRIVER), int(cuda.split(".")[0])
+    except (OSError, ValueError):
+        return None
+    number, device, count = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    if (driver.cuInit(0) != 0 or driver.cuDriverGetVersion(ctypes.byref(number)) != 0
+            or number.value // 1000 < cuda_major
+            or driver.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value < 1
+            or driver.cuDeviceGet(ctypes.byref(device), 0) != 0):
+        return None
+    name = ctypes.create_string_buffer(DEVICE_NAME_BYTES)
+    values = {what: ctypes.c_int() for what in DRIVER_ATTRIBUTES}
+    if driver.cuDeviceGetName(name, DEVICE_NAME_BYTES, device) != 0 or any(
+            driver.cuDeviceGetAttribute(ctypes.byref(values[what]), attribute, device) != 0
+            for what, attribute in DRIVER_ATTRIBUTES.items()):
+        return None
+    return Machine(gpu=name.value.decode(), capability=f"{values['major'].value}.{values['minor'].value}",
+                   cuda=cuda, torch=version.split("+")[0])
 
 
 def no_gpu_reason(torch: Any) -> str:
@@ -151,6 +229,7 @@ def key_fields(spec: ProblemSpec, shape: Shape, machine: Machine, source_hash: s
 
 
 def _study(cache: Cache, key: str, trials: int, seed: int, storage: Storage | None = None) -> optuna.Study:
+    import optuna
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
@@ -211,6 +290,8 @@ class _Objective:
             study.stop()
 
     def __call__(self, trial: optuna.Trial) -> float:
+        import optuna
+
         suggested = {name: trial.suggest_categorical(name, list(choices))
                      for name, choices in self.space.choices().items()}
         candidate = self.space.canonical(suggested)  # choices that do not matter here are not new candidates
@@ -265,11 +346,27 @@ class _Objective:
                             + (f"\n      {log[-1][:300]}" if log else ""))
 
 
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """What the search or lookup of any shape of one plan needs of it, the same for every shape: the plan,
+    its rendered module (whose source hash is part of each key) and its space."""
+
+    plan: Plan
+    rendered: RenderedModule
+    space: PlanSpace
+
+
+def prepare(spec: ProblemSpec, plan: Plan | None = None) -> Prepared:
+    """``spec``'s plan (or ``plan``), rendered, and its space: made once for a caller of several shapes."""
+    plan = plan or make_plan(spec)
+    return Prepared(plan, render(plan), plan_space(plan))
+
+
 def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, make_bench: BenchmarkerFactory,
                *, trials: int | None = None, timeout: float | None = None, force: bool = False,
                echo: Callable[[str], None] = print, plan: Plan | None = None,
                reporter: Reporter | None = None, storage: Storage | None = None,
-               budget_s: float | None = None) -> ShapeResult:
+               budget_s: float | None = None, prepared: Prepared | None = None) -> ShapeResult:
     """Tune one shape, or return the cached winner. Resumes an interrupted study.
 
     ``budget_s``: seconds for the whole shape from this call on, builds included (``timeout`` counts from
@@ -283,14 +380,16 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
     instead of a search, and the winner named here is stored there (the first writer's is kept).
 
     ``plan`` overrides the planner's choice (tests use it to search a fault-injection family).
+    ``prepared`` (``prepare(spec, plan)``): the plan, rendered, made once by a caller of several shapes
+    (deploy): rendering is most of the time a stored winner takes to find. ``make_bench`` is called
+    only where a shape is searched.
     ``reporter`` shows progress (default: plain lines through ``echo``).
     """
     reporter = reporter or PlainReporter(echo)
     echo = reporter.line
     start = time.perf_counter()
-    plan = plan or make_plan(spec)
-    rendered = render(plan)
-    space = plan_space(plan)
+    prepared = prepared or prepare(spec, plan)
+    plan, rendered, space = prepared.plan, prepared.rendered, prepared.space
     fields = key_fields(spec, shape, machine, rendered.source_hash)
     key = make_key(fields)
     fields = {**fields, "problem_name": spec.name, "config": spec.path}
@@ -414,6 +513,8 @@ def _recover_lost(study: optuna.Study, space: PlanSpace, cache: Cache, key: str,
     lost = _evaluated(study, space) - set(outcomes)
     if not lost:
         return None
+    import optuna
+
     start = time.perf_counter()
     best: dict[str, Candidate] = {}
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))

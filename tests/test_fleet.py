@@ -278,6 +278,28 @@ def test_deploy_with_the_winners_in_the_database_searches_nothing(storage, tmp_p
         assert entry.winner == winners[entry.key]
 
 
+def test_a_deploy_command_of_stored_winners_opens_no_study_and_starts_no_evaluation_process(storage, url, tmp_path):
+    """``fusetune deploy --storage`` in a process of its own, from an empty cache: every winner comes from the
+    database, with no optuna (no study is opened) and no evaluation process or build pool; --timings names
+    the database's phase."""
+    import deploy_child
+
+    spec = load_config(SEEDS["maxpool_gap"])
+    for shape in spec.shapes:  # host 1 tunes
+        assert tune_shape(spec, shape, Cache(tmp_path / "host1"), Machine(*MACHINE_FIELDS), FakeBench().factory,
+                          trials=TRIALS, echo=quiet, storage=storage).status == "tuned"
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    shutil.copy(SEEDS["maxpool_gap"], configs)
+    done, loaded = deploy_child.run(["--cache-dir", str(tmp_path / "host2"), "deploy", str(configs), "--storage", url,
+                                     "--strict", "--timings"], MACHINE_FIELDS, tmp_path / "modules.json")
+    assert done.returncode == 0, done.stderr
+    assert f"{len(spec.shapes)} cached, 0 tuned" in done.stdout
+    assert "sqlalchemy" in loaded and not [m for m in deploy_child.NOT_LOADED if m in loaded], done.stderr
+    assert re.search(r"^  storage +\d+\.\d+ s ", done.stderr, re.MULTILINE), done.stderr
+    assert len(Cache(tmp_path / "host2").entries()) == len(spec.shapes)  # filled from the database
+
+
 # -- the command line ------------------------------------------------------------------------
 
 def test_submit_queues_jobs_and_a_bad_url_is_a_usage_error(url, storage, tmp_path):

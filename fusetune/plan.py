@@ -38,7 +38,7 @@ from fusetune.ops import AdaptivePool, Add, DimReduce, Elementwise, LayerNorm, N
 from fusetune.ops.channel import CHANNEL_MAPS, ChannelNorm
 from fusetune.ops.reduce import KERNEL_MODES, Softmax, kernel_mode
 from fusetune.ops.reductions import REDUCTIONS, KernelReduction
-from fusetune.regions import CANCELS_BIAS, FROM_STATISTICS, Step, affine, rewrite
+from fusetune.regions import AT_SHAPES, CANCELS_BIAS, FROM_STATISTICS, Step, affine, rewrite
 
 #: The norms the kernels compute: statistics per (sample, channel) sums (batch, group, instance) or none
 #: (eval-mode batch norm's running ones).
@@ -68,8 +68,11 @@ class Plan:
     #: A map over the channels in the reduce slot (channel_softmax): a softmax or log_softmax, or a norm over the
     #: channels (normalize, channel_layer_norm: fusetune/ops/channel.py).
     channel_map: Softmax | ChannelNorm | None = None
-    #: A rule that holds at the config's shapes only fired (regions.Rule.at_shapes): the generated model
-    #: runs PyTorch's own forward at any other input shape.
+    #: The kernels compute a step a rule that holds at the config's shapes only gave its form (regions.AT_SHAPES):
+    #: the generated model runs PyTorch's own forward at any other input shape. Not where PyTorch runs that step
+    #: after the region, as written, nor where a later region takes it (its problem has it as written, and its
+    #: own plan guards its model: pipeline.region_spec); but where a later region takes it composed with another
+    #: pool (written as two ops: its problem has the composed form, so the whole chain is guarded here).
     at_shapes: bool = False
     #: The config's extra input (``inputs:``) that ops of the region read (``by: NAME``), None where none does:
     #: the kernels read it at the index they store each element at (INPUT_SLOTS), as ``a.extra``.
@@ -83,8 +86,21 @@ class Plan:
 
     @property
     def bias_in_epilogue(self) -> bool:
-        """cuDNN applies a bias as a pass of its own; the first kernel adds it for free instead."""
-        return self.spec.producer.bias and not self.drop_bias
+        """cuDNN applies a bias as a pass of its own; the first kernel adds it for free instead (not where the
+        convolution's output is returned too: bias_in_producer)."""
+        return self.spec.producer.bias and not self.drop_bias and not self.bias_in_producer
+
+    @property
+    def bias_in_producer(self) -> bool:
+        """The convolution adds its own bias: where the model also returns its output (``outputs: [chain,
+        producer]``), which holds the bias whether or not a norm of the chain cancels it."""
+        return self.spec.producer.bias and self.spec.returns_producer
+
+    @property
+    def bias_where(self) -> str:
+        """Where the producer's bias is applied, as ``fusetune plan`` says it."""
+        return ("producer" if self.bias_in_producer else "dropped" if self.drop_bias
+                else "epilogue" if self.bias_in_epilogue else "none")
 
     @property
     def needs_stats(self) -> bool:
@@ -138,6 +154,21 @@ class Plan:
         if not isinstance(self.pool, Pool) or self.pool.padding is None:
             return (0, 0, 0)
         return (0,) * (3 - self.spec.producer.spatial_dims) + tuple(self.pool.padding)
+
+    @property
+    def pool_dilation(self) -> tuple[int, int, int]:
+        """A max pool's dilation, 3-D (ones without a pool or without dilation). Only the cuDNN world's main
+        kernels (window_map, plane_reduce) pool dilated windows: the kernels that compute the convolution inside
+        them build their boxes of whole undilated windows, so they refuse it (facts.fixed_window_refusal)."""
+        if not isinstance(self.pool, Pool) or self.pool.dilation is None:
+            return (1, 1, 1)
+        return (1,) * (3 - self.spec.producer.spatial_dims) + tuple(self.pool.dilation)
+
+    @property
+    def pool_divisor(self) -> int | None:
+        """An average pool's divisor for every window where it has a divisor_override (PyTorch's), else None
+        (the whole window's size: pool.j2's reciprocal)."""
+        return self.pool.divisor_override if isinstance(self.pool, Pool) else None
 
     @property
     def adaptive_window(self) -> tuple[int, int, int] | None:
@@ -248,7 +279,7 @@ class Plan:
                 f"norm={self.norm.kind if self.norm else '-'} mid={names(self.mid)} "
                 f"pool={self.pool.kind if self.pool else '-'} post={names(self.post)} "
                 f"reduce={self.reduce.kind if self.reduce else '-'} final={names(self.final)} "
-                f"bias={'dropped' if self.drop_bias else 'epilogue' if self.bias_in_epilogue else 'none'}"
+                f"bias={self.bias_where}"
                 + (f" extra={self.extra}" if self.extra else ""))
 
 
@@ -301,9 +332,23 @@ def make_plan(spec: ProblemSpec) -> Plan:
         except PlanError as exc:
             ends = str(exc)
             continue
-        return dataclasses.replace(plan, head=head, tail=tail, ends=_why_tail(spec, head, tail, ends),
-                                   rules=rewritten.fired, at_shapes=rewritten.at_shapes, dropped=rewritten.dropped)
+        plan = dataclasses.replace(plan, head=head, tail=tail, ends=_why_tail(spec, head, tail, ends),
+                                   rules=rewritten.fired, at_shapes=any(AT_SHAPES in s.marks for s in head),
+                                   dropped=rewritten.dropped)
+        return dataclasses.replace(plan, at_shapes=True) if _composed_at_shapes_later(plan) else plan
     raise AssertionError("the empty region is always planned")  # pragma: no cover
+
+
+def _composed_at_shapes_later(plan: Plan) -> bool:
+    """Whether a later region of kernels takes a step that a rule holding at the config's shapes only gave its form
+    (regions.AT_SHAPES) composed of several written ops: its problem (pipeline.region_spec) can only have the
+    composed form, exact at those shapes alone, so the whole chain's model must know them (Plan.at_shapes)."""
+    if plan.at_shapes or not any(AT_SHAPES in s.marks and len(s.written) > 1 for s in plan.tail):
+        return False
+    from fusetune.pipeline import later_segments
+
+    return any(AT_SHAPES in s.marks and len(s.written) > 1
+               for segment in later_segments(plan) if segment.kernels for s in segment.steps)
 
 
 def _reader_refusal(spec: ProblemSpec, steps: Sequence[Step], reader: Step) -> str:
@@ -419,6 +464,9 @@ def _kernel_refusal(op: Op) -> str | None:
     """Why no kernel family takes this op wherever it stands, None where one may."""
     if op.role in _ROLE_REFUSALS:
         return _ROLE_REFUSALS[op.role]
+    if isinstance(op, Softmax) and op.widens:
+        return (f"a {op.kind} with dtype={op.dtype} returns {op.dtype}, wider than the config's dtype, which the "
+                f"kernels store; it and every op after it run in PyTorch, in {op.dtype}")
     if isinstance(op, Softmax) and op.dim != 1:
         return (f"a {op.kind} over dim {op.dim} (the kernels normalise over the channels, dim 1, only); "
                 "it runs after this region (in a later one, on a view of its input, or in PyTorch)")

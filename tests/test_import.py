@@ -169,9 +169,14 @@ def test_import_matches_the_model(stem: str, tmp_path: Path) -> None:
         x = values[_conv_input(gm, chain["producer"])]
         with torch.no_grad():  # the chain's extra inputs (a residual's identity) as the model computes them
             out = generated(x, *(values[node] for node in chain.get("inputs", {}).values()))
-        expected = values[chain["output"]]
-        assert out.shape == expected.shape
-        torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-10)
+        # where ops outside read the convolution's output, the chain returns it too (outputs: [chain, producer])
+        assert ("producer_read_by" in chain) == spec.returns_producer
+        node_of = {"chain": chain["output"], "producer": chain["producer"]}
+        outs = out if len(spec.outputs) > 1 else (out,)
+        for name, got in zip(spec.outputs, outs, strict=True):
+            expected = values[node_of[name]]
+            assert got.shape == expected.shape
+            torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-10)
 
 
 def _materialize(model: torch.nn.Module, inputs) -> None:
@@ -211,8 +216,13 @@ def test_stop_reasons_are_named(tmp_path: Path) -> None:
     assert result.written[0].epilogue[-1] == {"op": "max_pool", "kernel_size": 2, "ceil_mode": True}
     plan = make_plan(load_config(result.written[0].config))  # PyTorch's pool, after the kernels' region
     assert [s.op.kind for s in plan.tail] == ["max_pool"] and "ceil_mode=True (a partial last window)" in plan.ends
+    # the convolution's output returned beside the chain: the chain returns it too; read before the chain's last
+    # value: no chain, said
     shared = import_model(str(MODELS / "conv2d_shared_output.py"), tmp_path)
-    assert not shared.written and "also read by" in shared.pytorch["conv"]
+    assert load_config(shared.written[0].config).outputs == ("chain", "producer")
+    near = import_model(str(MODELS / "returns_conv_near_misses.py"), tmp_path)
+    assert not load_config(near.written[0].config).returns_producer
+    assert "also read by mul, outside the chain and before its last value" in near.pytorch["conv_b"]
     # x - x.mean(..., keepdim=True), on the convolution's output and on a later value: the mean and the subtraction
     # one op of the chain, a mean centring; nothing of either left in PyTorch
     mean = import_model(str(MODELS / "kb_convt2d_subtract_mean_tanh.py"), tmp_path)
@@ -281,7 +291,7 @@ def test_cli_import(tmp_path: Path) -> None:
 
 
 def test_cli_no_chain_is_success(tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["import", str(MODELS / "conv2d_shared_output.py"), "-o", str(tmp_path)])
+    result = CliRunner().invoke(main, ["import", str(MODELS / "gated_near_misses.py"), "-o", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "no chain found" in result.output
 
@@ -555,12 +565,14 @@ def test_an_operand_computed_after_the_convolution_from_earlier_ones_is_an_input
     convolution whose chain reads them, from no later convolution: extra inputs (per sample and channel, full);
     the FPN's interpolate reads the lateral's shape, a size of the chain fixed at the traced shape."""
     unet = import_model(str(MODELS / "sweep3_diffusion_resblock_temb_proj.py"), tmp_path / "unet")
-    temb = load_config(unet.written[0].config)
+    conv_in, temb = (load_config(w.config) for w in unet.written[:2])
     assert temb.input_kinds == (("getitem", "per_sample_channel"),)
-    assert "also read by block1_nin_shortcut" in unet.pytorch["conv_in"]
+    # conv_in's output, read by norm1 (its chain) and by the shortcut after the block: the chain returns it too
+    assert conv_in.outputs == ("chain", "producer") and "conv_in" not in unet.pytorch
     fpn = import_model(str(MODELS / "sweep3_fpn_topdown_interpolate.py"), tmp_path / "fpn")
-    assert [w.chain.sizes for w in fpn.written] == [{"getitem": torch.Size([4, 4])}, {"getitem_1": torch.Size([8, 8])}]
-    assert all(w.chain.example_only() for w in fpn.written)
+    laterals = [w for w in fpn.written if w.chain.sizes]  # (P6's pool on P5 reads no size)
+    assert [w.chain.sizes for w in laterals] == [{"getitem": torch.Size([4, 4])}, {"getitem_1": torch.Size([8, 8])}]
+    assert all(w.chain.example_only() for w in laterals)
 
 
 def test_an_uneven_pad_is_taken_evenly_and_cropped(tmp_path: Path) -> None:

@@ -4,10 +4,12 @@ Each op's CUDA fragment is compiled on the host with g++ against templates/eleme
 header the kernels include) and run over a grid of float32 inputs; its forward_code is evaluated by
 PyTorch in float64 on the same inputs. Its monotone()/increasing() claims are checked on the same
 grid, and its parser's refusals name the key. Ops are found by iterating the REGISTRY: a new op
-needs only its rows in SAMPLES (a test fails until it has them).
+needs only its rows in SAMPLES (a test fails until it has them). The helpers whose device form differs
+(ft_div_fast's __fdividef) run on a GPU in tests/test_gpu_ops.py.
 """
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import types
@@ -19,6 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fusetune.dtypes import DTYPES, Dtype
 from fusetune.errors import ConfigError
 from fusetune.ops import ALIASES, REGISTRY, SPECIAL_NAMES, TORCH_ALIASES, OpContext, ParamDecl
 from fusetune.ops.elementwise import Elementwise
@@ -69,6 +72,9 @@ SAMPLES: dict[str, list[dict[str, Any]]] = {
     **{name: [{}] for name in ("logsigmoid", "softsign", "tanhshrink", "erf", "erfc", "log1p", "expm1", "log2",
                                "log10", "exp2", "sin", "cos", "sign", "reciprocal", "rsqrt", "square", "floor",
                                "ceil", "round", "trunc")},
+    # PyTorch's defaults (NaN to 0, the infinities to float32's extremes), each replaced, null as PyTorch's None
+    "nan_to_num": [{}, {"nan": -1.5, "posinf": 7.0, "neginf": -3.0}, {"nan": 2.0, "posinf": None},
+                   {"posinf": -4.0, "neginf": 4.0}],
     "hardshrink": [{}, {"lambd": 2.0}, {"lambd": 0}, {"lambd": -1.0}],
     "softshrink": [{}, {"lambd": 2.5}, {"lambd": 0}],
     # value below, at and above the threshold: non-decreasing, a clamp, a step down
@@ -108,6 +114,9 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("threshold", {"value": 1.0}, "threshold"),
     ("threshold", {"threshold": 1.0}, "value"),
     ("threshold", {"threshold": 1.0, "value": float("nan")}, "value"),
+    ("nan_to_num", {"nan": "0"}, "nan"),
+    ("nan_to_num", {"posinf": float("inf")}, "posinf"),
+    ("nan_to_num", {"neginf": -1e39}, "neginf"),
     ("expression", {}, "expr"),
     ("expression", {"expr": 2.0}, "expr"),
     ("expression", {"expr": "x ** x"}, "expr"),
@@ -211,9 +220,9 @@ def host_values(tmp_path_factory) -> dict[str, np.ndarray]:
     return dict(zip(ids, run_on_host(list(ops), tmp_path_factory.mktemp("ops"))))
 
 
-def run_on_host(ops: list[Any], folder: Path) -> np.ndarray:
-    """The ops' CUDA fragments compiled with g++ (host_program) and run over input_grid(): their float32 values,
-    shape (ops, parameter values, inputs)."""
+def run_on_host(ops: list[Any], folder: Path, x: np.ndarray | None = None) -> np.ndarray:
+    """The ops' CUDA fragments compiled with g++ (host_program) and run over ``x`` (float32; input_grid() where
+    None): their float32 values, shape (ops, parameter values, inputs)."""
     gxx = shutil.which("g++")
     if gxx is None:
         pytest.skip("g++ not found: the ops' CUDA fragments are compiled on the host with it")
@@ -224,7 +233,7 @@ def run_on_host(ops: list[Any], folder: Path) -> np.ndarray:
                                f"-I{TEMPLATES}", "ops.cpp", "-o", "ops", "-lm"],
                               cwd=folder, capture_output=True, text=True)
     assert compile_.returncode == 0, compile_.stderr
-    x = input_grid()
+    x = input_grid() if x is None else x
     y = producer_grid(x)
     p = np.array(PARAM_VALUES, np.float32)
     stdin = np.array([x.size, p.size], np.int32).tobytes() + x.tobytes() + y.tobytes() + p.tobytes()
@@ -247,15 +256,15 @@ def torch_values(op: Elementwise, x: np.ndarray, y: np.ndarray, param: float) ->
 ZERO_SIGN_UNCHECKED = frozenset({"relu", "relu6", "clamp", "elu"})
 
 
-def mismatches(got: np.ndarray, ref: np.ndarray, zero_sign: bool = True) -> np.ndarray:
-    """Indices where float32 ``got`` is not ``ref`` (float64) to ULPS float32 ulps or ABS_TOL: NaN
+def mismatches(got: np.ndarray, ref: np.ndarray, zero_sign: bool = True, ulps: int = ULPS) -> np.ndarray:
+    """Indices where float32 ``got`` is not ``ref`` (float64) to ``ulps`` float32 ulps or ABS_TOL: NaN
     only with NaN, infinities (ref past float32's range included) exactly, and with ``zero_sign`` a zero
     with a zero of its sign (a reciprocal or rsqrt after the op turns the other one into the other infinity)."""
     with np.errstate(invalid="ignore", over="ignore"):
         ref32 = ref.astype(np.float32)
         nan_got, nan_ref = np.isnan(got), np.isnan(ref)
         inf = np.isinf(ref32) | np.isinf(got)
-        close = np.abs(got.astype(np.float64) - ref) <= np.maximum(ABS_TOL, ULPS * np.spacing(np.abs(ref32)))
+        close = np.abs(got.astype(np.float64) - ref) <= np.maximum(ABS_TOL, ulps * np.spacing(np.abs(ref32)))
         if zero_sign:
             close &= ~((got == 0) & (ref == 0) & (np.signbit(got) != np.signbit(ref)))
         ok = np.where(nan_got | nan_ref, nan_got & nan_ref, np.where(inf, got == ref32, close))
@@ -380,6 +389,25 @@ def test_defaults_are_pytorchs():
     assert parse("hardtanh", {}).forward_code("x", None) == "F.hardtanh(x, min_val=-1.0, max_val=1.0)"
     assert parse("hardshrink", {}).forward_code("x", None) == "F.hardshrink(x, lambd=0.5)"
     assert parse("softshrink", {}).forward_code("x", None) == "F.softshrink(x, lambd=0.5)"
+    largest = float(torch.finfo(torch.float32).max)
+    assert parse("nan_to_num", {}).forward_code("x", None) == (
+        f"torch.nan_to_num(x, nan=0.0, posinf={largest!r}, neginf={-largest!r})")
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_nan_to_num_defaults_are_the_dtypes_extremes(dtype: str):
+    """PyTorch's None for posinf and neginf is the input dtype's largest and lowest finite value: at a half chain's
+    dtype (OpContext.dtype), not float32's, which would round to an infinity there; a value past that range is
+    refused by name."""
+    ctx = OpContext(path="test.yaml", key="epilogue[0]", in_shape=(2, 4, 8, 8), spatial_dims=2, parameters={},
+                    dtype=dtype)
+    op = REGISTRY["nan_to_num"].parse({"op": "nan_to_num"}, ctx)
+    largest = float(torch.finfo(getattr(torch, dtype)).max)
+    assert (op.posinf, op.neginf) == (largest, -largest)
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 1.5], dtype=getattr(torch, dtype))
+    assert torch.equal(eval(op.forward_code("x", None), {"torch": torch, "x": x}), torch.nan_to_num(x))  # noqa: S307
+    with pytest.raises(ConfigError, match="posinf"):
+        REGISTRY["nan_to_num"].parse({"op": "nan_to_num", "posinf": 1e6 if dtype == "float16" else 1e39}, ctx)
 
 
 #: The operands after x that an op's torch function takes in the alias check: the binaries' other operand (nonzero,
@@ -435,3 +463,16 @@ def test_an_expression_after_ops_reads_their_value_once(tmp_path: Path):
             ref = torch_values(op, ref, y, param)
         failures += [f"w={param} x={x[i]!r}: cuda {got[j][i]!r}, torch {ref[i]!r}" for i in mismatches(got[j], ref)[:5]]
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_each_dtype_row_states_its_own_largest(dtype: str):
+    """Dtype.largest has no default (a new row would silently take float32's): a row without it is refused,
+    and each row's is torch's for that dtype; NanToNum's fields have none either (its defaults are the dtype's)."""
+    row = DTYPES[dtype]
+    assert row.largest == float(torch.finfo(getattr(torch, row.torch)).max)
+    rest = {f.name: getattr(row, f.name) for f in dataclasses.fields(Dtype) if f.name != "largest"}
+    with pytest.raises(TypeError, match="largest"):
+        Dtype(**rest)
+    with pytest.raises(TypeError, match="posinf"):
+        REGISTRY["nan_to_num"]()

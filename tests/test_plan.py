@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
+from fusetune.cli import main
 from fusetune.config import load_config, parse_config
 from fusetune.plan import make_plan
 from fusetune.tiles import gemm_refusal
@@ -14,7 +17,7 @@ from fusetune.worlds import WORLDS, conv_passes, refusals
 from fusetune.worlds import all_facts as world_facts
 from fusetune.worlds.facts import pool_at_extremes, pool_increasing
 
-from conftest import REFERENCE_WORLDS, SEEDS
+from conftest import REFERENCE_WORLDS, ROOT, SEEDS
 
 EXPECTED = {
     # seed: (stages after cuDNN, family, drop_bias, stages with the convolution inside: CUDA cores, tensor cores)
@@ -286,6 +289,35 @@ def test_pool_at_extremes_and_rising_chains():
     assert pool_increasing(seed) and world_facts(seed)["direct_cells"] == 4
 
 
+@pytest.mark.parametrize("chain,extremes", [
+    ("conv2d_groupnorm_noaffine_expression_hardsigmoid_rising_maxpool", "max"),
+    ("conv2d_wide64_instancenorm_expression_falling_sigmoid_maxpool", "both"),
+    ("conv2d_expression_sigmoid_swish_groupnorm_expression_tanh_maxpool", "")])
+def test_max_pool_shortcuts_after_expressions(chain: str, extremes: str):
+    """An expression's flags (fusetune/ops/expression.py: trend) open the max-pool shortcuts: ``fusetune plan``
+    offers gemm_extrema (each window's raw extremes through the chain) where the chain up to the pool is monotone,
+    and the direct kernels pool raw values: the largest alone where it rises ("max"), both extremes where it is
+    monotone ("both"), none where it is neither (hardswish and x * tanh(x) by hand: every value)."""
+    path = ROOT / "tests" / "chains" / f"{chain}.yaml"
+    result = CliRunner().invoke(main, ["plan", "--json", str(path)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    document = json.loads(result.output)[0]
+    assert ("gemm_extrema" in document["worlds"]) is bool(extremes), document["not_offered"].get("gemm_extrema")
+    assert world_facts(make_plan(load_config(path)))["pool_extremes"] == extremes
+
+
+def test_an_imported_rising_expression_opens_the_pool_shortcut(tmp_path):
+    """tests/models/kb_conv2d_hardswish_by_hand_expression_pools.py, imported: KernelBench's hardswish, x *
+    sigmoid(x + 3) / 6 as one expression (it falls, then rises), leaves its max pool reading every value; y +
+    tanh(y) * 0.5, an expression too, rises, and the direct kernels pool raw values, each window's largest alone."""
+    from fusetune.importer import import_model
+
+    result = import_model(str(ROOT / "tests" / "models" / "kb_conv2d_hardswish_by_hand_expression_pools.py"), tmp_path)
+    plans = [make_plan(load_config(written.config)) for written in result.written]
+    assert [plan.pool.mode if plan.pool else None for plan in plans] == ["max", "max", None]
+    assert [world_facts(plan)["pool_extremes"] for plan in plans[:2]] == ["", "max"]
+
+
 def test_extrema_only_where_the_window_max_is_at_its_ends():
     """gemm_extrema takes a max pool at each window's largest or smallest raw value: offered only for
     a chain monotone per channel up to a max pool whose windows lie whole in the boxes."""
@@ -460,3 +492,56 @@ def test_reductions_merge_only_where_that_keeps_them_in_the_kernels():
     merged = _plan("groupnorm", [{"op": "sum", "dim": 2}, {"op": "sum", "dim": 2}, {"op": "relu"}])
     assert merged.reduce.kind == "spatial_reduce" and merged.reduce.mode == "sum"
     assert [op.kind for op in merged.final] == ["relu"] and [s.op.kind for s in merged.tail] == ["flatten"]
+
+
+def test_a_dilated_max_pool_is_pooled_by_the_cudnn_worlds_main_kernels_only():
+    """A max pool's dilation (PyTorch's: window element k at k * dilation) is pooled where the kernels read the
+    convolution's output (window_map, plane_reduce: pool.j2's tap); those that compute the convolution pool
+    boxes of whole undilated windows and say so. An undilated pool renders as before (no FT_DD..)."""
+    from fusetune.codegen import render
+
+    plan = make_plan(load_config(ROOT / "tests" / "chains" / "conv3d_tanh_maxpool_dilated_mean_spatial.yaml"))
+    assert plan.pool_dilation == (1, 3, 2) and plan.family == "plane_reduce"
+    assert set(plan.impl_stages) == {"cudnn", *REFERENCE_WORLDS}
+    assert all("dilated pool" in refusals(plan)[impl] for impl in ("direct", "gemm", "gemm_wide"))
+    unit = render(plan).files["plane_reduce.cu"]
+    assert "enum { FT_DD = 1, FT_DH = 3, FT_DW = 2 };" in unit and "(kw * FT_DW)" in unit and "(kd * FT_DD)" not in unit
+    model = render(plan).files["model.py"]
+    assert "POOL_DILATION = [1, 3, 2]" in model or "POOL_DILATION = (1, 3, 2)" in model
+    plain = render(make_plan(load_config(ROOT / "tests" / "chains" / "conv2d_relu_maxpool_maxpool.yaml")))
+    assert not any("FT_DD" in text for text in plain.cuda_sources.values()) and "POOL_DILATION" not in plain.files[
+        "model.py"]
+
+
+def test_a_divisor_override_is_the_kernels_divisor_with_or_without_padding():
+    """An average's divisor_override divides every window (PyTorch's), whatever count_include_pad says: the
+    kernels' pool, padded (window_map) or not (the kernels that pool windows of their boxes too), dividing by it
+    (pool.j2's reciprocal). A 1-D one is PyTorch's 2-D pool of the input at height 1 (nn.AvgPool1d has no
+    divisor_override): in float64, each window's sum over the divisor."""
+    import torch
+
+    from fusetune.codegen import render
+
+    chains = ROOT / "tests" / "chains"
+    padded = make_plan(load_config(chains / "conv2d_gelu_avgpool_padded_exclude_pad_divisor.yaml"))
+    assert padded.pool is not None and not padded.pool.count_include_pad and padded.pool.exact_in_kernels
+    assert not padded.tail and padded.pool_divisor == 4 and "v *= 0.25f;" in render(padded).files["window_map.cu"]
+    spec = load_config(chains / "conv1d_sigmoid_avgpool_divisor.yaml")
+    plan = make_plan(spec)
+    assert {"cudnn", "direct", "gemm"} <= set(plan.impl_stages) and plan.pool.module_code(8, 1) == ""
+    module = render(plan)
+    assert all("0.3333333333333333f" in module.files[f"{s}.cu"] for s in ("window_map", "direct_main_0", "gemm_main_0"))
+    x = torch.rand(2, 8, 41, dtype=torch.float64)
+    pooled = eval(plan.pool.forward_code("x", None), {"F": torch.nn.functional, "x": x})  # noqa: S307
+    assert torch.allclose(pooled, x.unfold(2, 4, 3).sum(-1) / 3, rtol=1e-12, atol=0)
+    assert tuple(pooled.shape) == plan.pool.out_shape(tuple(x.shape))
+    negative = make_plan(load_config(chains / "conv3d_elu_avgpool_padded_divisor_negative_sum_spatial.yaml"))
+    assert negative.pool_divisor == -5 and "v *= -0.2f;" in render(negative).files["plane_reduce.cu"]
+
+
+def test_pools_without_the_new_arguments_keep_their_cache_key():
+    """dilation and divisor_override enter a pool's canonical form (the cache key) only where given."""
+    plan = make_plan(load_config(ROOT / "tests" / "chains" / "conv2d_relu_maxpool_maxpool.yaml"))
+    assert not {"dilation", "divisor_override"} & set(plan.spec.epilogue[1].canonical())
+    dilated = make_plan(load_config(ROOT / "tests" / "chains" / "conv2d_relu_maxpool_dilated_padded_ceil.yaml"))
+    assert dilated.spec.epilogue[1].canonical()["dilation"] == (2, 2)

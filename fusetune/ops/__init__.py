@@ -4,9 +4,9 @@ from __future__ import annotations
 from fusetune.ops.base import Op, OpContext, ParamDecl, Shape
 from fusetune.ops.activations import (Abs, Ceil, Celu, Cos, Elu, Erf, Erfc, Exp, Exp2, Expm1, Floor, Gelu, Hardshrink,
                                       Hardsigmoid, Hardswish, Hardtanh, LeakyRelu, Log, Log1p, Log2, Log10,
-                                      Logsigmoid, Mish, Neg, Reciprocal, Relu6, Round, Rsqrt, Selu, Sigmoid, Sign,
-                                      Silu, Sin, Softplus, Softshrink, Softsign, Sqrt, Square, Tanh, Tanhshrink,
-                                      Threshold, Trunc)
+                                      Logsigmoid, Mish, NanToNum, Neg, Reciprocal, Relu6, Round, Rsqrt, Selu,
+                                      Sigmoid, Sign, Silu, Sin, Softplus, Softshrink, Softsign, Sqrt, Square, Tanh,
+                                      Tanhshrink, Threshold, Trunc)
 from fusetune.ops.expression import Expression
 from fusetune.ops.elementwise import Add, Clamp, Div, Elementwise, Maximum, Minimum, Mul, Pow, Prelu, Relu, Sub
 from fusetune.ops.channel import ChannelLayerNorm, ChannelNorm, Normalize
@@ -15,8 +15,8 @@ from fusetune.ops.gate import Glu
 from fusetune.ops.slicing import Slice
 from fusetune.ops.norm import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, MeanCentre, Norm
 from fusetune.ops.pool import AvgPool, MaxPool, Pool
-from fusetune.ops.reduce import (REDUCE_MODES, AdaptiveAvgPool, AdaptiveMaxPool, AdaptivePool, DimReduce, Flatten,
-                                 LogSoftmax, Reduce, SoftmaxOp, SpatialReduce, Squeeze, Unflatten,
+from fusetune.ops.reduce import (REDUCE_MODES, SPREAD_MODES, AdaptiveAvgPool, AdaptiveMaxPool, AdaptivePool, DimReduce,
+                                 Flatten, LogSoftmax, Reduce, SoftmaxOp, SpatialReduce, Spread, Squeeze, Unflatten,
                                  Unsqueeze, View)
 
 #: Config op name -> class. Adding an op is one class and one line here.
@@ -73,6 +73,7 @@ REGISTRY: dict[str, type[Op]] = {
     "ceil": Ceil,
     "round": Round,
     "trunc": Trunc,
+    "nan_to_num": NanToNum,
     "expression": Expression,
     "batch_norm": BatchNorm,
     "group_norm": GroupNorm,
@@ -83,6 +84,7 @@ REGISTRY: dict[str, type[Op]] = {
     "adaptive_avg_pool": AdaptiveAvgPool,
     "adaptive_max_pool": AdaptiveMaxPool,
     **{mode: DimReduce for mode in REDUCE_MODES},
+    **{mode: Spread for mode in SPREAD_MODES},
     "softmax": SoftmaxOp,
     "log_softmax": LogSoftmax,
     "normalize": Normalize,
@@ -113,5 +115,5 @@ ALIASES: dict[str, str] = {**TORCH_ALIASES, **{name: op for name, op in SPECIAL_
 __all__ = ["REGISTRY", "ALIASES", "TORCH_ALIASES", "SPECIAL_NAMES", "Op", "OpContext", "ParamDecl", "Shape", "Elementwise", "Norm", "Pool", "Reduce",
            "Add", "Clamp", "Div", "Mul", "Relu", "BatchNorm", "GroupNorm", "InstanceNorm",
            "MaxPool", "AvgPool", "AdaptiveAvgPool", "AdaptiveMaxPool", "AdaptivePool", "DimReduce", "Dropout",
-           "Flatten", "LayerNorm", "LogSoftmax", "MeanCentre", "SoftmaxOp", "SpatialReduce", "Squeeze", "Unflatten", "Unsqueeze", "View",
+           "Flatten", "LayerNorm", "LogSoftmax", "MeanCentre", "SoftmaxOp", "SpatialReduce", "Spread", "Squeeze", "Unflatten", "Unsqueeze", "View",
            "ChannelLayerNorm", "ChannelNorm", "Normalize", "Glu", "Slice"]

@@ -16,6 +16,7 @@ import dataclasses
 import math
 from typing import Any, ClassVar, Mapping, NamedTuple
 
+from fusetune.dtypes import DTYPES
 from fusetune.ops.base import Op, OpContext, reject_unknown, take_number
 from fusetune.ops.elementwise import Elementwise, ParamLoader, _float_literal
 
@@ -499,3 +500,45 @@ class Threshold(_NumericArguments):
     def increasing(self) -> bool:
         return self.value <= self.threshold
 
+
+@dataclasses.dataclass(frozen=True)
+class NanToNum(Elementwise):
+    """torch.nan_to_num(x, nan, posinf, neginf): NaN to ``nan``, +inf to ``posinf``, -inf to ``neginf``, any
+    other value as it is. PyTorch's defaults are 0 and the largest and lowest finite values of the input's
+    dtype, resolved here at the op's dtype (OpContext.dtype), so that the float64 reference and the kernels
+    (which compute in float and store the dtype) replace an infinity by what eager PyTorch gives at the config's
+    dtype. A value past the dtype's finite range is refused: PyTorch would store an infinity in its place.
+    Neither monotone nor increasing: it maps NaN to a number, so a window's extreme, NaN, would miss the
+    window's other values (as torch.sign)."""
+
+    kind: ClassVar[str] = "nan_to_num"
+    nan: float  # no defaults here: PyTorch's depend on the dtype (defaults)
+    posinf: float
+    neginf: float
+
+    @staticmethod
+    def defaults(dtype: str) -> dict[str, float]:
+        """PyTorch's values for a key left out (or None) at ``dtype``: 0, and the dtype's finite extremes."""
+        largest = DTYPES[dtype].largest
+        return {"nan": 0.0, "posinf": largest, "neginf": -largest}
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], ctx: OpContext) -> "Op":
+        reject_unknown(raw, ["nan", "posinf", "neginf"], ctx)
+        largest = DTYPES[ctx.dtype].largest
+        values = {}
+        for key, default in cls.defaults(ctx.dtype).items():
+            value = raw.get(key)
+            value = default if value is None else float(take_number(raw, key, ctx))  # null: PyTorch's None
+            if abs(value) > largest:
+                raise ctx.error(key, f"expected a value within {ctx.dtype}'s finite range [{-largest!r}, "
+                                     f"{largest!r}], got {value!r}: PyTorch would store an infinity there")
+            values[key] = value
+        return cls(**values)
+
+    def forward_code(self, x: str, attr: str | None) -> str:
+        return f"torch.nan_to_num({x}, nan={self.nan!r}, posinf={self.posinf!r}, neginf={self.neginf!r})"
+
+    def cuda(self, v: str, load: ParamLoader) -> str:
+        return (f"ft_nan_to_num({v}, {_float_literal(self.nan)}, {_float_literal(self.posinf)}, "
+                f"{_float_literal(self.neginf)})")

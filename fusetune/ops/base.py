@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import yaml
 
+from fusetune.dtypes import DEFAULT_DTYPE
 from fusetune.errors import ConfigError, did_you_mean
 
 Shape = tuple[int, ...]
@@ -36,6 +37,8 @@ class OpContext:
     parameters: Mapping[str, "ParamDecl"]  # named learnable tensors of the config
     #: The config's extra input tensors (``inputs:``), which a binary op may read by name (``by: NAME``).
     inputs: tuple[str, ...] = ()
+    #: The element type of the op's input: the config's, or what an op before it made it (Op.out_dtype).
+    dtype: str = DEFAULT_DTYPE
 
     def error(self, key: str, message: str) -> ConfigError:
         return ConfigError(self.path, f"{self.key}.{key}" if key else self.key, message)
@@ -82,6 +85,11 @@ class Op:
 
     def out_shape(self, shape: Shape) -> Shape:
         return shape
+
+    def out_dtype(self, dtype: str) -> str:
+        """The element type of the op's output for an input of ``dtype``: the same, but where the op names
+        its own (a softmax's ``dtype``)."""
+        return dtype
 
     def check_shape(self, shape: Shape, ctx_error) -> None:
         """Raise through ``ctx_error(key, message)`` if the op cannot take ``shape``."""

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
               pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")]
 
-from test_ops import (PARAM_VALUES, TEMPLATES, ZERO_SIGN_UNCHECKED, input_grid, mismatches,  # noqa: E402
+from test_ops import (PARAM_VALUES, TEMPLATES, ZERO_SIGN_UNCHECKED, input_grid, mismatches, op_functions,  # noqa: E402
                       producer_grid, samples, torch_values)
 
 #: The ops whose helpers differ on the device (ft_div_fast).
@@ -33,9 +33,7 @@ DEVICE_ULPS = 8
 def device_program(ops: list) -> str:
     """host_program's CUDA twin: reads n, m, x[n], y[n], p[m] on stdin, evaluates every op's fragment in a kernel
     (a thread per input), writes out[op][p][i] as float32 on stdout."""
-    functions = "\n".join(
-        f"__device__ float f{i}(float v, float p, float ft_y) {{ return {op.cuda('v', lambda name: 'p')}; }}"
-        for i, op in enumerate(ops))
+    functions = op_functions(ops, "__device__")
     calls = "\n".join(f"    out[({i} * m + j) * n + k] = f{i}(x[k], p[j], y[k]);" for i in range(len(ops)))
     return f"""#include "elementwise.cuh"
 #include <stdio.h>

@@ -182,12 +182,17 @@ def producer_grid(x: np.ndarray) -> np.ndarray:
     return np.random.default_rng(0).permutation(x)
 
 
+def op_functions(ops: list, qualifier: str) -> str:
+    """Each op's cuda() fragment as a function f<i>(v, p, ft_y) (``qualifier``: static on the host, __device__ on the
+    GPU); the parameter loads as ``p``."""
+    return "\n".join(f"{qualifier} float f{i}(float v, float p, float ft_y) "
+                     f"{{ return {op.cuda('v', lambda name: 'p')}; }}" for i, op in enumerate(ops))
+
+
 def host_program(ops: list[Elementwise]) -> str:
     """A C++ program evaluating every op's cuda() fragment: reads n, m, x[n], y[n], p[m] (int32 and
     float32) on stdin, writes out[op][p][i] as float32 on stdout. The parameter loads as ``p``."""
-    functions = "\n".join(
-        f"static float f{i}(float v, float p, float ft_y) {{ return {op.cuda('v', lambda name: 'p')}; }}"
-        for i, op in enumerate(ops))
+    functions = op_functions(ops, "static")
     table = ", ".join(f"f{i}" for i in range(len(ops)))
     return f"""#include "elementwise.cuh"
 #include <stdio.h>

@@ -84,11 +84,14 @@ class BuildResult:
 
 
 def load_generated(module_dir: Path) -> ModuleType:
-    """Import a rendered ``model.py`` by path, under the module's unique name."""
-    path = Path(module_dir) / "model.py"
+    """Import a rendered ``model.py`` by path, under a name from its folder's (a module's unique name in the cache).
+    A module already imported from that same file is reused; one of another folder of the same name is not (it
+    would be another chain's code)."""
+    path = (Path(module_dir) / "model.py").resolve()
     name = f"fusetune_generated_{Path(module_dir).name}"
-    if name in sys.modules:
-        return sys.modules[name]
+    loaded = sys.modules.get(name)
+    if loaded is not None and getattr(loaded, "__file__", None) and Path(loaded.__file__).resolve() == path:
+        return loaded
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import generated module {path}")

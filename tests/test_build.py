@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fusetune.build import BuildResult, build, load_kernels
+from fusetune.build import BuildResult, build, load_generated, load_kernels
 from fusetune.cache import Cache
 from fusetune.codegen import RenderedModule
 from fusetune.config import load_config
@@ -115,3 +115,17 @@ def _alive(pid: int) -> bool:
             return stat.read().split(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_generated_module_is_reused_from_its_own_file_only(tmp_path):
+    """Two folders of one name (a later region's r1 in two tests, two caches) hold different code: each import is
+    its own file's, and the same file again is the module already imported."""
+    first, second = tmp_path / "a" / "r1", tmp_path / "b" / "r1"
+    for folder, value in ((first, 1), (second, 2)):
+        folder.mkdir(parents=True)
+        (folder / "model.py").write_text(f"VALUE = {value}\n")
+    one = load_generated(first)
+    assert (one.VALUE, load_generated(second).VALUE) == (1, 2)
+    assert load_generated(first) is not one or one.VALUE == 1
+    again = load_generated(first)
+    assert again.VALUE == 1 and load_generated(first) is again

@@ -152,10 +152,11 @@ def _later(plan: Plan) -> list[dict[str, Any]]:
     view of its input it runs on (fusetune/views.py's fact, None for the tensor as it is)."""
     from fusetune.pipeline import later_segments
 
+    scalars = frozenset(p.name for p in plan.spec.parameters if p.scalar)
     return [{"index": s.index, "kernels": s.kernels, "folder": f"r{s.index}", "attrs": [list(a) for a in s.attrs],
              "params": list(s.params), "inputs": list(s.extra_inputs), "where": s.where, "why": s.why,
              "view": s.view.fact() if s.view is not None else None,
-             "lines": [step.op.forward_code("x", step.attr) for step in s.steps]}
+             "lines": [step.forward_code("x", scalars) for step in s.steps]}
             for s in later_segments(plan)]
 
 
@@ -291,7 +292,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
     model = env.get_template("model.py.j2").render(
         module_name=name, variants=variants, tunable=tunable, default_variant=space.stage_values(space.default()),
         submodules=submodules, forward_lines=lines, norm_attr=norm_attr, cuda_sources=list(sources),
-        tail_lines=[step.op.forward_code("x", step.attr) for step in plan.tail], later=later,
+        tail_lines=[step.forward_code("x", scalars) for step in plan.tail], later=later,
         tail_why=_without_path(plan.ends, plan.spec.path),
         later_regions=[{k: s[k] for k in ("index", "folder", "attrs", "params")} for s in later if s["kernels"]],
         reads_producer=any(op.uses_producer() for op in plan.spec.epilogue),

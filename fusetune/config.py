@@ -25,6 +25,7 @@ from fusetune.ops.base import is_int, number_text_hint
 from fusetune.paths import decode_text, read_bytes
 from fusetune.ops.channel import ChannelLayerNorm
 from fusetune.ops.gate import Glu
+from fusetune.ops.shuffle import PixelShuffle
 from fusetune.producers import Producer
 
 #: The element types a config may name; inputs, weights and outputs are in it, the kernels' arithmetic
@@ -565,8 +566,8 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
                 raise ctx.error(sub, f"{message} (for shapes[{j}])")
             op.check_shape(shape, error)
         current = [op.out_shape(s) for s in current]
-        if structured is None and isinstance(op, Glu) and op.halves_channels():
-            channels = current[0][1]  # the chain goes on at half the channels (fusetune/ops/gate.py)
+        if structured is None and ((isinstance(op, Glu) and op.halves_channels()) or isinstance(op, PixelShuffle)):
+            channels = current[0][1]  # the chain goes on at half (a glu) or 1 / r^2 (a pixel shuffle) of the channels
         ranks = {len(s) for s in current}
         if len(ranks) > 1:
             raise ConfigError(path, key, f"the output's rank differs between the shapes ({sorted(ranks)}): later dims "

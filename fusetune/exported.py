@@ -73,6 +73,7 @@ _ATEN_ROWS: tuple[tuple[str, str, Callable[..., Any]], ...] = (
     ("unsqueeze", "default", torch.unsqueeze),
     ("elu", "default", F.elu),  # only as elu(x[, alpha]): see _positional_ok
     ("glu", "default", F.glu),
+    ("pixel_shuffle", "default", F.pixel_shuffle),
     ("pad", "default", F.pad),  # a pad a convolution takes as its padding (importer._fold_pad), as F.pad's call
     # weight norm's computation (a parametrized convolution's weight: fusetune/computed_weights.py)
     ("_weight_norm", "default", torch._weight_norm),

@@ -220,23 +220,33 @@ def _through(site: Site, half: torch.fx.Node) -> tuple[str | None, list[torch.fx
     return name, [user], user
 
 
+def channel_divisor(entry: Mapping[str, Any]) -> int:
+    """How many of the chain's channels a config entry makes one: 2 for a glu over the channels, upscale_factor^2
+    for a pixel shuffle (fusetune/ops/shuffle.py), else 1."""
+    if entry.get("op") == "glu" and entry.get("dim") == 1:
+        return 2
+    if entry.get("op") == "pixel_shuffle":
+        return int(entry["upscale_factor"]) ** 2
+    return 1
+
+
 def channels(out_channels: int, steps: Sequence[Any]) -> int:
     """The chain's channels after ``steps`` (importer Steps, whose entries are config entries): the convolution's,
-    halved by each glu over the channels, so that a per-channel parameter after one is read at its C/2."""
+    halved by each glu over the channels and divided by r^2 by each pixel shuffle, so that a per-channel parameter
+    after one is read at the channels there."""
     for step in steps:
         for entry in step.entries:
-            if entry.get("op") == "glu" and entry.get("dim") == 1:
-                out_channels //= 2
+            out_channels //= channel_divisor(entry)
     return out_channels
 
 
 def read_channels(raw: Mapping[str, Any], name: str | None) -> int:
     """The channels where config parameter ``name`` is first read in a raw config (``by: name``, a layer norm's
-    weight or bias): the convolution's out_channels, halved by each glu over the channels before it."""
+    weight or bias): the convolution's out_channels, divided by each glu or pixel shuffle before it
+    (channel_divisor)."""
     count = int(raw["producer"]["out_channels"])
     for entry in raw.get("epilogue", []):
         if name is not None and name in (entry.get("by"), entry.get("weight"), entry.get("bias")):
             break
-        if entry.get("op") == "glu" and entry.get("dim") == 1:
-            count //= 2
+        count //= channel_divisor(entry)
     return count

@@ -153,6 +153,11 @@ def _region(spec: ProblemSpec, rest: list[Step], shapes: list[Shape], index: int
         steps = tuple(rest[:end])
         if any(s.op.uses_producer() for s in steps):
             continue
+        if any(s.repeat > 1 for s in steps):  # its problem would size the parameter at the channels it reads it at
+            if end == 1:
+                why = (f"{rest[0].where}: moved before a pixel shuffle, it reads its per-channel parameter repeated, "
+                       "which only the first region's kernels do")
+            continue
         view = region_view([s.op for s in steps], shapes[0], frozenset(p.name for p in spec.parameters if p.scalar))
         if view is not None and any(s.op.reads_input() for s in steps):
             continue  # an extra input has the chain's shape, not the view's

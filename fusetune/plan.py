@@ -38,8 +38,10 @@ from fusetune.ops import AdaptivePool, Add, DimReduce, Elementwise, LayerNorm, N
 from fusetune.ops.channel import CHANNEL_MAPS, ChannelNorm
 from fusetune.ops.reduce import KERNEL_MODES, Softmax, kernel_mode
 from fusetune.ops.reductions import REDUCTIONS, KernelReduction
-from fusetune.regions import AT_SHAPES, CANCELS_BIAS, FROM_STATISTICS, Step, affine, rewrite
+from fusetune.regions import AT_SHAPES, CANCELS_BIAS, FROM_STATISTICS, MOVED, Step, affine, rewrite
 
+#: What a step moved before a pixel shuffle reads repeated, by its role (regions.shuffle_commutes).
+_REPEATED = {"elementwise": "its per-channel parameter", "norm": "its running statistics and affine"}
 #: The norms the kernels compute: statistics per (sample, channel) sums (batch, group, instance) or none
 #: (eval-mode batch norm's running ones).
 KERNEL_SCOPES = ("batch", "group", "instance", "running")
@@ -77,6 +79,17 @@ class Plan:
     #: The config's extra input (``inputs:``) that ops of the region read (``by: NAME``), None where none does:
     #: the kernels read it at the index they store each element at (INPUT_SLOTS), as ``a.extra``.
     extra: str | None = None
+    #: The per-channel parameters the kernels read repeated (name, times): those of ops moved before a pixel
+    #: shuffle (regions.shuffle_commutes), each value of C / r^2 read at the r^2 channels that shuffle into it.
+    param_repeats: tuple[tuple[str, int], ...] = ()
+    #: How many times the kernels read each of the norm's per-channel tensors: r^2 for an eval-mode batch norm moved
+    #: before a pixel shuffle (its running statistics and affine, of C / r^2 values), else 1.
+    norm_repeat: int = 1
+
+    def param_repeat(self, name: str) -> int:
+        """How many times the kernels read each value of parameter ``name`` (torch.repeat_interleave): 1 but where
+        an op moved before a pixel shuffle reads it."""
+        return dict(self.param_repeats).get(name, 1)
 
     @property
     def channel_fold(self) -> KernelReduction:
@@ -245,6 +258,14 @@ class Plan:
                          f"kernels pool fixed windows, and the adaptive pool's are one {window} window there; at "
                          "another shape ModelNew runs PyTorch's forward where one of them won (the other worlds "
                          "pool PyTorch's adaptive windows at any shape)")
+        moved = [step for step in (*self.head, *self.tail) if MOVED in step.marks]
+        if moved:
+            from fusetune.regions import RULES
+
+            why = next(rule.doc for rule in RULES if rule.name == "shuffle_commutes")
+            lines.append(f"  moved before a pixel shuffle (shuffle_commutes: {why}): " + "; ".join(
+                step.where + (f", {_REPEATED[step.op.role]} repeated {step.repeat} times" if step.repeat > 1 else "")
+                for step in moved))
         if self.at_shapes:
             from fusetune.regions import RULES
 
@@ -443,11 +464,14 @@ def _plan_region(spec: ProblemSpec, steps: Sequence[Step]) -> Plan:
         raise PlanError(f"{spec.path}: the chain reads {len(plan_params)} learnable parameters; the kernels take "
                         f"at most {MAX_PARAMS}")
     channel_map = reduce.op if reduce and isinstance(reduce.op, (Softmax, ChannelNorm)) else None
+    scalars = frozenset(p.name for p in spec.parameters if p.scalar)
+    repeats = tuple(dict.fromkeys((name, step.repeat) for step in steps for name in step.repeated_params(scalars)))
     plan = Plan(spec=spec, pre=ops["pre"], norm=norm.op if norm else None, mid=ops["mid"], pool=pool,
                 post=ops["post"], reduce=reduce.op if reduce and not channel_map else None, final=ops["final"],
                 family=family, drop_bias=norm is not None and CANCELS_BIAS in norm.marks,
                 channel_map=channel_map,
-                extra=reader.op.reads_input() if reader else None)
+                extra=reader.op.reads_input() if reader else None, param_repeats=repeats,
+                norm_repeat=norm.repeat if norm else 1)
     broadcast.check_plan(plan)  # a broadcast input (inputs: shape:) read where the kernels know its (n, c)
     return plan
 
@@ -457,6 +481,8 @@ _ROLE_REFUSALS = {
     "view": "a view of the kernels' output, free in PyTorch",
     "gate": ("a gated unit multiplies each value by a gate half its dim away (C/2 channels), and no kernel family "
              "reads both of a pair (fusetune/ops/gate.py); it runs in PyTorch between regions"),
+    "shuffle": ("a pixel shuffle moves each value to another channel and position, a permutation copy no kernel "
+                "family writes (fusetune/ops/shuffle.py); it runs in PyTorch between regions"),
 }
 
 

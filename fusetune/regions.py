@@ -13,6 +13,8 @@ lands in the kernels rather than in PyTorch:
     reduction, which keeps the dims with size 1; a view drops them where ``keepdim`` is false;
   * a reduction over the channel dim with ``keepdim`` is the kernels' channel reduction and a view
     that puts the dim back; ``amax``/``amin`` are ``max``/``min`` (the same values);
+  * a pointwise op or an eval-mode batch norm after a pixel shuffle moves before it (a per-channel parameter, the
+    norm's tensors, repeated r^2 times), so that the convolution's region takes it and PyTorch shuffles after it;
   * a view before an op that maps each value alone moves after it (the values are the same);
   * a pool in ceil mode that adds no partial window at any of the config's shapes is the floor-mode pool
     there (exact at those shapes only: the generated model runs PyTorch's forward at any other);
@@ -45,9 +47,10 @@ from typing import Callable, Sequence
 
 from fusetune import broadcast
 from fusetune.config import ProblemSpec
-from fusetune.ops import (Add, AdaptivePool, DimReduce, Div, Flatten, LayerNorm, MeanCentre, Mul, Norm, Op, Pool,
-                          Reduce, SpatialReduce, Sub, Unsqueeze)
+from fusetune.ops import (Add, AdaptivePool, BatchNorm, DimReduce, Div, Flatten, LayerNorm, MeanCentre, Mul, Norm, Op,
+                          Pool, Reduce, SpatialReduce, Sub, Unsqueeze)
 from fusetune.ops.reduce import KERNEL_MODES, Squeeze, kernel_mode
+from fusetune.ops.shuffle import PixelShuffle
 from fusetune.ops.reductions import REDUCTIONS
 from fusetune.ops.slicing import Slice
 
@@ -65,6 +68,34 @@ class Step:
     #: The config's ops its entries are, as parsed: a user knows a step by the ops they wrote, not by the
     #: form a rule gave it (a ``sum`` over every spatial dim is the kernels' spatial_reduce and a view).
     written: tuple[Op, ...] = ()
+    #: How many times each value of the per-channel parameters it reads (an eval batch norm's tensors) is repeated
+    #: (torch.repeat_interleave over the channels): the product of r^2 over the pixel shuffles of factor r it moved
+    #: before (shuffle_commutes), 1 otherwise.
+    repeat: int = 1
+
+    def repeated_params(self, scalars: frozenset[str]) -> tuple[str, ...]:
+        """The per-channel parameters the step reads repeated (none where ``repeat`` is 1); ``scalars``: the
+        config's single-value parameters, the same value for every channel."""
+        if self.repeat == 1 or self.op.role != "elementwise":
+            return ()
+        return tuple(p for p in self.op.params() if p not in scalars)
+
+    @property
+    def repeated_norm(self) -> bool:
+        """Whether the step is an eval-mode batch norm moved before a pixel shuffle: its module's per-channel
+        tensors are read repeated."""
+        return self.repeat > 1 and isinstance(self.op, BatchNorm)
+
+    def forward_code(self, x: str, scalars: frozenset[str]) -> str:
+        """The step's PyTorch line (where PyTorch runs it: after a region, or between regions): the op's own,
+        reading each per-channel parameter (an eval batch norm's tensors) repeated where the step stands before a
+        pixel shuffle."""
+        if self.repeated_norm:
+            return self.op.eval_code(x, self.attr, self.repeat)
+        if not self.repeated_params(scalars):
+            return self.op.forward_code(x, self.attr)
+        repeated = dataclasses.replace(self.op, param=f"{self.op.param}.repeat_interleave({self.repeat}, 0)")
+        return repeated.forward_code(x, self.attr)
 
     @property
     def where(self) -> str:
@@ -135,6 +166,8 @@ def reference_attr(spec: ProblemSpec, i: int) -> str | None:
 CANCELS_BIAS = "cancels_bias"
 #: A reduction step marked so is computed by finalize from the norm's statistics: no main pass.
 FROM_STATISTICS = "from_statistics"
+#: A step moved before a pixel shuffle (shuffle_commutes): ``fusetune plan`` names it.
+MOVED = "moved_before_shuffle"
 #: A step a rule that holds at the config's shapes only gave its form (Rule.at_shapes; rewrite marks it): the
 #: kernels that compute that form are exact at those shapes only, PyTorch running it as written at any
 #: (Plan.at_shapes: region 0's kernels take it; pipeline.region_spec: a later region's problem has it as written).
@@ -475,6 +508,45 @@ def _sink_views(steps: list[Step], spec: ProblemSpec) -> list[Step]:
     return out
 
 
+def _shuffle_commutes(steps: list[Step], spec: ProblemSpec) -> list[Step]:
+    """A pixel shuffle, then an op that maps each value alone: the shuffle moves values without changing them, so
+    the op gives the same values before it, each read at the channel it came from. Channel c of the shuffle's input
+    lands in channel c // r^2 of its output, so a per-channel parameter of C / r^2 values is read repeated r^2 times
+    (repeat_interleave: Step.repeat); a number or a scalar parameter is the same everywhere. A batch norm in eval
+    mode is such a map too (its running statistics and affine per channel, repeated alike). Not an op that reads
+    the convolution's output or an extra input (their shape is the chain's after the shuffle), nor a per-channel
+    parameter an op reads other than as its one operand. A norm with statistics of its input (batch norm in
+    training mode, group, instance, layer), a pool, a reduction or a softmax does not commute with it (their sets
+    of values are not the shuffle's) and stops the move; the shuffle then runs in PyTorch between regions. The
+    moved step is marked (MOVED): ``fusetune plan`` says it moved."""
+    scalars = frozenset(p.name for p in spec.parameters if p.scalar)
+    out = list(steps)
+    moved = True
+    while moved:
+        moved = False
+        for i in range(len(out) - 1):
+            shuffle, step = out[i], out[i + 1]
+            if isinstance(shuffle.op, PixelShuffle) and _commutes_with_shuffle(step.op, scalars):
+                per_channel = isinstance(step.op, BatchNorm) or set(step.op.params()) - scalars
+                repeat = step.repeat * (shuffle.op.block if per_channel else 1)
+                marks = step.marks if MOVED in step.marks else step.marks + (MOVED,)
+                out[i], out[i + 1] = dataclasses.replace(step, repeat=repeat, marks=marks), shuffle
+                moved = True
+    return out
+
+
+def _commutes_with_shuffle(op: Op, scalars: frozenset[str]) -> bool:
+    """Whether an op maps each value alone, reading nothing at the shuffled position but its per-channel
+    parameters, each as its one operand (``param``: the operand Step.forward_code repeats); or is a batch norm in
+    eval mode, a per-channel affine map of its module's running statistics and affine (repeated alike)."""
+    if isinstance(op, BatchNorm):
+        return not op.training
+    if op.role != "elementwise" or op.uses_producer() or op.reads_input() is not None:
+        return False
+    per_channel = set(op.params()) - scalars
+    return not per_channel or per_channel == {getattr(op, "param", None)}
+
+
 def _ceil_adds_no_window(steps: list[Step], spec: ProblemSpec) -> list[Step]:
     """A pool in ceil mode pools one more window than in floor mode only where a partial one starts inside its
     input (or its left padding); where that adds no window at any of the config's shapes, its windows there are
@@ -520,6 +592,10 @@ RULES: tuple[Rule, ...] = (
          "dims, then one over the channels", _ranked(_split_full_reductions)),
     Rule("kernel_reductions", "a reduction over every spatial dim or over the channels is the kernels' own, "
          "with a view that restores PyTorch's shape", _ranked(_kernel_reductions)),
+    Rule("shuffle_commutes", "a pointwise op or an eval-mode batch norm after a pixel shuffle moves before it, the "
+         "same values each read at the channel it came from: a per-channel parameter repeated r^2 times, a scalar "
+         "as it is",
+         _shuffle_commutes),
     Rule("sink_views", "a view before an op that maps each value alone moves after it", _sink_views),
     Rule("ceil_adds_no_window", "a pool in ceil mode that adds no partial window at any of the config's shapes "
          "is the floor-mode pool there", _ceil_adds_no_window, at_shapes=True),

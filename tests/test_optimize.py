@@ -497,7 +497,8 @@ def optimized_on_gpu(model, inputs: tuple, tmp_path: Path, budget_s: float = 240
                                   "kb_conv2d_bias_view_in_forward", "kb_convt2d_add_input_hardswish", "resnet_blocks",
                                   "resnet_basicblock_downsample_after",
                                   "kb_conv2d_min_channels_scalar_bias", "kb_convt2d_subtract_mean_tanh",
-                                  "srresnet_prelu", "inplace_and_pow_forms", "timm_batchnorm_act",
+                                  "srresnet_prelu", "sr_upsampler_prelu_leaky", "inplace_and_pow_forms",
+                                  "timm_batchnorm_act",
                                   "conv2d_reflect_instancenorm_relu", "kb_conv2d_derived_operands",
                                   "conv2d_ceil_mode_partial_windows", "mobilenetv2_inverted_residual",
                                   "yolo_c2f_csp", "gated_forms", "tcn_causal_chomp",
@@ -887,7 +888,7 @@ def test_optimize_says_in_one_line_how_many_chains_run_kernels_and_why_the_other
                                   "sweep3_diffusion_resblock_temb_proj", "sweep3_fpn_topdown_interpolate",
                                   "sweep3_kb_add_sub_alpha_rounding_mode", "sweep3_where_zeros_like_special_erf",
                                   "sweep3_causal_pad_conv", "sweep3_threshold_forms", "vae_block_conv_in_returned",
-                                  "conv2d_shared_output", *SWEEP4])
+                                  "conv2d_shared_output", "sr_upsampler_prelu_leaky", *SWEEP4])
 def test_every_imported_chain_is_bound(stem: str, cache_dir: Path) -> None:
     """Each chain the import finds is one optimize replaces (a size computed from two shape reads goes with its
     chain; in-place statements are read through; an input computed after the convolution is there when the fused

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from fusetune.cli import main
 from fusetune.config import load_config
 from fusetune.plan import make_plan
-from fusetune.regions import CANCELS_BIAS, FROM_STATISTICS, RULES, rewrite
+from fusetune.regions import CANCELS_BIAS, FROM_STATISTICS, MOVED, RULES, Step, rewrite
 
 from conftest import ROOT
 
@@ -73,22 +73,26 @@ def test_plan_lists_the_rules_that_fired():
     assert "  rewrites: kernel_reductions, mean_of_norm" in text
 
 
-def _run_steps(model, steps, x, inputs=None):
+def _run_steps(model, steps, x, inputs=None, spec=None):
     """The steps' PyTorch lines on ``x`` (the convolution's output, which ``by: producer`` ops read too), the
-    config's extra inputs bound by their names."""
+    config's extra inputs bound by their names. Rewritten steps (of ``spec``'s chain) by their own lines, which read
+    a per-channel parameter repeated where a step moved before a pixel shuffle (Step.forward_code)."""
     import torch
     import torch.nn.functional as F
 
+    scalars = frozenset(p.name for p in spec.parameters if p.scalar) if spec is not None else frozenset()
     y = x
     for step in steps:
-        x = eval(step.op.forward_code("x", step.attr), {"self": model, "x": x, "y": y, "F": F, "torch": torch,  # noqa: S307
-                                                        **(inputs or {})})
+        code = step.forward_code("x", scalars) if isinstance(step, Step) else step.op.forward_code("x", step.attr)
+        x = eval(code, {"self": model, "x": x, "y": y, "F": F, "torch": torch, **(inputs or {})})  # noqa: S307
     return x
 
 
+#: Ops after a pixel shuffle that do not commute with it (shuffle_commutes moves nothing past them).
+SHUFFLE_STOPS = ROOT / "tests" / "shuffle_stops"
 #: Every config the rules are checked on in float64.
 EXACT = (sorted(CHAINS.glob("*.yaml")) + sorted(CONFIGS.glob("*.yaml")) + sorted(CENTRING.glob("*.yaml"))
-         + sorted(CANCELLED_INPUTS.glob("*.yaml")))
+         + sorted(CANCELLED_INPUTS.glob("*.yaml")) + sorted(SHUFFLE_STOPS.glob("*.yaml")))
 
 
 @pytest.mark.parametrize("path", EXACT, ids=lambda p: p.stem)
@@ -105,7 +109,8 @@ def test_the_rewritten_chain_computes_the_configs_at_its_shapes(path, tmp_path):
         inputs = {name: torch.randn(s, dtype=torch.float64) for name, s in zip(spec.inputs, spec.input_shapes(shape))}
         expected = _run_steps(model, [type("S", (), {"op": op, "attr": attr})() for op, attr in
                                       _reference_steps(spec)], x, inputs)
-        assert torch.allclose(_run_steps(model, rewritten.steps, x, inputs), expected, rtol=1e-9, atol=1e-9), shape
+        got = _run_steps(model, rewritten.steps, x, inputs, spec)
+        assert got.shape == expected.shape and torch.allclose(got, expected, rtol=1e-9, atol=1e-9), shape
 
 
 def _reference_steps(spec):
@@ -154,7 +159,7 @@ def test_a_norm_marked_to_cancel_the_bias_gives_the_chains_result_without_it(pat
         inputs = {name: torch.randn(s, dtype=torch.float64) for name, s in zip(spec.inputs, spec.input_shapes(shape))}
         expected = _run_steps(model, [type("S", (), {"op": op, "attr": attr})() for op, attr in
                                       _reference_steps(spec)], x, inputs)
-        got = _run_steps(model, rewritten.steps, unbiased, inputs)
+        got = _run_steps(model, rewritten.steps, unbiased, inputs, spec)
         assert torch.allclose(got, expected, rtol=1e-9, atol=1e-9), shape
 
 
@@ -326,3 +331,74 @@ def test_a_read_of_the_convolutions_output_after_an_inputs_read_says_so_not_a_po
     the region there, and ``fusetune plan`` names the input's read as the reason, not a pool the chain lacks."""
     text = CliRunner().invoke(main, ["plan", str(CANCELLED_INPUTS / "add_temb_mul_producer_instancenorm.yaml")]).output
     assert "after epilogue[0] (add), which reads input 'temb'" in text and "after a pool" not in text
+
+
+# ------------------------------------------------------------------------------------------------------
+# A pointwise op after a pixel shuffle moves before it (shuffle_commutes)
+# ------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("stem, order, moved, repeats, tail", [
+    # prelu by 5 slopes moves before the shuffle of 20 channels into 5: each slope read 4 times
+    ("conv2d_pixelshuffle2_prelu_channel", ["prelu", "pixel_shuffle"], ["prelu"], {"prelu": 4}, ["pixel_shuffle"]),
+    # leaky_relu (no parameter) moves, and the eval-mode batch norm with its tensors of 3 channels read 9 times each
+    ("conv2d_pixelshuffle3_leakyrelu_batchnorm_eval", ["leaky_relu", "batch_norm", "pixel_shuffle"],
+     ["leaky_relu", "batch_norm"], {"batch_norm": 9}, ["pixel_shuffle"]),
+    # mul by a per-channel gain (repeated), add by a scalar parameter (as it is), tanh; the group norm stops the move
+    ("conv2d_pixelshuffle2_scale_shift_tanh_groupnorm", ["mul", "add", "tanh", "pixel_shuffle", "group_norm"],
+     ["mul", "add", "tanh"], {"mul": 4}, ["pixel_shuffle", "group_norm"]),
+    # moved past two shuffles of 2: the gain read 16 times
+    ("conv2d_pixelshuffle2_pixelshuffle2_scale_hardswish", ["mul", "hardswish", "pixel_shuffle", "pixel_shuffle"],
+     ["mul", "hardswish"], {"mul": 16}, ["pixel_shuffle", "pixel_shuffle"]),
+    # moved past the shuffle, then past the crop of a column (sink_views): region 0 takes it
+    ("conv2d_crop_pixelshuffle2_prelu_channel", ["prelu", "slice", "pixel_shuffle"], ["prelu"], {"prelu": 4},
+     ["slice", "pixel_shuffle"]),
+    # moved past the shuffle but not into region 0, which ends at the softmax over the width: PyTorch runs it after
+    # the softmax's later region, reading the slopes repeated (pipeline._region)
+    ("conv2d_softmax_width_pixelshuffle2_prelu_channel", ["softmax", "prelu", "pixel_shuffle"], ["prelu"],
+     {"prelu": 4}, ["softmax", "prelu", "pixel_shuffle"]),
+])
+def test_a_pointwise_op_after_a_pixel_shuffle_moves_before_it(stem, order, moved, repeats, tail):
+    """The rule moves every op that maps each value alone (and an eval-mode batch norm) in front of the shuffle, marks
+    it, and repeats a per-channel parameter, the norm's tensors, r^2 times (a scalar one not); a group norm stays
+    after it. Region 0's kernels read the repeated parameter
+    (Plan.param_repeats); the shuffle runs in PyTorch after them (its exactness: the float64 test above)."""
+    spec = load_config(CHAINS / f"{stem}.yaml")
+    rewritten, plan = rewrite(spec), make_plan(spec)
+    assert [step.op.kind for step in rewritten.steps] == order and "shuffle_commutes" in plan.rules
+    assert [step.op.kind for step in rewritten.steps if MOVED in step.marks] == moved
+    assert {step.op.kind: step.repeat for step in rewritten.steps if step.repeat > 1} == repeats
+    assert [step.op.kind for step in plan.tail] == tail
+    assert dict(plan.param_repeats) == {name: step.repeat for step in plan.head if step.op.role == "elementwise"
+                                        for name in step.op.params() if step.repeat > 1}
+    assert plan.norm_repeat == next((step.repeat for step in plan.head if step.op.role == "norm"), 1)
+
+
+def test_the_generated_model_reads_a_moved_parameter_repeated(tmp_path):
+    """ModelNew hands the kernels the slopes repeated 4 times (each read at the 4 channels that shuffle into its
+    channel), an eval batch norm's tensors 9 times, and shuffles their output in PyTorch; a chain without a shuffle
+    reads nothing repeated."""
+    from fusetune.codegen import render
+
+    moved = render(make_plan(load_config(CHAINS / "conv2d_pixelshuffle2_prelu_channel.yaml"))).files["model.py"]
+    assert "self.slope.reshape(-1).repeat_interleave(4).contiguous()" in moved and "F.pixel_shuffle(x, 2)" in moved
+    normed = render(make_plan(load_config(CHAINS / "conv2d_pixelshuffle3_leakyrelu_batchnorm_eval.yaml")))
+    assert "norm = [t.repeat_interleave(9) if t.numel() else t for t in norm]" in normed.files["model.py"]
+    plain = render(make_plan(load_config(CHAINS / "conv2d_relu_maxpool_maxpool.yaml")))
+    assert "repeat_interleave" not in plain.files["model.py"]
+    text = CliRunner().invoke(main, ["plan", str(CHAINS / "conv2d_pixelshuffle2_scale_shift_tanh_groupnorm.yaml")])
+    assert ("moved before a pixel shuffle (shuffle_commutes: a pointwise op or an eval-mode batch norm after a pixel "
+            in text.output)
+    assert ("epilogue[1] (mul), its per-channel parameter repeated 4 times; epilogue[2] (add); epilogue[3] (tanh)"
+            in text.output)
+    assert "rewrites: shuffle_commutes" in text.output
+
+
+@pytest.mark.parametrize("path", sorted(SHUFFLE_STOPS.glob("*.yaml")), ids=lambda p: p.stem)
+def test_ops_that_do_not_commute_with_a_pixel_shuffle_stay_after_it(path):
+    """A pool, a softmax over the channels, a batch norm in training mode: each stays after the shuffle (its sets are
+    the shuffled tensor's), and the relu after it too; the rule does not fire."""
+    spec = load_config(path)
+    rewritten = rewrite(spec)
+    assert [step.op.config_name for step in rewritten.steps] == [op.config_name for op in spec.epilogue]
+    assert "shuffle_commutes" not in rewritten.fired and not any(MOVED in step.marks for step in rewritten.steps)
+    assert [step.op.config_name for step in make_plan(spec).tail][0] == "pixel_shuffle"

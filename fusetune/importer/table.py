@@ -25,7 +25,8 @@ from fusetune.importer.builders.pointwise import (_pow_form, clamp, module_op, n
                                                   round_op, threshold_fn, threshold_module, unary)
 from fusetune.importer.builders.pools import adaptive, pool_fn, pool_module
 from fusetune.importer.builders.reductions import extremum, reduction, softmax, spread
-from fusetune.importer.builders.reshapes import flatten, squeeze, unsqueeze, view
+from fusetune.importer.builders.reshapes import (flatten, pixel_shuffle_fn, pixel_shuffle_module, squeeze, unsqueeze,
+                                                 view)
 from fusetune.importer.graph import _hooked, _is_convolution
 from fusetune.importer.matching import Builder, Mapped, Site, Stop, _channel_import, _gate_import, _slice_import
 from fusetune.ops import SPECIAL_NAMES, TORCH_ALIASES
@@ -176,6 +177,9 @@ TABLE: dict[tuple[str, Any], Builder] = {
     ("call_function", torch.unflatten): view,
     ("call_method", "unflatten"): view,
     ("call_module", nn.Unflatten): view,
+    ("call_function", F.pixel_shuffle): pixel_shuffle_fn,
+    ("call_function", torch.pixel_shuffle): pixel_shuffle_fn,
+    ("call_module", nn.PixelShuffle): pixel_shuffle_module,
     ("call_function", torch.squeeze): squeeze,
     ("call_method", "squeeze"): squeeze,
     ("call_function", torch.unsqueeze): unsqueeze,

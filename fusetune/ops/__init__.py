@@ -12,6 +12,7 @@ from fusetune.ops.elementwise import Add, Clamp, Div, Elementwise, Maximum, Mini
 from fusetune.ops.channel import ChannelLayerNorm, ChannelNorm, Normalize
 from fusetune.ops.dropout import Dropout
 from fusetune.ops.gate import Glu
+from fusetune.ops.shuffle import PixelShuffle
 from fusetune.ops.slicing import Slice
 from fusetune.ops.norm import BatchNorm, GroupNorm, InstanceNorm, LayerNorm, MeanCentre, Norm
 from fusetune.ops.pool import AvgPool, MaxPool, Pool
@@ -95,6 +96,7 @@ REGISTRY: dict[str, type[Op]] = {
     "unsqueeze": Unsqueeze,
     "dropout": Dropout,
     "glu": Glu,
+    "pixel_shuffle": PixelShuffle,
     "slice": Slice,
 }
 
@@ -116,4 +118,4 @@ __all__ = ["REGISTRY", "ALIASES", "TORCH_ALIASES", "SPECIAL_NAMES", "Op", "OpCon
            "Add", "Clamp", "Div", "Mul", "Relu", "BatchNorm", "GroupNorm", "InstanceNorm",
            "MaxPool", "AvgPool", "AdaptiveAvgPool", "AdaptiveMaxPool", "AdaptivePool", "DimReduce", "Dropout",
            "Flatten", "LayerNorm", "LogSoftmax", "MeanCentre", "SoftmaxOp", "SpatialReduce", "Spread", "Squeeze", "Unflatten", "Unsqueeze", "View",
-           "ChannelLayerNorm", "ChannelNorm", "Normalize", "Glu", "Slice"]
+           "ChannelLayerNorm", "ChannelNorm", "Normalize", "Glu", "PixelShuffle", "Slice"]

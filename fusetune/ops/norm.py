@@ -87,9 +87,16 @@ class BatchNorm(Norm):
     def forward_code(self, x: str, attr: str | None) -> str:
         if self.training:
             return f"self.{attr}({x})"
-        # Eval-mode semantics whatever mode the module is in: running statistics only.
+        return self.eval_code(x, attr)
+
+    def eval_code(self, x: str, attr: str | None, repeat: int = 1) -> str:
+        """Eval-mode semantics whatever mode the module is in: running statistics only; each of the module's
+        per-channel tensors read ``repeat`` times (torch.repeat_interleave) where the norm stands before a pixel
+        shuffle (regions.shuffle_commutes)."""
         m = f"self.{attr}"
-        return (f"F.batch_norm({x}, {m}.running_mean, {m}.running_var, {m}.weight, {m}.bias, "
+        again = f".repeat_interleave({repeat}, 0)" if repeat > 1 else ""
+        weight, bias = (f"{m}.weight{again}", f"{m}.bias{again}") if self.affine or not again else ("None", "None")
+        return (f"F.batch_norm({x}, {m}.running_mean{again}, {m}.running_var{again}, {weight}, {bias}, "
                 f"training=False, eps={self.eps!r})")
 
 

@@ -65,6 +65,9 @@ def fold_refusal(plan: Plan) -> str | None:
     ops = [step.op for step in plan.head]
     if not ops:
         return "no op after the convolution in this region: nothing to fold into it or fuse after it"
+    if plan.param_repeats or plan.norm_repeat > 1:
+        return ("a per-channel parameter or a batch norm read repeated (moved before a pixel shuffle): the fold "
+                "scales the convolution's channels by the model's tensors as they are")
     i = 0
     while i < len(ops) and _affine(ops[i]):
         i += 1

@@ -1,5 +1,7 @@
 """ESPCN / EDSR super-resolution: conv -> tanh, conv -> nn.PixelShuffle -> sigmoid, EDSR's residual scaling
-(res * 0.1 + x) and a chain then F.interpolate(scale_factor=2) plus the shuffled value."""
+(res * 0.1 + x) and a chain then F.interpolate(scale_factor=2) plus the shuffled value. The last convolution's chain
+is conv -> pixel_shuffle -> sigmoid -> add (the interpolated input, an extra input): the sigmoid moves before the
+shuffle into the convolution's kernels, PyTorch shuffles, and the add runs on the shuffled tensor."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -1,12 +1,13 @@
 """Builders of reshapes after the batch dim: flatten, a view or reshape that is a flatten or an unflatten at the traced
-shapes, squeeze and unsqueeze.
+shapes, squeeze and unsqueeze; and the pixel shuffle, which moves values between the channels and the positions.
 """
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from fusetune.importer.graph import Entry
-from fusetune.importer.matching import Builder, Mapped, Site, Stop, _one, bind_op
+from fusetune.importer.matching import Builder, Mapped, Site, Stop, _one, bind_op, module_input
 
 
 def flatten(default_start: int) -> Builder:
@@ -59,3 +60,24 @@ def squeeze(site: Site) -> Mapped:
 def unsqueeze(site: Site) -> Mapped:
     a = bind_op(site, ["dim"], {})
     return _one(site, {"op": "unsqueeze", "dim": int(a["dim"])})
+
+
+def _pixel_shuffle_entry(site: Site, factor: Any) -> Entry:
+    """The pixel_shuffle op (fusetune/ops/shuffle.py) of an (N, C, H, W) value; a shuffle of another rank (PyTorch's
+    takes the last three dims of any) is none of a chain's."""
+    rank = len(site.shape_in or ())
+    if rank != 4:
+        raise Stop(f"a pixel shuffle of a rank-{rank} value: the op takes (N, C, H, W), a 2-D convolution's output")
+    return {"op": "pixel_shuffle", "upscale_factor": int(factor)}
+
+
+def pixel_shuffle_fn(site: Site) -> Mapped:
+    """F.pixel_shuffle(x, upscale_factor), torch.pixel_shuffle."""
+    a = bind_op(site, ["upscale_factor"], {})
+    return _one(site, _pixel_shuffle_entry(site, a["upscale_factor"]))
+
+
+def pixel_shuffle_module(site: Site) -> Mapped:
+    """nn.PixelShuffle(upscale_factor)."""
+    module_input(site)
+    return _one(site, _pixel_shuffle_entry(site, site.module.upscale_factor))

@@ -152,7 +152,7 @@ def _later(plan: Plan) -> list[dict[str, Any]]:
     view of its input it runs on (fusetune/views.py's fact, None for the tensor as it is)."""
     from fusetune.pipeline import later_segments
 
-    scalars = frozenset(p.name for p in plan.spec.parameters if p.scalar)
+    scalars = plan.spec.scalar_parameters
     return [{"index": s.index, "kernels": s.kernels, "folder": f"r{s.index}", "attrs": [list(a) for a in s.attrs],
              "params": list(s.params), "inputs": list(s.extra_inputs), "where": s.where, "why": s.why,
              "view": s.view.fact() if s.view is not None else None,
@@ -213,7 +213,7 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
     env = environment()
     space = plan_space(plan)
     slots = {name: i for i, name in enumerate(plan.param_names)}
-    scalars = frozenset(p.name for p in plan.spec.parameters if p.scalar)
+    scalars = plan.spec.scalar_parameters
     variants = {f.family: f.variants() if f.params else [] for f in space.families if f.family in plan.stages}
     tunable = [stage for stage, values in variants.items() if values]  # [] in VARIANTS there: none compiled
     for stage, wanted in (only or {}).items():

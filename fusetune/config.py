@@ -112,6 +112,12 @@ class ProblemSpec:
         (World.materializes_producer)."""
         return "producer" in self.outputs
 
+    @property
+    def scalar_parameters(self) -> frozenset[str]:
+        """The names of the single-value parameters: the same value at every channel (a pixel shuffle's move,
+        a view's channels and a region's operands leave them as they are)."""
+        return frozenset(p.name for p in self.parameters if p.scalar)
+
     def canonical(self) -> dict[str, Any]:
         """The problem's canonical form: everything that changes its result or what is accepted as
         one (precision, tolerance), nothing else."""

@@ -92,7 +92,7 @@ def _segments(plan: Plan) -> tuple[Segment, ...]:
     spec = plan.spec
     shapes = [plan.fused_output_shape(s) for s in spec.shapes]
     rest = list(plan.tail)
-    scalars = frozenset(p.name for p in spec.parameters if p.scalar)
+    scalars = spec.scalar_parameters
     out: list[Segment] = []
     pytorch: list[Step] = []
     why: list[str] = []
@@ -158,7 +158,7 @@ def _region(spec: ProblemSpec, rest: list[Step], shapes: list[Shape], index: int
                 why = (f"{rest[0].where}: moved before a pixel shuffle, it reads its per-channel parameter repeated, "
                        "which only the first region's kernels do")
             continue
-        view = region_view([s.op for s in steps], shapes[0], frozenset(p.name for p in spec.parameters if p.scalar))
+        view = region_view([s.op for s in steps], shapes[0], spec.scalar_parameters)
         if view is not None and any(s.op.reads_input() for s in steps):
             continue  # an extra input has the chain's shape, not the view's
         if isinstance(view, str):

@@ -464,7 +464,7 @@ def _plan_region(spec: ProblemSpec, steps: Sequence[Step]) -> Plan:
         raise PlanError(f"{spec.path}: the chain reads {len(plan_params)} learnable parameters; the kernels take "
                         f"at most {MAX_PARAMS}")
     channel_map = reduce.op if reduce and isinstance(reduce.op, (Softmax, ChannelNorm)) else None
-    scalars = frozenset(p.name for p in spec.parameters if p.scalar)
+    scalars = spec.scalar_parameters
     repeats = tuple(dict.fromkeys((name, step.repeat) for step in steps for name in step.repeated_params(scalars)))
     plan = Plan(spec=spec, pre=ops["pre"], norm=norm.op if norm else None, mid=ops["mid"], pool=pool,
                 post=ops["post"], reduce=reduce.op if reduce and not channel_map else None, final=ops["final"],

@@ -493,7 +493,7 @@ def _sink_views(steps: list[Step], spec: ProblemSpec) -> list[Step]:
     value everywhere, unless the view keeps every channel where it was: a slice of a spatial dim; not the
     convolution's output, not an extra input, which has the chain's shape before the view): the same values
     either way round, and with the op first the kernels may take it."""
-    scalars = {p.name for p in spec.parameters if p.scalar}
+    scalars = spec.scalar_parameters
     out = list(steps)
     moved = True
     while moved:
@@ -519,7 +519,7 @@ def _shuffle_commutes(steps: list[Step], spec: ProblemSpec) -> list[Step]:
     training mode, group, instance, layer), a pool, a reduction or a softmax does not commute with it (their sets
     of values are not the shuffle's) and stops the move; the shuffle then runs in PyTorch between regions. The
     moved step is marked (MOVED): ``fusetune plan`` says it moved."""
-    scalars = frozenset(p.name for p in spec.parameters if p.scalar)
+    scalars = spec.scalar_parameters
     out = list(steps)
     moved = True
     while moved:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from fusetune.cli import main
@@ -380,17 +381,37 @@ def test_the_generated_model_reads_a_moved_parameter_repeated(tmp_path):
     from fusetune.codegen import render
 
     moved = render(make_plan(load_config(CHAINS / "conv2d_pixelshuffle2_prelu_channel.yaml"))).files["model.py"]
-    assert "self.slope.reshape(-1).repeat_interleave(4).contiguous()" in moved and "F.pixel_shuffle(x, 2)" in moved
+    assert "self._repeated(self.slope, 4)" in moved and "F.pixel_shuffle(x, 2)" in moved
     normed = render(make_plan(load_config(CHAINS / "conv2d_pixelshuffle3_leakyrelu_batchnorm_eval.yaml")))
-    assert "norm = [t.repeat_interleave(9) if t.numel() else t for t in norm]" in normed.files["model.py"]
+    assert "norm = [self._repeated(t, 9) if t.numel() else t for t in norm]" in normed.files["model.py"]
     plain = render(make_plan(load_config(CHAINS / "conv2d_relu_maxpool_maxpool.yaml")))
-    assert "repeat_interleave" not in plain.files["model.py"]
+    assert "self._repeated(" not in plain.files["model.py"]
     text = CliRunner().invoke(main, ["plan", str(CHAINS / "conv2d_pixelshuffle2_scale_shift_tanh_groupnorm.yaml")])
     assert ("moved before a pixel shuffle (shuffle_commutes: a pointwise op or an eval-mode batch norm after a pixel "
             in text.output)
     assert ("epilogue[1] (mul), its per-channel parameter repeated 4 times; epilogue[2] (add); epilogue[3] (tanh)"
             in text.output)
     assert "rewrites: shuffle_commutes" in text.output
+
+
+def test_a_repeated_parameter_is_kept_until_it_changes(tmp_path):
+    """ModelNew repeats a moved parameter once, not at every forward: the same tensor comes back while the parameter is
+    unchanged, and an in-place write (an optimizer step, load_state_dict) or a new tensor makes it repeat again."""
+    from fusetune.build import load_generated
+    from fusetune.codegen import render
+
+    module = load_generated(render(make_plan(load_config(CHAINS / "conv2d_pixelshuffle2_prelu_channel.yaml")))
+                            .write(tmp_path / "moved"))
+    model = module.ModelNew().double()
+    first = model._repeated(model.slope, 4)
+    assert torch.equal(first, model.slope.detach().reshape(-1).repeat_interleave(4))
+    assert model._repeated(model.slope, 4) is first
+    with torch.no_grad():
+        model.slope.add_(1.0)
+    again = model._repeated(model.slope, 4)
+    assert again is not first and torch.equal(again, model.slope.detach().reshape(-1).repeat_interleave(4))
+    model.slope = torch.nn.Parameter(torch.randn_like(model.slope))
+    assert torch.equal(model._repeated(model.slope, 4), model.slope.detach().reshape(-1).repeat_interleave(4))
 
 
 @pytest.mark.parametrize("path", sorted(SHUFFLE_STOPS.glob("*.yaml")), ids=lambda p: p.stem)

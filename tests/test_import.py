@@ -217,12 +217,24 @@ def test_stop_reasons_are_named(tmp_path: Path) -> None:
     plan = make_plan(load_config(result.written[0].config))  # PyTorch's pool, after the kernels' region
     assert [s.op.kind for s in plan.tail] == ["max_pool"] and "ceil_mode=True (a partial last window)" in plan.ends
     # the convolution's output returned beside the chain: the chain returns it too; read before the chain's last
-    # value: no chain, said
+    # value: the chain cut before that read, said, and no chain where no op of it comes before the read
     shared = import_model(str(MODELS / "conv2d_shared_output.py"), tmp_path)
     assert load_config(shared.written[0].config).outputs == ("chain", "producer")
     near = import_model(str(MODELS / "returns_conv_near_misses.py"), tmp_path)
     assert not load_config(near.written[0].config).returns_producer
-    assert "also read by mul, outside the chain and before its last value" in near.pytorch["conv_b"]
+    assert load_config(near.written[1].config).outputs == ("chain", "producer")
+    assert near.written[1].chain.nodes == ["conv_b", "tanh"] and near.written[1].chain.end_node == "sigmoid_1"
+    assert near.pytorch["sigmoid_1"].startswith("ends chain1 (mul reads the convolution's output before sigmoid_1")
+    assert "reads chain1's convolution output" in near.pytorch["mul"]
+    cut = import_model(str(MODELS / "early_reader_cut_chain.py"), tmp_path)
+    assert [w.chain.producer_readers[-1:] for w in cut.written] == [["mean"], ["sum_1"]]
+    assert [w.chain.end_node for w in cut.written] == ["mul", "sub"]
+    none = import_model(str(MODELS / "early_reader_no_step_kept.py"), tmp_path)
+    assert [w.chain.nodes for w in none.written] == [["conv_c", "relu"]]
+    assert ("also read by mul, outside the chain and before its last value sigmoid, and before its first op's value "
+            "getitem too") in none.pytorch["conv_a"]
+    assert ("also read by sub, outside the chain and before its last value sigmoid_1, and before its first op's "
+            "value contiguous too") in none.pytorch["conv_b"]
     # x - x.mean(..., keepdim=True), on the convolution's output and on a later value: the mean and the subtraction
     # one op of the chain, a mean centring; nothing of either left in PyTorch
     mean = import_model(str(MODELS / "kb_convt2d_subtract_mean_tanh.py"), tmp_path)

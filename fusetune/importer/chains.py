@@ -1,6 +1,7 @@
 """Chains: the walk from a convolution through the ops of the vocabulary while each consumes the previous one's value
 and nothing else reads it (walk_chain); the convolution's other readers become ``by: producer`` operands, or, outside
-the chain after its end, read the convolution's output that the fused chain returns too (producer_outside). At each
+the chain after its end, read the convolution's output that the fused chain returns too (producer_outside; the chain is
+cut short before one that reads it earlier: _cut_before_early_readers). At each
 value the walk tries the subgraphs matched whole (a norm over the channels, a gate, a mean centring, a pointwise region,
 an idiom) before the table. A Chain records its steps and the nodes each covers, why it ends, and the sizes and derived
 operands that ops outside it read (settle_sizes, settle_derived: run again where fit_chain cuts it shorter).
@@ -270,33 +271,68 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
         cropped = _cropped_chain(chain, len(match.crop))
         if cropped is not None:
             return NoChain(node.name, cropped)
+    chain.producer_readers = [r.name for r in _readers(gm, producer)[0]]
+    outside = [p.name for p in pending if p.name not in chain.nodes]
+    if outside and match.crop:  # the kernels' convolution is the evenly padded one, larger than the user's
+        return NoChain(node.name, f"the convolution's output is also read by {', '.join(outside)}, outside the chain, "
+                                  "which computes it padded evenly and then crops (its input's pad is uneven)")
+    early = _cut_before_early_readers(gm, chain)
+    if early is not None:  # the fused chain hands the convolution's output back at its end: too late for them
+        return NoChain(node.name, early)
     chain.output_node = _last_value(chain)
     chain.size_nodes = _size_nodes(gm, chain)
     settle_sizes(chain)
-    chain.producer_readers = [r.name for r in _readers(gm, producer)[0]]
     nodes = {n.name: n for n in gm.graph.nodes}
     chain.derived_readers = {name: [u.name for u in nodes[name].users] for step in chain.steps for e in step.entries
                              if isinstance(ref := e.get("by"), DerivedRef) for name in ref.nodes}
     settle_derived(chain)
     chain.producer_values = [n.name for n in producer]
-    order = {n.name: i for i, n in enumerate(gm.graph.nodes)}
-    outside = [p.name for p in pending if p.name not in chain.nodes]
-    if outside and match.crop:  # the kernels' convolution is the evenly padded one, larger than the user's
-        return NoChain(node.name, f"the convolution's output is also read by {', '.join(outside)}, outside the chain, "
-                                  "which computes it padded evenly and then crops (its input's pad is uneven)")
-    early = [name for name in outside if order[name] < order[chain.output_node]]
-    if early:  # the fused chain hands the convolution's output back at its end (producer_outside): too late for them
-        return NoChain(node.name, f"the convolution's output is also read by {', '.join(early)}, outside the chain "
-                                  f"and before its last value {chain.output_node} (the fused chain returns the "
-                                  "convolution's output beside its own value, at its end)")
     return chain
+
+
+def _early_readers(chain: Chain, steps: int, order: dict[str, int]) -> list[str]:
+    """The ops outside the chain's first ``steps`` steps that read the convolution's output before those steps' last
+    value: the fused call, placed at that value, returns the output too late for them."""
+    last = order[_last_value(chain, steps)]
+    return [name for name in producer_outside(chain, steps) if order[name] < last]
+
+
+def _cut_before_early_readers(gm: torch.fx.GraphModule, chain: Chain) -> str | None:
+    """Cut the chain before the first op outside it that reads the convolution's output before the chain's last
+    value (``y = conv(x); z = tanh(relu(y)); s = y.mean(...)`` between the relu and the tanh): it keeps the longest
+    prefix whose last value comes before every such reader, which reads the convolution's output the shortened
+    fused chain returns (producer_outside); the ops after the cut stay in PyTorch, reading the chain's value. An
+    op of the chain that reads such a reader's value is cut off with the rest or ended the chain already (an
+    operand computed from the convolution's output is none of a chain's: Site.operand; a derived operand is
+    computed from the model's tensors alone). Why there is no chain where no op of the vocabulary is kept."""
+    order = {n.name: i for i, n in enumerate(gm.graph.nodes)}
+    early = _early_readers(chain, len(chain.steps), order)
+    if not early:
+        return None
+    k = next(k for k in range(len(chain.steps), -1, -1) if not _early_readers(chain, k, order))
+    if not any(step.entries for step in chain.steps[:k]):
+        first = next((i + 1 for i, step in enumerate(chain.steps) if step.entries), len(chain.steps))
+        return (f"the convolution's output is also read by {', '.join(early)}, outside the chain and before its last "
+                f"value {_last_value(chain)}, and before its first op's value {_last_value(chain, first)} too, so "
+                "no cut of the chain ends before it (the fused chain returns the convolution's output beside its own "
+                "value, at its end)")
+    nodes = {n.name: n for n in gm.graph.nodes}
+    end = next((n for n in chain.steps[k].nodes if not _is_shape_read(nodes[n])), None)
+    readers = _early_readers(chain, k + 1, order)  # those the next step's value would come after
+    chain.end = (f"{', '.join(readers)} read{'s' if len(readers) == 1 else ''} the convolution's output before "
+                 f"{_last_value(chain, k + 1)}: the chain ends before that, and returns the convolution's output "
+                 "beside its own value (outputs: [chain, producer])")
+    chain.end_node = end
+    chain.steps = chain.steps[:k]
+    return None
 
 
 def producer_outside(chain: Chain, steps: int | None = None) -> list[str]:
     """The ops outside the chain's first ``steps`` steps that read the convolution's output (a VAE block's residual
     ``h + f(silu(group_norm(h)))``, ``return relu(y), y``): the fused chain returns that output too (config
     ``outputs: [chain, producer]``) and they read it there. walk_chain made sure every one comes after the chain's
-    last value; one that fit_chain cut off comes after it too."""
+    last value, cutting the chain before any that came earlier (_cut_before_early_readers); one that fit_chain cut
+    off comes after it too."""
     kept = {n for step in (chain.steps[:steps] if steps is not None else chain.steps) for n in step.nodes}
     return [r for r in chain.producer_readers if r not in kept]
 
@@ -383,9 +419,10 @@ def settle_derived(chain: Chain) -> None:
         step.nodes = [n for n in step.nodes if n in inside]
 
 
-def _last_value(chain: Chain) -> str:
-    """The node holding the chain's output: the last step's value (or the convolution's)."""
-    for step in reversed(chain.steps):
+def _last_value(chain: Chain, steps: int | None = None) -> str:
+    """The node holding the output of the chain's first ``steps`` steps (all by default): the last step's value (or
+    the convolution's)."""
+    for step in reversed(chain.steps[:steps] if steps is not None else chain.steps):
         if step.entries or step.nodes:
             return step.value or (step.nodes[-1] if step.nodes else chain.producer_node)
     return chain.producer_node

@@ -120,10 +120,10 @@ class World(abc.ABC):
     def numerics_refusal(self, plan: Plan) -> str | None:
         """Why its kernels do not take the config's dtype or precision, None where they do. Its facts
         (whether it is offered) must say no then too: the templates render a world's code by them."""
-        dtype = getattr(plan.spec, "dtype", DEFAULT_DTYPE)
+        dtype = plan.spec.dtype
         if dtype not in self.dtypes:
             return f"dtype {dtype} (its kernels take {', '.join(self.dtypes)} only)"
-        precision = getattr(plan.spec, "precision", None)
+        precision = plan.spec.precision
         if precision is not None and precision not in self.precisions:
             return f"precision {precision}: {self.ieee_refusal}"
         return None

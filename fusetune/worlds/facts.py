@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from fusetune.dtypes import DEFAULT_DTYPE, DTYPES
+from fusetune.dtypes import DTYPES
 from fusetune.ops.reduce import KERNEL_MODES
 from fusetune.ops.reductions import REDUCTIONS
 from fusetune.tiles import BOX_HEIGHTS, WIDE_BN, WIDEST_BOX, gemm_refusal as _gemm_geometry_refusal, wide_fits
@@ -199,7 +199,7 @@ def gemm_windows(plan: Plan) -> list[tuple[tuple[int, int, int], tuple[int, int,
 def gemm_elem(plan: Plan) -> int:
     """Bytes of the region's tensor elements: the whole-weights tensor-core kernels stage them as they
     are and multiply them in TF32 (4) or in FP16/BF16 (2), with geometry to match (tiles.MMAS)."""
-    return DTYPES[getattr(plan.spec, "dtype", DEFAULT_DTYPE)].bytes
+    return DTYPES[plan.spec.dtype].bytes
 
 
 #: float32's precision (config.PRECISIONS) -> the TF32 terms each operand of a tensor-core product is taken
@@ -210,7 +210,7 @@ TF32_TERMS = {"tf32": 1, "ieee": 2}
 def gemm_terms(plan: Plan) -> int:
     """TF32 terms per staged weight of the whole-weights tensor-core kernels (gemm.cuh.j2's FT_GW_TERM):
     2 under precision ieee, else 1 (TF32; the half types multiply as they are)."""
-    precision = getattr(plan.spec, "precision", None)
+    precision = plan.spec.precision
     return TF32_TERMS.get(precision, 1) if gemm_elem(plan) == 4 else 1
 
 

@@ -42,6 +42,6 @@ class GemmStore(World):
         only: at the half dtypes the output is written in the dtype, as cuDNN's would be, and under ieee
         half precision's rounding of the spread would exceed float32's."""
         offered = self.refusal(plan) is None
-        half = (offered and gemm_elem(plan) == 4 and getattr(plan.spec, "precision", None) != "ieee"
+        half = (offered and gemm_elem(plan) == 4 and plan.spec.precision != "ieee"
                 and plan.pre_scale is not None and plan.family == "channel_reduce")
         return {"gemm_store": int(offered), "half_store": int(half)}

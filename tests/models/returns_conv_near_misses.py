@@ -1,6 +1,7 @@
 """Near misses of a chain returning its convolution's output: a value of the chain after the convolution returned
 beside it (the chain ends where that value is read twice, as ever), and the convolution's output read outside the
-chain before the chain's last value (no chain: the fused chain would hand the output back only at its end)."""
+chain before the chain's last value (the fused chain hands the output back only at its end: the chain is cut before
+that read, conv -> tanh, returning the output, which the product reads; the sigmoid after it stays in PyTorch)."""
 import torch
 import torch.nn as nn
 

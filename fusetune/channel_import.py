@@ -1,7 +1,7 @@
 """The importer's patterns for the norms over the channels (fusetune/ops/channel.py), in the forms real models
 write them after a convolution:
 
-  * ``F.normalize(x, p, dim, eps)``: one call (``normalize``, a row of importer.TABLE);
+  * ``F.normalize(x, p, dim, eps)``: one call (``normalize``, a row of importer.table.TABLE);
   * a layer norm over the channels, permuted around one over the last dim: ``x.permute(0, 2, 3, 1)`` ->
     ``nn.LayerNorm(C)`` or ``F.layer_norm(x, (C,), w, b, eps)`` -> ``.permute(0, 3, 1, 2)`` (1-D to 3-D), which
     timm's and torchvision's ``LayerNorm2d`` (nn.LayerNorm subclasses, traced through) compute too;

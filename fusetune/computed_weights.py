@@ -8,7 +8,7 @@ Three forms:
 
 * forward pre-hooks whose computation is known (HOOKS): the old ``torch.nn.utils.weight_norm`` (WeightNorm) and
   ``torch.nn.utils.prune`` (a BasePruningMethod that does not override apply_mask). A module with any other hook,
-  or a forward hook, stays refused (importer._hooked): a fused chain never calls the module, so it would not run it;
+  or a forward hook, stays refused (importer.graph._hooked): a fused chain never calls the module, so it would not run it;
 * parametrizations (``torch.nn.utils.parametrizations.weight_norm``, a user's own): the importer's tracer traces
   into a parametrized convolution (``traced_into``), so that its weight is a subgraph of the trace on the
   parametrizations' originals, and the convolution a functional one. Only where every parametrization of it

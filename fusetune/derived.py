@@ -135,7 +135,7 @@ def derivation(gm: torch.fx.GraphModule, node: torch.fx.Node, shape: tuple[int, 
 
 
 #: Reshapes that keep a tensor's values in their order (a per-channel tensor viewed as (1, C, 1, 1) in the forward):
-#: through these the importer reads a model tensor or an input as the values it is (importer._VIEW_METHODS).
+#: through these the importer reads a model tensor or an input as the values it is (importer.operands._VIEW_METHODS).
 RESHAPE_METHODS = frozenset({"view", "reshape", "flatten", "squeeze", "unsqueeze"})
 #: Views of a tensor, through which an in-place op writes the tensor itself (``self.u.view(-1).copy_(u)``): the
 #: reshapes, and the views that reorder, select or broadcast its values.

@@ -4,7 +4,7 @@
 range(x.shape[1])``, ``if x.size(0) > 1``) or a call it cannot proxy stops it; ``torch.export`` runs it on
 fake tensors of the example's shapes and specializes such code to them. Its graph is ATen-level
 (``aten.conv2d.default``, ``aten.relu.default``), with parameters read by ``get_attr`` under the user's names.
-The importer's vocabulary (``importer.TABLE``) is written for the torch level that fx records, so this
+The importer's vocabulary (``importer.table.TABLE``) is written for the torch level that fx records, so this
 module lifts the exported graph back to it: each call of a leaf module of the vocabulary (its ATen nodes,
 a batch norm's counter update included) becomes one ``call_module`` of the user's module, and each ATen op
 whose torch function takes the same positional arguments becomes that function (``ATEN``). Anything else
@@ -74,7 +74,7 @@ _ATEN_ROWS: tuple[tuple[str, str, Callable[..., Any]], ...] = (
     ("elu", "default", F.elu),  # only as elu(x[, alpha]): see _positional_ok
     ("glu", "default", F.glu),
     ("pixel_shuffle", "default", F.pixel_shuffle),
-    ("pad", "default", F.pad),  # a pad a convolution takes as its padding (importer._fold_pad), as F.pad's call
+    ("pad", "default", F.pad),  # a pad a convolution takes as its padding (importer.producers._fold_pad), as F.pad's call
     # weight norm's computation (a parametrized convolution's weight: fusetune/computed_weights.py)
     ("_weight_norm", "default", torch._weight_norm),
     # functional convolutions (F.conv2d(x, self.weight, ...)): a module's are lifted whole (_lift_modules)

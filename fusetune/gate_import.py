@@ -1,6 +1,6 @@
 """The importer's patterns for gated activations (fusetune/ops/gate.py), in the forms models write them:
 
-  * ``F.glu(x, dim)`` and ``nn.GLU(dim)``: one call (rows of importer.TABLE, ``glu_function`` and ``glu_module``);
+  * ``F.glu(x, dim)`` and ``nn.GLU(dim)``: one call (rows of importer.table.TABLE, ``glu_function`` and ``glu_module``);
   * by hand, the two halves of a dim taken by ``x.chunk(2, dim)`` / ``torch.chunk``, ``x.split(C // 2, dim)`` /
     ``torch.split`` (a size or two equal sizes) or two slices ``x[:, :C // 2]`` and ``x[:, C // 2:]``, then
     ``f(a) * g(b)`` with f none or, like g, a parameter-free activation of the vocabulary (gate.GATE_FUNCTIONS):

@@ -400,7 +400,7 @@ class AtExample(ExportedShapes):
 
 class GivenArguments(ExportedShapes):
     """A forward whose later arguments the example leaves at their defaults (``forward(x, mask=None)``) is traced
-    with them as those values (importer._defaults_not_given): a call that gives one runs the model's own forward,
+    with them as those values (importer.tracing._defaults_not_given): a call that gives one runs the model's own forward,
     said once; any other call runs the trace (at any shape, as torch.fx's)."""
 
     def __init__(self, root: nn.Module, inputs: Sequence[Any], names: Sequence[str]) -> None:

@@ -102,11 +102,11 @@ REGISTRY: dict[str, type[Op]] = {
 
 #: PyTorch's other names of REGISTRY ops, each a torch function and a Tensor method (torch.fix(x), x.sgn(), torch.clip,
 #: x.multiply(y); sgn is sign on real values): name -> the op. The importer reads each as its op's own function or
-#: method (importer.TABLE).
+#: method (importer.table.TABLE).
 TORCH_ALIASES: dict[str, str] = {"fix": "trunc", "sgn": "sign", "absolute": "abs", "negative": "neg", "clip": "clamp",
                                  "multiply": "mul", "subtract": "sub", "divide": "div", "true_divide": "div"}
 #: torch.special's names of REGISTRY ops (an erf GELU written with torch.special.erf): name -> the op. The importer
-#: reads each as the op's torch function (importer.TABLE, its pointwise regions); torch.special.round is round's own
+#: reads each as the op's torch function (importer.table.TABLE, its pointwise regions); torch.special.round is round's own
 #: row (its decimals).
 SPECIAL_NAMES: dict[str, str] = {"erf": "erf", "erfc": "erfc", "log1p": "log1p", "expm1": "expm1", "exp2": "exp2",
                                  "expit": "sigmoid"}

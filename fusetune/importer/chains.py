@@ -276,9 +276,9 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
     if outside and match.crop:  # the kernels' convolution is the evenly padded one, larger than the user's
         return NoChain(node.name, f"the convolution's output is also read by {', '.join(outside)}, outside the chain, "
                                   "which computes it padded evenly and then crops (its input's pad is uneven)")
-    early = _cut_before_early_readers(gm, chain)
-    if early is not None:  # the fused chain hands the convolution's output back at its end: too late for them
-        return NoChain(node.name, early)
+    too_early = _cut_before_early_readers(gm, chain)
+    if too_early is not None:  # the fused chain hands the convolution's output back at its end: too late for them
+        return NoChain(node.name, too_early)
     chain.output_node = _last_value(chain)
     chain.size_nodes = _size_nodes(gm, chain)
     settle_sizes(chain)

@@ -152,18 +152,19 @@ _storage_option = click.option(
          "there (default: $FUSETUNE_STORAGE, else none: studies stay in the local cache).")
 
 
-def _storage(url: str | None) -> Any:
-    """The ``fusetune.storage.Storage`` for ``--storage``, or None without one."""
+def _storage(url: str | None, lazy: bool = False) -> Any:
+    """The ``fusetune.storage.Storage`` for ``--storage`` (``lazy``: see Storage), or None without one."""
     if not url:
         return None
     from fusetune.storage import Storage
-    return Storage(url)
+    return Storage(url, lazy=lazy)
 
 
 def _storage_for_deploy(url: str | None, strict: bool) -> Any:
-    """A deploy whose database cannot be reached tunes without it (unless --strict): never broken by it."""
+    """A deploy whose database cannot be reached tunes without it (unless --strict): never broken by it. Lazy:
+    a deploy whose winners are all stored reads them through psycopg alone (no SQLAlchemy, no optuna)."""
     try:
-        return _storage(url)
+        return _storage(url, lazy=True)
     except FusetuneError as exc:
         if strict:
             click.echo(f"error: {exc}", err=True)

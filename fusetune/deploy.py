@@ -26,8 +26,8 @@ from fusetune.plan import make_plan
 from fusetune.paths import configs_in
 from fusetune.progress import PlainReporter, Reporter
 from fusetune.pipeline import expand
-from fusetune.search import BenchmarkerFactory, Machine, Prepared, ShapeResult, prepare, tune_shape
-from fusetune.storage import Storage
+from fusetune.search import BenchmarkerFactory, Machine, Prepared, ShapeResult, prepare, shape_key, tune_shape
+from fusetune.storage import Storage, pull_winners
 from fusetune.winners import render_winners
 
 if TYPE_CHECKING:  # torch is imported by load_tuned: a deploy whose winners are stored runs without it
@@ -40,10 +40,10 @@ PHASES = {
     "start": "Python's start, fusetune.cli's imports and the options (from the process's start)",
     "imports": "the command's own imports (fusetune.deploy, fusetune.search, codegen and its templates' engine)",
     "machine": "the GPU's name and capability for the keys (search.Machine.detect)",
-    "storage": "connecting to --storage: SQLAlchemy, the driver, the tables",
+    "storage": "connecting to --storage (psycopg alone: SQLAlchemy and the tables only where a key misses)",
     "configs": "reading the configs and listing their regions",
     "plans": "planning and rendering each region once (its source hash is part of every key)",
-    "lookups": "each shape's key looked up in the cache and --storage; a search where no winner is found",
+    "lookups": "every shape's key looked up in --storage at once, then in the cache; a search where none is found",
     "close": "stopping the evaluation process and the builds (where a shape was searched), the database",
     "output": "writing the result",
 }
@@ -118,7 +118,9 @@ def ensure_tuned(config_dir: Path, cache: Cache, budget_s: float, make_bench_for
     set-up must also end within ``seconds_left``: the budget bounds more than the trials. It is called
     only where a shape is searched: a deploy whose winners are all found starts no evaluation process.
     ``reporter`` shows progress (shape k of n; default: plain lines through ``echo``).
-    ``storage`` (``--storage``): winners stored in that database are used before anything is tuned.
+    ``storage`` (``--storage``): winners stored in that database are used before anything is tuned, every
+    key read in one statement (``pull_winners``); only a shape whose key misses asks it again (to publish a
+    local winner, or to search: SQLAlchemy and optuna, where ``storage`` is lazy, are loaded then).
     ``phases`` gets the time of reading the configs, planning them and looking up (or tuning) the shapes.
     """
     reporter = reporter or PlainReporter(echo)
@@ -144,6 +146,8 @@ def ensure_tuned(config_dir: Path, cache: Cache, budget_s: float, make_bench_for
             (region, shape) for spec in specs for region, shapes in expand(spec, list(spec.shapes))[1:]
             for shape in shapes]
     prepared: dict[int, Prepared | FusetuneError] = {}  # per region (id of its spec): planned once
+    stored = _pull_stored(todo, prepared, cache, machine, storage, phases) \
+        if storage is not None and machine is not None else set()
     for number, (spec, shape) in enumerate(todo, 1):
         label = f"{spec.name} {list(shape)}"
         reporter.deploy_item(number, len(todo), label)
@@ -161,7 +165,8 @@ def ensure_tuned(config_dir: Path, cache: Cache, budget_s: float, make_bench_for
                 result: ShapeResult = tune_shape(spec, shape, cache, machine,
                                                  _when_searched(make_bench_for, cache, machine, left),
                                                  timeout=min(left, spec.search.timeout), reporter=reporter,
-                                                 storage=storage, budget_s=left, prepared=ready)
+                                                 storage=None if number in stored else storage, budget_s=left,
+                                                 prepared=ready)
         except FusetuneError as exc:
             report.fallback.append(f"{label}: {exc}")
             continue
@@ -169,6 +174,24 @@ def ensure_tuned(config_dir: Path, cache: Cache, budget_s: float, make_bench_for
             label if result.status != "failed" else f"{label}: {result.message}")
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _pull_stored(todo: list[tuple[ProblemSpec, tuple[int, ...]]], prepared: dict[int, Prepared | FusetuneError],
+                 cache: Cache, machine: Machine, storage: Storage, phases: Phases) -> set[int]:
+    """The numbers (from 1) of ``todo``'s shapes whose winner ``storage`` holds, written into ``cache``: every
+    key planned first, then one statement for them all. A shape whose plan fails is left to the loop, which
+    says why; a key that misses is looked up again there, by tune_shape, with a local winner or a search."""
+    keys: dict[int, tuple[str, dict]] = {}
+    with phases("plans"):
+        for number, (spec, shape) in enumerate(todo, 1):
+            try:
+                ready = _prepared(spec, prepared)
+            except FusetuneError:
+                continue
+            keys[number] = shape_key(spec, shape, machine, ready.rendered.source_hash)
+    with phases("lookups"):
+        found = pull_winners(storage, cache, dict(keys.values()))
+    return {number for number, (key, _) in keys.items() if key in found}
 
 
 def _prepared(spec: ProblemSpec, made: dict[int, Prepared | FusetuneError]) -> Prepared:

@@ -11,7 +11,7 @@ import dataclasses
 import json
 from typing import Any
 
-from fusetune.storage import Storage
+from fusetune.storage import JOBS, WINNERS, Storage
 
 #: A job's states, in the order they are listed (``fusetune/fleet.py`` moves a job through them).
 JOB_STATES = ("queued", "running", "done", "failed")
@@ -22,8 +22,8 @@ JOBS_SQL = (
     "extract(epoch FROM lease_until - now())::float8 AS lease_left_s, "
     "extract(epoch FROM now() - submitted_at)::float8 AS submitted_s_ago, "
     "extract(epoch FROM now() - finished_at)::float8 AS finished_s_ago "
-    "FROM fusetune_jobs ORDER BY id")
-WINNERS_SQL = "SELECT gpu, count(*) FROM fusetune_winners GROUP BY gpu ORDER BY gpu"
+    f"FROM {JOBS.name} ORDER BY id")
+WINNERS_SQL = f"SELECT gpu, count(*) FROM {WINNERS.name} GROUP BY gpu ORDER BY gpu"
 
 
 @dataclasses.dataclass(frozen=True)

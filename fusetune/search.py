@@ -228,6 +228,13 @@ def key_fields(spec: ProblemSpec, shape: Shape, machine: Machine, source_hash: s
     return fields
 
 
+def shape_key(spec: ProblemSpec, shape: Shape, machine: Machine, source_hash: str) -> tuple[str, dict[str, Any]]:
+    """The cache key of ``shape`` (``key_fields``' hash) and the fields its entry keeps: the key's, with the
+    config's name and file to show (not part of the key)."""
+    fields = key_fields(spec, shape, machine, source_hash)
+    return make_key(fields), {**fields, "problem_name": spec.name, "config": spec.path}
+
+
 def _study(cache: Cache, key: str, trials: int, seed: int, storage: Storage | None = None) -> optuna.Study:
     import optuna
     from optuna.storages import JournalStorage
@@ -390,9 +397,7 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
     start = time.perf_counter()
     prepared = prepared or prepare(spec, plan)
     plan, rendered, space = prepared.plan, prepared.rendered, prepared.space
-    fields = key_fields(spec, shape, machine, rendered.source_hash)
-    key = make_key(fields)
-    fields = {**fields, "problem_name": spec.name, "config": spec.path}
+    key, fields = shape_key(spec, shape, machine, rendered.source_hash)
     entry = cache.load(key)
     if storage is not None and not force:
         entry = pull_winner(storage, cache, key, fields, entry)

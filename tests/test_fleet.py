@@ -34,7 +34,8 @@ from fusetune import fleet  # noqa: E402
 from fusetune.fleet import GpusError, Job, Queue, parse_gpus, search_on_gpus, visible_device  # noqa: E402
 from fusetune.lifeline import PARENT_PID_ENV, child_env  # noqa: E402
 from fusetune.search import Machine, tune_shape  # noqa: E402
-from fusetune.storage import Heartbeat, Storage, StorageError, engine_url, push_winner, redact  # noqa: E402
+from fusetune.storage import (WINNERS, Heartbeat, Storage, StorageError, engine_url, push_winner,  # noqa: E402
+                              redact, usable_winner)
 
 import pg  # noqa: E402
 from conftest import SEEDS  # noqa: E402
@@ -237,7 +238,7 @@ def test_the_first_writer_wins(storage, tmp_path):
 
     def publish(n: int) -> None:
         barrier.wait()
-        results.append(storage.publish(key, fields, {"time_ms": float(n), "candidate": {"n": n}}))
+        results.append(storage.publish(key, fields, {"time_ms": float(n), "candidate": {"n": n}, "variant": {}}))
     threads = [threading.Thread(target=publish, args=(n,)) for n in range(4)]
     for t in threads:
         t.start()
@@ -248,11 +249,11 @@ def test_the_first_writer_wins(storage, tmp_path):
     assert storage.winner(key) == first
     # a host whose own search named another winner adopts the stored one
     cache = Cache(tmp_path / "cache")
-    cache.update(key, fields, lambda e: setattr(e, "winner", {"time_ms": 0.5, "candidate": {"n": 9}}))
+    cache.update(key, fields, lambda e: setattr(e, "winner", {"time_ms": 0.5, "candidate": {"n": 9}, "variant": {}}))
     assert push_winner(storage, cache, key, fields, replace=False).winner == first
     assert cache.load(key).winner == first
     # a forced search replaces it
-    forced = {"time_ms": 7.0, "candidate": {"n": 7}}
+    forced = {"time_ms": 7.0, "candidate": {"n": 7}, "variant": {}}
     assert storage.publish(key, fields, forced, replace=True) == forced
 
 
@@ -280,8 +281,8 @@ def test_deploy_with_the_winners_in_the_database_searches_nothing(storage, tmp_p
 
 def test_a_deploy_command_of_stored_winners_opens_no_study_and_starts_no_evaluation_process(storage, url, tmp_path):
     """``fusetune deploy --storage`` in a process of its own, from an empty cache: every winner comes from the
-    database, with no optuna (no study is opened) and no evaluation process or build pool; --timings names
-    the database's phase."""
+    database, read through psycopg alone in one statement: no SQLAlchemy, no optuna (no study is opened), no
+    evaluation process or build pool; --timings names the database's phase."""
     import deploy_child
 
     spec = load_config(SEEDS["maxpool_gap"])
@@ -295,9 +296,53 @@ def test_a_deploy_command_of_stored_winners_opens_no_study_and_starts_no_evaluat
                                      "--strict", "--timings"], MACHINE_FIELDS, tmp_path / "modules.json")
     assert done.returncode == 0, done.stderr
     assert f"{len(spec.shapes)} cached, 0 tuned" in done.stdout
-    assert "sqlalchemy" in loaded and not [m for m in deploy_child.NOT_LOADED if m in loaded], done.stderr
+    assert "psycopg" in loaded and not [m for m in ("sqlalchemy", *deploy_child.NOT_LOADED) if m in loaded], \
+        done.stderr
     assert re.search(r"^  storage +\d+\.\d+ s ", done.stderr, re.MULTILINE), done.stderr
     assert len(Cache(tmp_path / "host2").entries()) == len(spec.shapes)  # filled from the database
+
+
+def test_a_lazy_deploy_reads_stored_winners_in_one_statement_and_searches_a_missing_or_damaged_one(
+        storage, url, tmp_path):
+    """A deploy's lazy Storage: with every winner stored it never makes the SQLAlchemy engine (one statement
+    through psycopg; a local winner of another candidate gives way to the stored one). A row deleted and a row
+    whose winner lost its fields are searched again: the first published, the second replaced."""
+    machine = Machine(*MACHINE_FIELDS)
+    spec = load_config(SEEDS["maxpool_gap"])
+    keys = [tune_shape(spec, shape, Cache(tmp_path / "host1"), machine, FakeBench().factory, trials=TRIALS,
+                       echo=quiet, storage=storage).key for shape in spec.shapes]
+    assert len(keys) >= 2
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    shutil.copy(SEEDS["maxpool_gap"], configs)
+    stored = {w["key"]: w["winner"] for w in storage.winners()}
+    host2 = Cache(tmp_path / "host2")
+    other = {**stored[keys[0]], "time_ms": stored[keys[0]]["time_ms"] / 2, "candidate": {"other": 1}}
+    host2.update(keys[0], {}, lambda e: setattr(e, "winner", other))  # tuned here before the database had it
+
+    lazy = Storage(url, lazy=True)
+    bench = FakeBench()
+    report = ensure_tuned(configs, host2, 60.0, lambda *a: bench.factory, machine, echo=quiet, storage=lazy)
+    assert lazy._engine is None and bench.made == 0, "every winner stored: no engine, no search"
+    assert len(report.cached) == len(spec.shapes) and not report.tuned and not report.fallback
+    assert {k: host2.load(k).winner for k in keys} == {k: stored[k] for k in keys}  # the first writer's
+    lazy.close()
+
+    with storage.engine.begin() as conn:
+        conn.exec_driver_sql(f"DELETE FROM {WINNERS.name} WHERE key = %(key)s", {"key": keys[0]})
+        conn.exec_driver_sql(f"UPDATE {WINNERS.name} SET winner = '{{\"candidate\": {{}}}}' WHERE key = %(key)s",
+                             {"key": keys[1]})
+    assert storage.lookup(keys) == {k: stored[k] for k in keys[2:]}  # the damaged one is not handed out
+    host3 = Cache(tmp_path / "host3")
+    lazy = Storage(url, lazy=True)
+    bench = FakeBench()
+    report = ensure_tuned(configs, host3, 60.0, lambda *a: bench.factory, machine, echo=quiet, storage=lazy)
+    lazy.close()
+    assert bench.made == 2 and len(report.tuned) == 2 and len(report.cached) == len(spec.shapes) - 2, report
+    assert not report.fallback
+    now = {w["key"]: w["winner"] for w in storage.winners()}
+    assert all(usable_winner(now[k]) and host3.load(k).winner == now[k] for k in keys)
+    assert {k: now[k] for k in keys[2:]} == {k: stored[k] for k in keys[2:]}
 
 
 # -- the command line ------------------------------------------------------------------------

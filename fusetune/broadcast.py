@@ -121,7 +121,8 @@ def check_plan(plan) -> None:
             one_channel = stored(plan, chain)[0] == "1"
             dropped = kept[:1] + kept[2:] if one_channel and not kind.per_channel else None
             if tuple(through[at]) not in (kept, dropped):
-                raise PlanError(f"{plan.spec.path}: input '{plan.extra}' ({kind.what}) is read at shape "
+                reader = f"epilogue[{at}] ({plan.spec.epilogue[at].config_name})"
+                raise PlanError(f"{plan.spec.path}: {reader} reads input '{plan.extra}' ({kind.what}) at shape "
                                 f"{list(through[at])}, where the kernels store {list(kept)}: they read a broadcast "
                                 "input at the (n, c) of the element they store; it runs after this region")
 

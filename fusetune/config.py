@@ -20,11 +20,12 @@ from fusetune.dtypes import DEFAULT_DTYPE, alias_of
 from fusetune.dtypes import DTYPES as ELEMENT_TYPES
 from fusetune.errors import ConfigError, count, did_you_mean, suggestion
 from fusetune.ops import ALIASES as OP_ALIASES
-from fusetune.ops import REGISTRY, LayerNorm, Op, OpContext, ParamDecl, Shape
+from fusetune.ops import REGISTRY, BatchNorm, LayerNorm, Norm, Op, OpContext, ParamDecl, Shape
 from fusetune.ops.base import is_int, number_text_hint
 from fusetune.paths import decode_text, read_bytes
 from fusetune.ops.channel import ChannelLayerNorm
 from fusetune.ops.gate import Glu
+from fusetune.ops.reduce import Softmax
 from fusetune.ops.shuffle import PixelShuffle
 from fusetune.producers import Producer
 
@@ -523,6 +524,7 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
     read_at: dict[str, tuple[str, list[Shape]]] = {}  # input -> (its first reader's key, the shapes there)
     channels = producer.out_channels  # the chain's channels: the convolution's, or half after a glu over dim 1
     param_at: dict[str, tuple[str, int]] = {}  # per-channel parameter -> (its first reader's key, channels there)
+    model_dtype, cast_at = dtype, None  # the model's dtype; the first softmax that widens it, if any
     for i, entry in enumerate(raw):
         key = f"epilogue[{i}]"
         if not isinstance(entry, Mapping) or "op" not in entry:
@@ -552,6 +554,16 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
         ctx = OpContext(path=path, key=key, in_shape=current[0], spatial_dims=producer.spatial_dims,
                         parameters=parameters, inputs=inputs, dtype=dtype)
         op = REGISTRY[kind].parse(entry, ctx)
+        held = _tensors_held(op)
+        if cast_at is not None and held is not None:
+            cast_key, cast_to = cast_at
+            raise ConfigError(path, f"{key}.op", f"'{kind}' applies {held} (of the model's dtype, {model_dtype}) to "
+                                                 f"the values the softmax at {cast_key} casts to {cast_to}: PyTorch "
+                                                 "refuses a norm's input and tensors of different dtypes; put it "
+                                                 "before that softmax, or leave the softmax's dtype out (the input's "
+                                                 "own is no cast)")
+        if isinstance(op, Softmax) and op.widens and cast_at is None:
+            cast_at = (key, op.dtype)
         dtype = op.out_dtype(dtype)  # a softmax's dtype: what the ops after it see
         for param in getattr(op, "params", lambda: ())():
             decl = parameters.get(param)
@@ -584,6 +596,19 @@ def _parse_epilogue(raw: Any, producer: Producer, parameters: Mapping[str, Param
         raise ConfigError(path, f"inputs[{inputs.index(unread[0])}]", f"input '{unread[0]}' is declared but no op "
                                                                      f"reads it (expected an op with by: {unread[0]})")
     return tuple(ops)
+
+
+def _tensors_held(op: Op) -> str | None:
+    """The tensors of the model's dtype an op applies through a PyTorch norm, which refuses an input of another
+    dtype (a batch norm's running statistics, a norm's affine weight and bias, a channel layer norm's parameters), in
+    words; None where it applies none."""
+    if isinstance(op, BatchNorm):
+        return "its running statistics" + (" and affine weight and bias" if op.affine else "")
+    if isinstance(op, Norm) and op.affine:
+        return "its affine weight and bias"
+    if isinstance(op, ChannelLayerNorm) and op.params():
+        return f"parameters {' and '.join(op.params())}"
+    return None
 
 
 def _per_channel_hint(shape: Shape, producer: Producer, channels: int) -> str:

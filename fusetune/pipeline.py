@@ -192,7 +192,10 @@ def region_spec(spec: ProblemSpec, steps: tuple[Step, ...], shapes: list[Shape],
     if view is not None:
         shapes = [view.shape(s) for s in shapes]
     first = shapes[0]
-    producer = Producer.tensor(first[1], len(first) - 2, any_channels=view is not None)
+    # A run-time channel count on a view, and where the tensor's dim 1 differs between the config's shapes (a batch
+    # dim an unsqueeze(0) moved there): never the first shape's size fixed into kernels tuned at the others.
+    varies = len({s[1] for s in shapes}) > 1
+    producer = Producer.tensor(first[1], len(first) - 2, any_channels=view is not None or varies)
     ops = tuple(view_op(_as_written(step), view) if view is not None else _as_written(step) for step in steps)
     names = {name for op in ops if op.role in ("elementwise", "channel_norm") for name in op.params()}
     parameters = tuple(p for p in spec.parameters if p.name in names)

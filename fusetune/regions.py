@@ -48,7 +48,7 @@ from typing import Callable, Sequence
 from fusetune import broadcast
 from fusetune.config import ProblemSpec
 from fusetune.ops import (Add, AdaptivePool, BatchNorm, DimReduce, Div, Flatten, LayerNorm, MeanCentre, Mul, Norm, Op,
-                          Pool, Reduce, SpatialReduce, Sub, Unsqueeze)
+                          Pool, Reduce, Shape, SpatialReduce, Sub, Unsqueeze)
 from fusetune.ops.reduce import KERNEL_MODES, Squeeze, kernel_mode
 from fusetune.ops.shuffle import PixelShuffle
 from fusetune.ops.reductions import REDUCTIONS
@@ -223,9 +223,14 @@ def affine(ops: Sequence[Op]) -> bool:
                for op in ops)
 
 
-def _ranked(rule: Callable[[list[Step], int], list[Step]]) -> Callable[[list[Step], ProblemSpec], list[Step]]:
-    """A rule over the chain and its input's rank (the convolution output's)."""
-    return lambda steps, spec: rule(steps, 2 + spec.producer.spatial_dims)
+def _ranked(rule: Callable[[list[Step], Shape], list[Step]]) -> Callable[[list[Step], ProblemSpec], list[Step]]:
+    """A rule over the chain and its input's shape (the convolution output's at the first configured shape: each
+    step's rank is the same at every shape, config.py made sure, but a squeeze's depends on the sizes)."""
+    return lambda steps, spec: rule(steps, _first_shape(spec))
+
+
+def _first_shape(spec: ProblemSpec) -> Shape:
+    return spec.producer.out_shape(spec.shapes[0])
 
 
 def _mark(step: Step, mark: str) -> Step:
@@ -265,18 +270,18 @@ def _norm_cancels_input(steps: list[Step], spec: ProblemSpec) -> list[Step]:
     it would split the chain into two regions; a number or a parameter they add for free before the norm,
     and their statistics (sums around a pivot) take such an offset as PyTorch does (tests/gpu_chains' offset
     chains check that on a GPU)."""
-    ranks = _ranks(steps, 2 + spec.producer.spatial_dims)
+    ranks = _ranks(steps, _first_shape(spec))
     return [step for i, step in enumerate(steps)
             if not (isinstance(step.op, (Add, Sub)) and step.op.reads_input() is not None and _cancelling_norm(
                 steps, i + 1, _constant_dims(step.op, spec, ranks[i]), spec, ranks[i]) is not None)]
 
 
-def _ranks(steps: Sequence[Step], rank: int) -> list[int]:
-    """Each step's input rank, from the convolution's."""
+def _ranks(steps: Sequence[Step], shape: Shape) -> list[int]:
+    """Each step's input rank, from the convolution output's shape."""
     out = []
     for step in steps:
-        out.append(rank)
-        rank = _rank_after(step.op, rank)
+        out.append(len(shape))
+        shape = step.op.out_shape(shape)
     return out
 
 
@@ -378,34 +383,31 @@ def _mean_of_norm(steps: list[Step], spec: ProblemSpec) -> list[Step]:
     return out
 
 
-def _drop_identity(steps: list[Step], rank: int) -> list[Step]:
+def _drop_identity(steps: list[Step], shape: Shape) -> list[Step]:
     return [s for s in steps if s.op.role != "identity"]
 
 
-def _pairwise(steps: list[Step], merge: Callable[[Step, Step, int], list[Step] | None], rank: int) -> list[Step]:
-    """Apply ``merge`` to neighbours until it merges nothing more; ``rank`` is the first's input rank."""
+def _pairwise(steps: list[Step], merge: Callable[[Step, Step, int], list[Step] | None], shape: Shape) -> list[Step]:
+    """Apply ``merge`` to neighbours until it merges nothing more (it gets the first's input rank); ``shape`` is
+    the first step's input shape."""
     out: list[Step] = []
-    ranks = [rank]
+    shapes = [shape]
     for step in steps:
         if out:
-            merged = merge(out[-1], step, ranks[-2])
+            merged = merge(out[-1], step, len(shapes[-2]))
             if merged is not None:
                 out.pop()
-                ranks.pop()
+                shapes.pop()
                 for m in merged:
                     out.append(m)
-                    ranks.append(_rank_after(m.op, ranks[-1]))
+                    shapes.append(m.op.out_shape(shapes[-1]))
                 continue
         out.append(step)
-        ranks.append(_rank_after(step.op, ranks[-1]))
+        shapes.append(step.op.out_shape(shapes[-1]))
     return out
 
 
-def _rank_after(op: Op, rank: int) -> int:
-    return len(op.out_shape((2,) * rank))
-
-
-def _merge_reductions(steps: list[Step], rank: int) -> list[Step]:
+def _merge_reductions(steps: list[Step], shape: Shape) -> list[Step]:
     """torch.sum(torch.sum(x, 2), 2) is torch.sum(x, (2, 3)): reductions of one mode that folds (_SPLITTABLE;
     not logsumexp, not var or std: a var of vars is no var) with the same keepdim, in a row, over disjoint dims
     of the input."""
@@ -422,7 +424,7 @@ def _merge_reductions(steps: list[Step], rank: int) -> list[Step]:
             return None  # the first alone is what the kernels reduce: merged, neither would be fused
         op = DimReduce(mode=mode_a, over="dim", dim=dims[0], dims=dims, keepdim=a.op.keepdim)
         return [Step(op, None, a.entries + b.entries, written=a.written + b.written)]
-    return _pairwise(steps, merge, rank)
+    return _pairwise(steps, merge, shape)
 
 
 #: Reductions over all dims but the batch's that are one over the spatial dims, then one over the channels
@@ -430,16 +432,16 @@ def _merge_reductions(steps: list[Step], rank: int) -> list[Step]:
 _SPLITTABLE = ("sum", "mean", "max", "min", "amax", "amin", "logsumexp")
 
 
-def _split_full_reductions(steps: list[Step], rank: int) -> list[Step]:
+def _split_full_reductions(steps: list[Step], shape: Shape) -> list[Step]:
     """torch.sum(x, (1, 2, 3)) is the sum over the channels of each plane's sum: the kernels' spatial
     reduction in the first region, their channel reduction in a later one (fusetune/pipeline.py). Only on
     the convolution's rank, where the first region may take the spatial part: on a tensor of another rank
     (after a reduction that dropped a dim) the whole reduction is one later region, on a view of its input
     (fusetune/views.py), where split it took two."""
     out: list[Step] = []
-    current = rank
+    rank = len(shape)
     for step in steps:
-        op = step.op
+        op, current = step.op, len(shape)
         if (isinstance(op, DimReduce) and op.mode in _SPLITTABLE and current > 2 and current == rank
                 and op.dims == tuple(range(1, current))):
             mode = kernel_mode(op.mode)
@@ -450,7 +452,7 @@ def _split_full_reductions(steps: list[Step], rank: int) -> list[Step]:
                 out.append(step.becomes(Squeeze(dims=tuple(range(1, current)))))
         else:
             out.append(step)
-        current = _rank_after(op, current)
+        shape = op.out_shape(shape)
     return out
 
 
@@ -460,13 +462,13 @@ def _kernel_form(dims: tuple[int, ...], rank: int) -> bool:
     return dims == (1,) or dims == tuple(range(2, rank))
 
 
-def _kernel_reductions(steps: list[Step], rank: int) -> list[Step]:
+def _kernel_reductions(steps: list[Step], shape: Shape) -> list[Step]:
     """Reductions into the two forms the kernels compute, each with the view that restores the
     shape PyTorch gives."""
     out: list[Step] = []
-    current = rank
+    rank = len(shape)
     for step in steps:
-        op = step.op
+        op, current = step.op, len(shape)
         if isinstance(op, AdaptivePool) and op.global_ and current == rank:
             out.append(step.becomes(op.as_reduce()))
         elif isinstance(op, DimReduce) and kernel_mode(op.mode) in REDUCTIONS and current == rank:
@@ -484,7 +486,7 @@ def _kernel_reductions(steps: list[Step], rank: int) -> list[Step]:
                 out.append(step)
         else:
             out.append(step)
-        current = _rank_after(step.op, current)
+        shape = step.op.out_shape(shape)
     return out
 
 
@@ -566,7 +568,7 @@ def _ceil_adds_no_window(steps: list[Step], spec: ProblemSpec) -> list[Step]:
     return out
 
 
-def _compose_pools(steps: list[Step], rank: int) -> list[Step]:
+def _compose_pools(steps: list[Step], shape: Shape) -> list[Step]:
     """Two pools of one mode whose windows neither overlap nor skip (stride = window) nor pad nor dilate, nor
     divide by a divisor_override, compose into one pool of the product window."""
     def plain(op: Op) -> bool:
@@ -580,7 +582,7 @@ def _compose_pools(steps: list[Step], rank: int) -> list[Step]:
         marks = tuple(dict.fromkeys(m for m in a.marks + b.marks if m == AT_SHAPES))  # a pool ceil_adds_no_window made
         return [Step(type(a.op)(kernel_size=window, stride=window), None, a.entries + b.entries, marks=marks,
                      written=a.written + b.written)]
-    return _pairwise(steps, merge, rank)
+    return _pairwise(steps, merge, shape)
 
 
 #: Every rule, in the order it runs: the later ones read the forms the earlier ones leave.

@@ -112,13 +112,13 @@ def test_region_zero_reads_the_input_where_it_stores_at_the_elements_n_and_c(ste
 
 def test_a_broadcast_input_where_the_kernels_do_not_store_its_n_and_c_runs_after_the_region():
     """A per-channel input after a channel reduction that drops the channel dim ((N, H, W): its dim 1 is H, which the
-    kernels' store sites do not know): PyTorch applies it, and the plan says why."""
+    kernels' store sites do not know): PyTorch applies it, and the plan says why, naming the op that reads it."""
     raw = _raw("conv2d_instancenorm_max_channels_add_floor_relu", inputs=[{"name": "floor", "shape": "per_channel"}])
     spec = parse_config(raw, "channel.yaml")
     assert spec.input_shapes(spec.shapes[0]) == [(1, 13, 1)]
     plan = make_plan(spec)
     assert plan.extra is None and plan.tail[0].op.reads_input() == "floor"
-    assert "input 'floor'" in plan.ends and "(n, c)" in plan.ends, plan.ends
+    assert "epilogue[2] (add) reads input 'floor'" in plan.ends and "(n, c)" in plan.ends, plan.ends  # the reader named
 
 
 def test_a_chain_without_a_broadcast_input_renders_as_it_did():

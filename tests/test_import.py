@@ -176,7 +176,11 @@ def test_import_matches_the_model(stem: str, tmp_path: Path) -> None:
         for name, got in zip(spec.outputs, outs, strict=True):
             expected = values[node_of[name]]
             assert got.shape == expected.shape
-            torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-10)
+            # a model that casts to float32 itself (softmax(dtype=float32)) computes the rest in float32 even in a
+            # float64 run; the chain's reference rounds at the cast as it does and goes on in float64
+            exact = expected.dtype == torch.float64
+            torch.testing.assert_close(got, expected.to(got.dtype), rtol=1e-9 if exact else 2e-5,
+                                       atol=1e-10 if exact else 1e-6)
 
 
 def _materialize(model: torch.nn.Module, inputs) -> None:

@@ -253,7 +253,7 @@ class Softmax(Op):
 
     ``dtype`` is PyTorch's (``torch.softmax(x, dim, dtype=torch.float32)``: the input cast to it, the op computed
     and returned in it), kept as written, so that the reference runs the model's own forward (a float64 run of it
-    too: cast to the dtype there, as the user's model is). The input's own dtype is no cast for the kernels; a wider
+    too: rounded to the dtype there, as the user's model is, then back: forward_code). The input's own dtype is no cast for the kernels; a wider
     one (``widens``: float32 on a float16 chain) the planner runs, and everything after it, in PyTorch (the kernels
     store the config's dtype); a narrower one (or the other half type) is refused: it would round the values
     before the op, and the config would not say what it meant."""
@@ -280,8 +280,12 @@ class Softmax(Op):
         return self.dtype if self.widens and self.dtype else dtype
 
     def forward_code(self, x: str, attr: str | None) -> str:
+        """PyTorch's call as written; where its dtype is the chain's own (no cast at the chain's dtype), the values
+        go back to the input's dtype after it, so that a float64 run (verification's reference) rounds them as the
+        model does and the ops after it, a norm's float64 tensors among them, see one dtype."""
         cast = f", dtype=torch.{self.dtype}" if self.dtype else ""
-        return f"torch.{'log_softmax' if self.log else 'softmax'}({x}, dim={self.dim}{cast})"
+        back = f".to({x}.dtype)" if self.dtype and not self.widens else ""
+        return f"torch.{'log_softmax' if self.log else 'softmax'}({x}, dim={self.dim}{cast}){back}"
 
     def canonical(self) -> dict[str, Any]:
         out = super().canonical()

@@ -10,9 +10,10 @@ The optimized model is a torch.fx trace: its control flow was fixed when it was 
 signature runs the same ops. What can still differ between calls is either in the key (each input's shape,
 strides, dtype and device; inference mode or not; which chains run kernels; the addresses of the parameters
 and buffers, so a moved or replaced tensor gets a graph of its own, while an in-place update, as
-``load_state_dict`` does, is read by the graph as eager code reads it, but by a chain whose weights fold the
-tensors after its convolution (the cudnn_fused world), whose sources' versions are in the key too, so that
-an update gets a graph of the new fold) or makes the call run plainly:
+``load_state_dict`` does, is read by the graph as eager code reads it, but by a chain whose kernels keep
+something computed from its tensors (the cudnn_fused world's fold, the spectral world's weights' spectrum, a
+repeated parameter), whose sources' versions are in the key too, so that an update gets a graph that computes
+it again) or makes the call run plainly:
 autograd recording, a module in training mode, a forward hook or pre-hook on any module (or a global one:
 a replay would skip them), autocast, keyword or non-tensor arguments, a capture already in progress, and
 the call after a submodule was replaced (the model's structure is checked each call; the new structure gets

@@ -17,7 +17,7 @@ class Slot:
     element: str = "dtype"  # "dtype": the config's element type; "float": the kernels' float32 workspace
     const: bool = True  # the kernels only read it
     #: The launch layout in which the slot holds float32 words instead of the dtype (2: gemm_store's y, halves
-    #: in words; 3: the spectral world's spectra in x and weight), or None.
+    #: in words; 3: the spectral world's input spectrum in x, its weights widened to float32 in weight), or None.
     words_in_layout: int | None = None
 
     @property
@@ -40,6 +40,9 @@ SLOTS: tuple[Slot, ...] = (
     Slot("norm_bias", "norm[1]", "the norm's bias"),
     Slot("running_mean", "norm[2]", "the norm's running mean", const=False),
     Slot("running_var", "norm[3]", "the norm's running variance", const=False),
+    #: The spectral world's weights' spectrum (layout 3): a buffer the model keeps between forwards, which the
+    #: launcher fills from the raw weights where it is given them (weight), and only reads where not.
+    Slot("weight_spectrum", "weight_spectrum", "the weights' spectrum", element="float", const=False),
 )
 
 #: launch's status codes beside CUDA's own (positive) error codes; FT_TOO_BIG is the launchers' (args.h): a shape

@@ -1062,9 +1062,10 @@ class FusedChain(nn.Module):
         return self.state.kernel_model
 
     def fold_versions(self) -> tuple:
-        """The address and version of each tensor its kernels' fold was computed from (the cudnn_fused world's:
-        the generated ModelNew keeps the fold until one changes), () where none folds: a CUDA graph of the model
-        is keyed by them (fusetune/graphs.py), so that an in-place update gets a graph of the new fold."""
+        """The address and version of each tensor its kernels keep something computed from (the generated
+        ModelNew's fold_versions: the cudnn_fused world's fold, the spectral world's weights' spectrum, repeated
+        parameters; each kept until its tensor changes), () where none is kept: a CUDA graph of the model is keyed
+        by them (fusetune/graphs.py), so that an in-place update gets a graph that computes them again."""
         if self.state.derived:  # recomputed at every call (_derive), so is its fold: a graph captures both
             return ()
         versions = getattr(self.state.kernel_model, "fold_versions", None)

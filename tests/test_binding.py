@@ -27,7 +27,7 @@ if shutil.which("nvcc") and CUDA_INCLUDE is None:
 
 #: What the stub launchers return for each variant index: one FtArgs field each (an address as an integer).
 FIELDS = ["y", "out", "partials", "ab", "stats", "bias", "x", "weight", "extra", "norm_weight", "norm_bias",
-          "running_mean", "running_var", "p[0]", "p[1]", "N", "C", "D", "H", "W", "OD", "OH", "OW", "ID", "IH",
+          "running_mean", "running_var", "weight_spectrum", "p[0]", "p[1]", "N", "C", "D", "H", "W", "OD", "OH", "OW", "ID", "IH",
           "IW", "stats_splits", "splits", "layout", "(int)(a.momentum * 4)", "(int)(uintptr_t)stream"]
 #: A chain with a norm, parameters and a pool (four stages), one of the K-tiled worlds (wide_workspace), and a
 #: half one (where the workspace's float32 differs from the model's dtype).
@@ -94,7 +94,7 @@ def test_launch_keywords_reach_their_fields(config, tmp_path, monkeypatch):
     monkeypatch.setattr(model, "_stream", lambda device: 77)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)  # the fakes' device is the current one
     tensors = {name: _Fake(1000 + 16 * i) for i, name in enumerate(["y", "out", "partials", "ab", "stats", "bias", "x",
-                                                                     "weight", "extra"])}
+                                                                     "weight", "extra", "weight_spectrum"])}
     norm = [_Fake(2000 + 16 * i) for i in range(4)]
     params = [_Fake(3000), _Fake(3016)]
     dims = [3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37]
@@ -117,7 +117,8 @@ def test_launch_keywords_reach_their_fields(config, tmp_path, monkeypatch):
         model._launch(_Recorder(), 0, 0, dims, **tensors, norm=norm, params=params, layout=layout)
         wanted = {"y": y, "out": dtype, "partials": words, "ab": words, "stats": words, "the producer's bias": dtype,
                   "x": x, "weight": x, "extra": dtype, "the norm's weight": dtype, "the norm's bias": dtype,
-                  "the norm's running mean": dtype, "the norm's running variance": dtype, "a parameter": dtype}
+                  "the norm's running mean": dtype, "the norm's running variance": dtype, "the weights' spectrum": words,
+                  "a parameter": dtype}
         assert asked == [(what, wanted[what]) for what, _ in asked] and len(asked) == len(addresses), layout
     for stage in range(len(plan.stages)):  # each stage index reaches its own launcher
         assert kernels.launch(stage, FIELDS.index("N"), addresses, dims_sent, *rest) == stage * 100000 + 3

@@ -300,12 +300,13 @@ def test_generated_model_does_not_need_fusetune(tmp_path):
 
 
 def test_spectral_world_spectra_and_parseval(tmp_path):
-    """What spectral_stats rests on, in the layout it reads: ModelNew._spectra gives the input's half
-    spectrum zero-padded to the output's size (bins contiguous, the last dim halved) and the raw
-    weights; with the weights' spectrum the product per channel pair is the transposed convolution's
-    spectrum, bin 0 its planes' sums, and its squares, weighted as ft_bin_weight weighs them (1 for
-    the last dim's bin 0 and Nyquist bin, 2 for the others), sum to the planes' spread times the bin
-    count. At odd and even output widths."""
+    """What spectral_stats rests on, in the layout it reads: ModelNew._input_spectrum gives the input's half
+    spectrum zero-padded to the output's size (bins contiguous, the last dim halved), _weights_spectrum the
+    raw weights and a float32 buffer of their spectrum's size (CIN x C pairs of complex bins); with the
+    weights' spectrum the product per channel pair is the transposed convolution's spectrum, bin 0 its
+    planes' sums, and its squares, weighted as ft_bin_weight weighs them (1 for the last dim's bin 0 and
+    Nyquist bin, 2 for the others), sum to the planes' spread times the bin count. At odd and even output
+    widths."""
     torch.manual_seed(0)
     _, module = _generate("batchnorm", tmp_path)
     model = module.ModelNew()
@@ -316,9 +317,11 @@ def test_spectral_world_spectra_and_parseval(tmp_path):
         size = tuple(y.shape[2:])
         dims = module._dims(x.shape[0], 3, size, tuple(x.shape[2:]))
         model.producer.weight = torch.nn.Parameter(w)
-        spectrum, weights = model._spectra(x, dims)
+        spectrum = model._input_spectrum(x, dims)
         assert spectrum.dtype == torch.float32 and spectrum.shape == (*x.shape[:2], size[0], size[1], size[2] // 2 + 1, 2)
+        held, weights = model._weights_spectrum(dims, spectrum)
         assert spectrum.is_contiguous() and weights.data_ptr() == w.data_ptr()
+        assert held.dtype == torch.float32 and held.numel() == w.shape[0] * w.shape[1] * spectrum[0, 0].numel()
         X = torch.view_as_complex(spectrum).flatten(2).cdouble()
         W = torch.fft.rfftn(w.double(), s=size, dim=(2, 3, 4)).flatten(2)
         U = torch.einsum("nif,icf->ncf", X, W)

@@ -396,7 +396,9 @@ def test_the_generated_model_reads_a_moved_parameter_repeated(tmp_path):
 
 def test_a_repeated_parameter_is_kept_until_it_changes(tmp_path):
     """ModelNew repeats a moved parameter once, not at every forward: the same tensor comes back while the parameter is
-    unchanged, and an in-place write (an optimizer step, load_state_dict) or a new tensor makes it repeat again."""
+    unchanged, and an in-place write (an optimizer step, load_state_dict) or a new tensor makes it repeat again. The
+    parameter's version is in the model's fold_versions, which a CUDA graph of the forward is keyed by
+    (fusetune/graphs.py): a graph that read the kept copy is not replayed after the write."""
     from fusetune.build import load_generated
     from fusetune.codegen import render
 
@@ -406,8 +408,11 @@ def test_a_repeated_parameter_is_kept_until_it_changes(tmp_path):
     first = model._repeated(model.slope, 4)
     assert torch.equal(first, model.slope.detach().reshape(-1).repeat_interleave(4))
     assert model._repeated(model.slope, 4) is first
+    versions = model.fold_versions()
+    assert (model.slope.data_ptr(), model.slope._version) in versions
     with torch.no_grad():
         model.slope.add_(1.0)
+    assert model.fold_versions() != versions
     again = model._repeated(model.slope, 4)
     assert again is not first and torch.equal(again, model.slope.detach().reshape(-1).repeat_interleave(4))
     model.slope = torch.nn.Parameter(torch.randn_like(model.slope))

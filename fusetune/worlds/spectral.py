@@ -12,7 +12,7 @@ class Spectral(World):
     computes_conv_inside = True
     launch = "spectral"
     #: At half precision the generated model widens the input and the weights to float32 before the
-    #: spectra (model.py's _spectra): the statistics are float32's, the output the dtype's.
+    #: spectra (model.py's _input_spectrum, _weights_spectrum): the statistics are float32's, the output the dtype's.
     dtypes = ("float32", "float16", "bfloat16")
 
     def why_not(self, plan):

@@ -24,9 +24,9 @@ from fusetune.plan import Plan
 from fusetune.regions import reference_attr
 from fusetune.space import Constraint, FamilySpace, ParamSpec, PlanSpace, load_family
 from fusetune.templates import environment
-from fusetune.tiles import (FOOTPRINT_MAX, WIDE_BLOCK, WIDE_BN, gemm_k, gemm_tile, wide_axes, wide_channel_chunk,
-                            wide_cin_padded, wide_depth, wide_folds, wide_folds_aligned, wide_planes, wide_slab_stride,
-                            wide_workspace_words)
+from fusetune.tiles import (FOOTPRINT_MAX, GEMM_B_REGS, WIDE_BLOCK, WIDE_BN, gemm_k, gemm_tile, wide_axes,
+                            wide_channel_chunk, wide_cin_padded, wide_depth, wide_folds, wide_folds_aligned, wide_planes,
+                            wide_slab_stride, wide_workspace_words)
 from fusetune.worlds import DEFAULT, WORLDS, all_facts, launches, refusals
 from fusetune.worlds.facts import gemm_terms
 
@@ -258,10 +258,13 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         "cuda_flags": list(CUDA_FLAGS),
         "conv": conv,
         "gemm": gemm_k(conv, DTYPES[plan.spec.dtype].bytes),  # TF32 m16n8k8 at float32, FP16/BF16 m16n8k16 at 2 bytes
+        "gemm_b_regs": GEMM_B_REGS[DTYPES[plan.spec.dtype].bytes],  # a lane's registers for B (gemm.cuh.j2)
         "footprint_max": FOOTPRINT_MAX,
-        # The box of a gemm variant: whole pooling windows for the main kernel, single outputs for statistics.
+        # The box of a gemm variant: whole pooling windows for the main kernel, single outputs for statistics;
+        # its K as the variant packs it (gemm_stats' taps a half k step; one in the other families).
         "gemm_tile": lambda variant, pooled: gemm_tile(conv, *(plan.pool_window if pooled else ((1, 1, 1),) * 2),
-                                                       variant["tw"], variant["th"], DTYPES[plan.spec.dtype].bytes),
+                                                       variant["tw"], variant["th"], DTYPES[plan.spec.dtype].bytes,
+                                                       taps=variant.get("taps", 1)),
         # The K-tiled kernels (wide_stats, wide_main): the convolution's axes as they compute it, a stage's input
         # channels, whether wide_main folds a pool's windows class by class (aligned: each window one output
         # of each class, its window and stride the classes' stride on every axis), and per variant its

@@ -52,26 +52,53 @@ class Mma:
 MMAS: dict[int, Mma] = {4: Mma(k=8, channels=4, row=4, elem=4), 2: Mma(k=16, channels=8, row=8, elem=2)}
 
 
-def cin_padded(cin: int, elem: int = 4) -> int:
+def cin_padded(cin: int, elem: int = 4, taps: int = 1) -> int:
     """Input channels rounded up to 4 (8 for 2-byte values). K runs tap-major (k = tap * channels +
     channel), so with whole groups of channels the A column a lane reads is its own channel (lane % 4,
     or the pair 2 * (lane % 4) at 2 bytes) plus a constant per k step: every A load sits at a
-    compile-time offset from one pointer."""
-    return _round_up(cin, MMAS[elem].channels)
+    compile-time offset from one pointer. ``taps`` 2 (gemm_taps: 2 bytes, at most 4 channels): the
+    channels padded to 4, so each half of a k step of 16 holds two taps of 4 channels; lane 4g + t reads
+    the pair 2 * (t % 2) of the half's tap t // 2, its offset one of two constants per k step."""
+    if taps > gemm_taps(cin, elem):
+        raise ValueError(f"{taps} taps a half k step for {cin} input channels of {elem} bytes (at most "
+                         f"{gemm_taps(cin, elem)})")
+    return _round_up(cin, MMAS[elem].channels // taps)
 
 
-def k_padded(cin: int, kernel: Sequence[int], elem: int = 4) -> int:
+def gemm_taps(cin: int, elem: int = 4) -> int:
+    """The most taps a half k step may hold (gemm_stats.yaml's taps): 2 at 2 bytes for at most 4 input
+    channels (where 8 padded channels a tap would leave 5 of 8 K columns zero at 3: packing two taps of 4
+    halves the k steps, the MMAs and the A loads), else 1."""
+    return 2 if elem == 2 and cin <= MMAS[elem].channels // 2 else 1
+
+
+def k_padded(cin: int, kernel: Sequence[int], elem: int = 4, taps: int = 1) -> int:
     """K (taps x padded input channels) rounded up to the MMA's k (8, or 16 at 2 bytes); the extra rows
     have zero weights."""
-    return _round_up(cin_padded(cin, elem) * math.prod(kernel), MMAS[elem].k)
+    return _round_up(cin_padded(cin, elem, taps) * math.prod(kernel), MMAS[elem].k)
 
 
-def gemm_k(conv: dict, elem: int = 4) -> dict[str, int]:
+def gemm_k(conv: dict, elem: int = 4, taps: int = 1) -> dict[str, int]:
     """K of a convolution's implicit GEMM, as the templates take it (codegen's ``gemm``): ``k`` (taps
-    x padded channels), ``cin_pad``, ``k_pad`` and the MMA's ``k_step``."""
-    cin_pad = cin_padded(conv["cin"], elem)
-    return {"k": cin_pad * math.prod(conv["kernel"]), "cin_pad": cin_pad, "k_pad": k_padded(conv["cin"], conv["kernel"], elem),
-            "k_step": MMAS[elem].k}
+    x padded channels), ``cin_pad``, ``k_pad`` and the MMA's ``k_step``; ``taps`` a half k step holds
+    (cin_padded)."""
+    cin_pad = cin_padded(conv["cin"], elem, taps)
+    return {"k": cin_pad * math.prod(conv["kernel"]), "cin_pad": cin_pad,
+            "k_pad": k_padded(conv["cin"], conv["kernel"], elem, taps), "k_step": MMAS[elem].k}
+
+
+#: Element bytes -> the registers a warp's lane may hold the B fragments of every k step in (gemm.cuh.j2's
+#: FT_GEMM_B_REGS): conv3d's 16 channels at float32 (56); fewer at 2 bytes, where a lane's A registers take twice
+#: the loads and conv3d's 56 registers of B spilled in gemm_main at two m-tiles a warp (CUDA 13.0).
+GEMM_B_REGS: dict[int, int] = {4: 64, 2: 48}
+
+
+def gemm_keeps_b(conv: dict, elem: int = 4, terms: int = 1, taps: int = 1) -> bool:
+    """Whether a warp of the whole-weights kernels keeps the B fragments of every k step in registers (gemm.cuh.j2's
+    FtGemmB::CACHED): k steps x n-tiles x the registers a fragment takes (2, or 4 in split TF32) within
+    GEMM_B_REGS."""
+    k_steps = k_padded(conv["cin"], conv["kernel"], elem, taps) // MMAS[elem].k
+    return k_steps * -(-conv["cout"] // 8) * 2 * terms <= GEMM_B_REGS[elem]
 
 
 def weight_words(cout: int, k_pad: int, elem: int = 4, terms: int = 1) -> int:
@@ -83,20 +110,23 @@ def weight_words(cout: int, k_pad: int, elem: int = 4, terms: int = 1) -> int:
 
 
 @functools.lru_cache(maxsize=None)  # a pure function the facts of every plan ask thousands of times
-def channel_stride(volume: int, row_step: int, elem: int = 4) -> int:
+def channel_stride(volume: int, row_step: int, elem: int = 4, taps: int = 1) -> int:
     """Elements between the staged input's channels: a multiple of 16 bytes (the copies) of at least
     ``volume`` (one channel's box). Lane 4g + t reads A row g at its channel t (4 bytes: word g *
     row_step + t * stride, plus a constant), or at its channels 2t and 2t + 1 (2 bytes: elements g *
-    row_step + (2t + e) * stride, two to a word; lanes that read one word share it). The stride is the
-    smallest whose words land in the most distinct banks (all where possible), so the A loads of a
-    warp take one pass through shared memory, not two."""
+    row_step + (2t + e) * stride, two to a word; lanes that read one word share it); with ``taps`` 2
+    (cin_padded) at its channels 2 (t % 2) + e of the half's tap t // 2, most often the next column (one
+    element on). The stride is the smallest whose words land in the most distinct banks (all where
+    possible), so the A loads of a warp take one pass through shared memory, not two."""
     if elem == 4:
         def distinct_banks(stride: int) -> int:
             return len({(g * row_step + t * stride) % 32 for g in range(8) for t in range(4)})
     else:
+        per_tap = MMAS[elem].channels // taps  # a lane's pair: channels 2t % per_tap of tap 2t // per_tap
+
         def distinct_banks(stride: int) -> int:  # the worse of the two loads, e = 0 and e = 1
-            return min(len({(g * row_step + (2 * t + e) * stride) // 2 % 32 for g in range(8) for t in range(4)})
-                       for e in range(2))
+            return min(len({(g * row_step + (2 * t % per_tap + e) * stride + 2 * t // per_tap) // 2 % 32
+                            for g in range(8) for t in range(4)}) for e in range(2))
     step = MMAS[elem].row
     first = _round_up(volume, step)
     return max(range(first, first + 32 * step // 4, step), key=lambda stride: (distinct_banks(stride), -stride))
@@ -115,17 +145,18 @@ class GemmTile:
     k_pad: int
     cin_pad: int                  # input channels staged (padded to 4; 8 at 2 bytes)
     k_step: int                   # the MMA's k (8: TF32; 16: FP16/BF16)
+    taps: int                     # taps of the input channels a half k step holds (1; 2: cin_padded's packing)
     channel_stride: int           # elements between staged input channels (bank-conflict free A loads)
     weight_words: int             # staged weights (B fragments in lane order)
     smem_bytes: int               # weights + input box (two: double-buffered) + outputs + scratch
 
 
 def gemm_tile(conv: dict, window: Sequence[int], stride: Sequence[int], tw: int, th: int, elem: int = 4,
-              terms: int = 1) -> GemmTile:
+              terms: int = 1, taps: int = 1) -> GemmTile:
     """The box of a variant with width ``tw`` and height ``th`` (outputs) over cells of ``window``
     outputs every ``stride`` (the pooling window; 1 for the statistics pass or without a pool), for
     input values of ``elem`` bytes (MMAS: 4, float32; 2, float16 and bfloat16), the weights staged as
-    ``terms`` TF32 terms each (weight_words).
+    ``terms`` TF32 terms each (weight_words), ``taps`` taps a half k step (cin_padded).
 
     ``conv`` is codegen's conv geometry (3-D, 2-D padded). A box is one cell deep.
     """
@@ -137,13 +168,14 @@ def gemm_tile(conv: dict, window: Sequence[int], stride: Sequence[int], tw: int,
     m = math.prod(region)
     m_tiles = -(-m // 16)
     out_stride = m_tiles * 16 + (4 - m_tiles * 16 % 32) % 32
-    k = gemm_k(conv, elem)
+    k = gemm_k(conv, elem, taps)
     words = weight_words(conv["cout"], k["k_pad"], elem, terms)
     input_row = _round_up(inputs[2], MMAS[elem].row)
-    stride = channel_stride(inputs[0] * inputs[1] * input_row, conv["stride"][2], elem)
+    stride = channel_stride(inputs[0] * inputs[1] * input_row, conv["stride"][2], elem, taps)
     floats = words + 2 * k["cin_pad"] * stride * elem // 4 + conv["cout"] * out_stride + 4 * 256
     return GemmTile(cells=cells, region=region, input=inputs, input_row=input_row, m=m, m_tiles=m_tiles,
-                    out_stride=out_stride, **k, channel_stride=stride, weight_words=words, smem_bytes=4 * floats)
+                    out_stride=out_stride, **k, taps=taps, channel_stride=stride, weight_words=words,
+                    smem_bytes=4 * floats)
 
 
 #: The box heights the variants take (gemm_*.yaml's th) and the widest box (their largest tw).

@@ -450,6 +450,8 @@ def test_shape_facts(seed, shape):
                      "direct_element_values": 0,  # no seed has a layer norm's per-element affine
                      "tf32_terms": 1,  # the seeds' precision tf32: products rounded to TF32, not split
                      "gemm_elem": 4, "gemm_stride": max(spec.producer.geometry()["stride"]),  # float32 seeds
+                     "gemm_taps": 1,  # float32: one tap of the input channels a half k step (tiles.gemm_taps)
+                     "gemm_b_kept": world["gemm_b_kept"],
                      "pool_extremes": world["pool_extremes"], "offered_impls": tuple(plan.impl_stages),
                      "extrema": int("gemm_extrema" in plan.impl_stages), "gemm_store": int("gemm_store" in plan.impl_stages),
                      "pool_sh": plan.pool_window[1][1], "pool_sw": plan.pool_window[1][2],

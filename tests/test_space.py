@@ -134,7 +134,7 @@ def test_plan_space_of_seeds():
         "window_map": {"block": 256, "ilp": 2},
         "direct_stats": {"block": 128, "ct": 4, "reduce": "warp", "split": 16},
         "direct_main": {"block": 256, "ct": 8, "reduce": "warp", "cells": 2, "split": 4},
-        "gemm_stats": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 4},
+        "gemm_stats": {"taps": 1, "bregs": 1, "block": 256, "mt": 1, "tw": 32, "th": 8, "split": 4},
         "gemm_main": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 4},
         "extrema_map": {"block": 256, "ilp": 2},
         "gemm_cluster": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 8}}
@@ -146,8 +146,9 @@ def test_plan_space_of_seeds():
     # main kernel).
     cudnn = 2 * (3 * 2 * 2 * 6) * (3 * 3)
     direct = (2 * 4 * 2 * 4) * (2 * 5 * 3 * 4)  # direct_main: block, ct, cells (infeasible ones too), split
-    gemm_stats = 2 * 2 * 2 * 3 * 4
-    gemm = gemm_stats ** 2
+    gemm_main = 2 * 2 * 2 * 3 * 4  # block, mt, tw, th, split
+    gemm_stats = gemm_main * 2 * 2  # and taps, bregs (every choice enumerated, infeasible ones too)
+    gemm = gemm_stats * gemm_main
     gemm_extrema = gemm_stats * (3 * 3)
     # gemm_store: then cuDNN's window_map (its block and ilp), reading the stored output, in float or half (every
     # choice is enumerated; half is infeasible for this chain, see test_half_store_only_for_channel_reduce)

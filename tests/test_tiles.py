@@ -9,7 +9,8 @@ import pytest
 
 from fusetune.config import load_config
 from fusetune.tiles import (FOOTPRINT_MAX, SMEM_LIMIT, WIDE_PAIR_LIMIT, cin_padded, direct_footprint, direct_row_cells,
-                            gemm_max_height, gemm_refusal, gemm_tile, k_padded, weight_words, wide_axes,
+                            gemm_keeps_b, gemm_max_height, gemm_refusal, gemm_taps, gemm_tile, k_padded, weight_words,
+                            wide_axes,
                             wide_brick, wide_depth, wide_folds, wide_folds_aligned, wide_pool_fits, wide_row_words,
                             wide_rows_fit, wide_slab_stride, wide_smem_bytes, wide_stage_words, wide_staged_rows,
                             wide_workspace_words)
@@ -114,6 +115,41 @@ def test_half_a_loads_of_a_warp_take_one_pass_at_the_seeds(name, tw, th):
     assert tile.channel_stride % 8 == 0 and tile.channel_stride >= tile.input[0] * tile.input[1] * tile.input_row
     for e in range(2):
         words = {(g * conv["stride"][2] + (2 * t + e) * tile.channel_stride) // 2 for g in range(8) for t in range(4)}
+        assert len({w % 32 for w in words}) == len(words)
+
+
+def test_two_taps_a_half_k_step_where_few_channels_pack():
+    """At 2 bytes with at most 4 input channels (gemm_stats' taps 2) the channels are padded to 4 and each half of
+    a k step of 16 holds two taps of 4 channels: the conv3d seed's K is 108 (27 taps x 4) padded to 112, 7 k steps
+    where 8 padded channels a tap take 14. Elsewhere one tap a half (float32, or more than 4 channels)."""
+    assert gemm_taps(3, 2) == gemm_taps(4, 2) == 2 and gemm_taps(5, 2) == gemm_taps(3, 4) == gemm_taps(3) == 1
+    assert cin_padded(3, 2, taps=2) == cin_padded(4, 2, taps=2) == 4 and k_padded(3, (3, 3, 3), 2, taps=2) == 112
+    tile = gemm_tile(_conv(cin=3, cout=16, kernel=(3, 3, 3)), ONE, ONE, 32, 8, elem=2, taps=2)
+    assert (tile.k, tile.k_pad, tile.cin_pad, tile.k_step) == (108, 112, 4, 16)
+    assert tile.weight_words == weight_words(16, 112, elem=2) == 7 * 1 * 128
+    assert tile.smem_bytes < gemm_tile(_conv(cin=3, cout=16, kernel=(3, 3, 3)), ONE, ONE, 32, 8, elem=2).smem_bytes
+    for cin, elem in ((5, 2), (3, 4)):
+        with pytest.raises(ValueError):
+            cin_padded(cin, elem, taps=2)
+    # Packed, the seed's B fragments fit a lane's registers at 2 bytes (7 k steps x 2 n-tiles x 2: 28 of 48), as at
+    # float32 (14 x 2 x 2: 56 of 64) and not in split TF32 (112) or with 8 padded channels a tap (56 of 48).
+    conv = _conv(cin=3, cout=16, kernel=(3, 3, 3))
+    assert gemm_keeps_b(conv, 2, taps=2) and gemm_keeps_b(conv, 4)
+    assert not gemm_keeps_b(conv, 2) and not gemm_keeps_b(conv, 4, terms=2)
+
+
+@pytest.mark.parametrize("name", ["groupnorm", "instancenorm"])
+@pytest.mark.parametrize("tw, th", [(16, 4), (32, 8), (32, 16)])
+def test_packed_half_a_loads_of_a_warp_take_one_pass(name, tw, th):
+    """With two taps a half k step (3 input channels of the seeds' convolutions, at 2 bytes) lane 4g + t reads A row g
+    at channels 2 (t % 2) + e of the half's tap t // 2, most often the next column: values g * conv stride + (2 (t %
+    2) + e) * channel_stride + t // 2, two to a word. Each load's words fall in distinct banks."""
+    conv = {**load_config(SEEDS[name]).producer.geometry(), "cin": 3}
+    tile = gemm_tile(conv, ONE, ONE, tw, th, elem=2, taps=2)
+    assert tile.channel_stride % 8 == 0 and tile.channel_stride >= tile.input[0] * tile.input[1] * tile.input_row
+    for e in range(2):
+        words = {(g * conv["stride"][2] + (2 * (t % 2) + e) * tile.channel_stride + t // 2) // 2
+                 for g in range(8) for t in range(4)}
         assert len({w % 32 for w in words}) == len(words)
 
 

@@ -85,7 +85,25 @@ def _region_node(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
 
 def match_pointwise_region(site: Site, readers: Sequence[torch.fx.Node]
                            ) -> tuple[list[torch.fx.Node], Entry, torch.fx.Node] | None:
-    """Elementwise ops on the chain's value x, all of its readers among them, that join in one node J and
+    """The region of ``_match_region`` over all of x's readers. Where x is the convolution's output, its first
+    readers alone (the longest run, in graph order, of two or more) may be the region instead, the others the
+    convolution's readers outside it (a residual ``r + gelu(y)`` written out), which the walk reads by name (``by:
+    producer``) as it reads them after any op of the table: an op of the vocabulary over fewer readers is taken before
+    an expression over all of them (as a value's first join that is one op ends its region), and an expression
+    over fewer where none is over all."""
+    found = _match_region(site, readers)
+    if not site.cur & site.producer or (found is not None and found[1]["op"] != "expression"):
+        return found
+    order = {n: i for i, n in enumerate(site.gm.graph.nodes)}
+    ordered = sorted(readers, key=order.__getitem__)
+    fewer = [r for k in range(len(ordered) - 1, 1, -1) if (r := _match_region(site, ordered[:k])) is not None]
+    named = [r for r in fewer if r[1]["op"] != "expression"]
+    return next(iter(named), found or next(iter(fewer), None))
+
+
+def _match_region(site: Site, readers: Sequence[torch.fx.Node]
+                  ) -> tuple[list[torch.fx.Node], Entry, torch.fx.Node] | None:
+    """Elementwise ops on the chain's value x, all of ``readers`` among them, that join in one node J and
     compute one op of the vocabulary however written (an erf GELU, ``torch.where(x > 0, x, x * s)``): every
     node between x and J reads only x, nodes of the region and constants, has x's shape and no reader
     outside the region. The region is evaluated in float64 on ``_PROBE`` and compared with each of
@@ -297,8 +315,25 @@ def _expression_fallback(site: Site, readers: Sequence[torch.fx.Node],
                          fallback: tuple[list[torch.fx.Node], Entry, torch.fx.Node] | None
                          ) -> tuple[list[torch.fx.Node], Entry, torch.fx.Node] | None:
     """The region an expression computes, where no candidate matched, unless the vocabulary's own ops take the value's
-    readers: the convolution's output read twice is read by name after it (``by: producer``), and walk_chain tries an
-    idiom (match_idiom, x * f(x) as silu, mish, hardswish) after the regions."""
-    if fallback is None or site.cur & site.producer or match_idiom(site, readers) is not None:
+    readers: the convolution's output read again by arithmetic is read by name there (``by: producer``), and
+    walk_chain tries an idiom (match_idiom, x * f(x) as silu, mish, hardswish) after the regions. A convolution's
+    output that a second function reads (``sigmoid(y) * tanh(y)``) has no such reading: the expression takes it."""
+    if fallback is None or match_idiom(site, readers) is not None:
+        return None
+    if site.cur & site.producer and _read_by_name(site, fallback[0]):
         return None
     return fallback
+
+
+def _read_by_name(site: Site, region: Sequence[torch.fx.Node]) -> bool:
+    """Whether each node of the region that reads x, but the first, is arithmetic (``f(x) * x``): an op the walk
+    takes with x read by name (``by: producer``)."""
+    readers = [n for n in region if any(site.is_x(a) for a in n.all_input_nodes)]
+    return all(_arithmetic(n) for n in readers[1:])
+
+
+def _arithmetic(node: torch.fx.Node) -> bool:
+    try:
+        return node.target in _EXPRESSION_ARITHMETIC
+    except TypeError:  # an unhashable target
+        return False

@@ -158,29 +158,35 @@ def test_import_matches_the_model(stem: str, tmp_path: Path) -> None:
         assert chain["config"] == str(path)
         spec = load_config(path)
         assert spec.name == f"{stem}_chain{i}"
-        plan = make_plan(spec)
-        (tmp_path / f"gen{i}").mkdir()
-        model_py = tmp_path / f"gen{i}" / "model.py"
-        model_py.write_text(render(plan).files["model.py"])
-        generated = import_file(model_py).Model()
-        _copy_weights(generated, user, chain["weights"])
-        generated = generated.double().train(user.training)
-        _derive(generated, user, chain["derived"], values)  # in float64: computed there, as the model's
-        x = values[_conv_input(gm, chain["producer"])]
-        with torch.no_grad():  # the chain's extra inputs (a residual's identity) as the model computes them
-            out = generated(x, *(values[node] for node in chain.get("inputs", {}).values()))
         # where ops outside read the convolution's output, the chain returns it too (outputs: [chain, producer])
         assert ("producer_read_by" in chain) == spec.returns_producer
-        node_of = {"chain": chain["output"], "producer": chain["producer"]}
-        outs = out if len(spec.outputs) > 1 else (out,)
-        for name, got in zip(spec.outputs, outs, strict=True):
-            expected = values[node_of[name]]
+        for name, got, expected in chain_outputs(chain, spec, user, gm, values, tmp_path / f"gen{i}"):
             assert got.shape == expected.shape
             # a model that casts to float32 itself (softmax(dtype=float32)) computes the rest in float32 even in a
             # float64 run; the chain's reference rounds at the cast as it does and goes on in float64
             exact = expected.dtype == torch.float64
             torch.testing.assert_close(got, expected.to(got.dtype), rtol=1e-9 if exact else 2e-5,
                                        atol=1e-10 if exact else 1e-6)
+
+
+def chain_outputs(chain: dict, spec, user: torch.nn.Module, gm: torch.fx.GraphModule, values: dict,
+                  folder: Path) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """Each output of an imported chain (the map's entry ``chain``, its config ``spec``) against the user's: the
+    chain's generated reference Model with the user's weights, its derived operands computed in float64 as the model
+    computes them, run on the model's own float64 values at the convolution's input (and its extra inputs, a
+    residual's identity, as the model computes them). (output name, the chain's value, the model's)."""
+    folder.mkdir()
+    (folder / "model.py").write_text(render(make_plan(spec)).files["model.py"])
+    generated = import_file(folder / "model.py").Model()
+    _copy_weights(generated, user, chain["weights"])
+    generated = generated.double().train(user.training)
+    _derive(generated, user, chain["derived"], values)
+    x = values[_conv_input(gm, chain["producer"])]
+    with torch.no_grad():
+        out = generated(x, *(values[node] for node in chain.get("inputs", {}).values()))
+    node_of = {"chain": chain["output"], "producer": chain["producer"]}
+    outs = out if len(spec.outputs) > 1 else (out,)
+    return [(name, got, values[node_of[name]]) for name, got in zip(spec.outputs, outs, strict=True)]
 
 
 def _materialize(model: torch.nn.Module, inputs) -> None:

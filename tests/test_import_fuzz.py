@@ -15,14 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from fusetune.codegen import render
 from fusetune.config import load_config
 from fusetune.importer import import_model
 from fusetune.plan import make_plan
 
-from conftest import import_file
 from model_fuzz import FORMS, PRODUCERS, STRIDE, generate
-from test_import import _conv_input, _copy_weights, _derive, _intermediates
+from test_import import _intermediates, chain_outputs
 
 
 #: The default seeds: those that draw every row of the table (model_fuzz.STRIDE), and a few drawn wholly at random
@@ -80,20 +78,7 @@ def test_a_random_model_imports_into_chains_that_compute_it(seed: int, tmp_path:
     values = _intermediates(gm, user, inputs)
     for i, chain in enumerate(doc["chains"]):
         spec = load_config(Path(chain["config"]))
-        plan = make_plan(spec)
-        (tmp_path / f"gen{i}").mkdir()
-        model_py = tmp_path / f"gen{i}" / "model.py"
-        model_py.write_text(render(plan).files["model.py"])
-        reference = import_file(model_py).Model()
-        _copy_weights(reference, user, chain["weights"])
-        reference = reference.double().train(user.training)
-        _derive(reference, user, chain["derived"], values)
-        x = values[_conv_input(gm, chain["producer"])]
-        with torch.no_grad():
-            out = reference(x, *(values[node] for node in chain.get("inputs", {}).values()))
-        node_of = {"chain": chain["output"], "producer": chain["producer"]}
-        outs = out if len(spec.outputs) > 1 else (out,)
-        for name, got in zip(spec.outputs, outs, strict=True):
-            expected = values[node_of[name]]
+        make_plan(spec)  # plans (chain_outputs renders the plan again)
+        for name, got, expected in chain_outputs(chain, spec, user, gm, values, tmp_path / f"gen{i}"):
             assert got.shape == expected.shape, (chain["config"], name)
             torch.testing.assert_close(got, expected, rtol=1e-9, atol=1e-10, msg=lambda m: f"chain{i} {name}: {m}")

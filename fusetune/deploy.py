@@ -190,7 +190,10 @@ def _pull_stored(todo: list[tuple[ProblemSpec, tuple[int, ...]]], prepared: dict
                 continue
             keys[number] = shape_key(spec, shape, machine, ready.rendered.source_hash)
     with phases("lookups"):
-        found = pull_winners(storage, cache, dict(keys.values()))
+        try:
+            found = pull_winners(storage, cache, dict(keys.values()))
+        except FusetuneError:  # the database failed the one lookup: each shape asks again (tune_shape), as without
+            return set()
     return {number for number, (key, _) in keys.items() if key in found}
 
 

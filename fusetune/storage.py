@@ -84,6 +84,8 @@ JOBS = Table("fusetune_jobs", (
 ), constraints=("UNIQUE (config_sha, shape, gpu)",), indexes=(("fusetune_jobs_claim", "(gpu, state, id)"),))
 TABLES = (WINNERS, JOBS)
 
+#: Storage.publish's ``over`` where none is given: a damaged stored winner may be JSON null itself (None).
+NOTHING = object()
 #: The winners of a list of keys, in one statement (a deploy asks for all of its keys at once).
 SELECT_WINNERS = f"SELECT key, winner FROM {WINNERS.name} WHERE key = ANY(%(keys)s)"
 #: What every reader of a winner takes from it (search.tune_shape, deploy.load_tuned, export), and its type:
@@ -245,17 +247,17 @@ class Storage:
         return {row[0]: _json(row[1]) for row in rows}
 
     def publish(self, key: str, fields: Mapping[str, Any], winner: Mapping[str, Any], *, by: str = "",
-                replace: bool = False, over: Any = None) -> dict[str, Any]:
+                replace: bool = False, over: Any = NOTHING) -> dict[str, Any]:
         """Store ``winner`` for ``key`` unless one is stored already (or, with ``replace``, over it: a
         forced search; with ``over``, only over that stored winner: a damaged one, replaced by the first
         process that finds it so); returns the winner the database holds afterwards."""
         params = {"key": key, "gpu": str(fields.get("gpu", "")), "fields": json.dumps(fields, default=list),
                   "winner": json.dumps(winner, default=list), "by": by}
         conflict = "DO NOTHING"
-        if replace or over is not None:
+        if replace or over is not NOTHING:
             conflict = ("DO UPDATE SET winner = EXCLUDED.winner, fields = EXCLUDED.fields, "
                         "written_by = EXCLUDED.written_by, written_at = now()")
-        if over is not None and not replace:
+        if over is not NOTHING and not replace:
             conflict += f" WHERE {WINNERS.name}.winner = %(over)s::jsonb"
             params["over"] = json.dumps(over, default=list)
         with self.engine.begin() as conn:
@@ -331,7 +333,7 @@ def push_winner(storage: Storage, cache: "Cache", key: str, fields: Mapping[str,
     stored = storage.publish(key, entry.fields, entry.winner, by=by, replace=replace)
     if not usable_winner(stored):
         stored = storage.publish(key, entry.fields, entry.winner, by=by, over=stored)
-    if stored != json.loads(json.dumps(entry.winner, default=list)):
+    if usable_winner(stored) and stored != json.loads(json.dumps(entry.winner, default=list)):
         entry = cache.update(key, fields, lambda e: setattr(e, "winner", stored))
     return entry
 
@@ -365,5 +367,11 @@ def first_line(exc: BaseException) -> str:
 
 
 def _json(value: Any) -> Any:
-    """A jsonb column's value: psycopg decodes it already; other drivers may hand text."""
-    return json.loads(value) if isinstance(value, (str, bytes)) else value
+    """A jsonb column's value: psycopg decodes it already; other drivers may hand text. Text that is no JSON is a
+    damaged row's value as it is (usable_winner refuses it: searched again), never an error."""
+    if not isinstance(value, (str, bytes)):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value

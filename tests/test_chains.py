@@ -440,6 +440,11 @@ def test_verify_chains_arguments():
         script.parse_args(["--gpus", "0"])
     assert os.access(ROOT / "scripts" / "verify-chains", os.X_OK)
     assert (ROOT / "scripts" / "verify-chains").read_text().startswith("#!/usr/bin/env python3\n")
+    # a world or a choice that names nothing is a usage error, before any GPU is looked for
+    fp16 = [ROOT / "benchmarks" / "half" / "conv3d_mul_instancenorm_clamp_mul_max_fp16.yaml"]
+    assert script.main(["--impl", "gemmm", str(fp16[0])]) == 2
+    assert script.main(["--set", "gemm_stats.tapz=2", str(fp16[0])]) == 2
+    assert script.unknown_choices(fp16, script.parse_args(["--set", "gemm_stats.taps=2", "--impl", "gemm"])) is None
 
 
 def test_verify_chains_deals_chains_over_cards():

@@ -73,10 +73,10 @@ def test_the_fold_is_the_chain_in_float64_and_follows_its_tensors(path: Path, tm
             t.mul_(1.25)
     assert model.fold_versions() != before
     torch.testing.assert_close(model.folded(x, model._resolved, *extra), reference(x, *extra), rtol=1e-12, atol=1e-12)
-    # an update PyTorch's version counters do not see (through .data): the fold stands until refresh_fold
+    # an update PyTorch's version counters do not see (through .data): the fold stands until refresh
     reference.producer.weight.data.mul_(2)
     assert not torch.allclose(model.folded(x, model._resolved, *extra), reference(x, *extra))
-    model.refresh_fold()
+    model.refresh()
     torch.testing.assert_close(model.folded(x, model._resolved, *extra), reference(x, *extra), rtol=1e-12, atol=1e-12)
 
 

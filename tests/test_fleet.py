@@ -305,16 +305,20 @@ def test_a_deploy_command_of_stored_winners_opens_no_study_and_starts_no_evaluat
 def test_a_lazy_deploy_reads_stored_winners_in_one_statement_and_searches_a_missing_or_damaged_one(
         storage, url, tmp_path):
     """A deploy's lazy Storage: with every winner stored it never makes the SQLAlchemy engine (one statement
-    through psycopg; a local winner of another candidate gives way to the stored one). A row deleted and a row
-    whose winner lost its fields are searched again: the first published, the second replaced."""
+    through psycopg; a local winner of another candidate gives way to the stored one). Of five shapes' rows, one
+    deleted and three damaged (a winner that lost its fields, JSON null, a JSON string) are searched again: the
+    first published, the others replaced; the fifth shape's stays as it was."""
     machine = Machine(*MACHINE_FIELDS)
-    spec = load_config(SEEDS["maxpool_gap"])
-    keys = [tune_shape(spec, shape, Cache(tmp_path / "host1"), machine, FakeBench().factory, trials=TRIALS,
-                       echo=quiet, storage=storage).key for shape in spec.shapes]
-    assert len(keys) >= 2
     configs = tmp_path / "configs"
     configs.mkdir()
-    shutil.copy(SEEDS["maxpool_gap"], configs)
+    config = configs / SEEDS["maxpool_gap"].name  # the seed with three more shapes: a row left alone beside the damage
+    config.write_text(SEEDS["maxpool_gap"].read_text().replace("  - [3, 3, 7, 11, 13]\n",
+                                                             "  - [3, 3, 7, 11, 13]\n  - [2, 3, 5, 9, 10]\n"
+                                                             "  - [1, 3, 6, 8, 9]\n  - [2, 3, 4, 7, 7]\n"))
+    spec = load_config(config)
+    assert len(spec.shapes) == 5
+    keys = [tune_shape(spec, shape, Cache(tmp_path / "host1"), machine, FakeBench().factory, trials=TRIALS,
+                       echo=quiet, storage=storage).key for shape in spec.shapes]
     stored = {w["key"]: w["winner"] for w in storage.winners()}
     host2 = Cache(tmp_path / "host2")
     other = {**stored[keys[0]], "time_ms": stored[keys[0]]["time_ms"] / 2, "candidate": {"other": 1}}
@@ -330,19 +334,20 @@ def test_a_lazy_deploy_reads_stored_winners_in_one_statement_and_searches_a_miss
 
     with storage.engine.begin() as conn:
         conn.exec_driver_sql(f"DELETE FROM {WINNERS.name} WHERE key = %(key)s", {"key": keys[0]})
-        conn.exec_driver_sql(f"UPDATE {WINNERS.name} SET winner = '{{\"candidate\": {{}}}}' WHERE key = %(key)s",
-                             {"key": keys[1]})
-    assert storage.lookup(keys) == {k: stored[k] for k in keys[2:]}  # the damaged one is not handed out
+        for key, damaged in zip(keys[1:4], ('{"candidate": {}}', "null", '"cut short"')):
+            conn.exec_driver_sql(f"UPDATE {WINNERS.name} SET winner = %(w)s::jsonb WHERE key = %(key)s",
+                                 {"key": key, "w": damaged})
+    assert storage.lookup(keys) == {k: stored[k] for k in keys[4:]}  # the damaged ones are not handed out
     host3 = Cache(tmp_path / "host3")
     lazy = Storage(url, lazy=True)
     bench = FakeBench()
     report = ensure_tuned(configs, host3, 60.0, lambda *a: bench.factory, machine, echo=quiet, storage=lazy)
     lazy.close()
-    assert bench.made == 2 and len(report.tuned) == 2 and len(report.cached) == len(spec.shapes) - 2, report
+    assert bench.made == 4 and len(report.tuned) == 4 and len(report.cached) == len(spec.shapes) - 4, report
     assert not report.fallback
     now = {w["key"]: w["winner"] for w in storage.winners()}
     assert all(usable_winner(now[k]) and host3.load(k).winner == now[k] for k in keys)
-    assert {k: now[k] for k in keys[2:]} == {k: stored[k] for k in keys[2:]}
+    assert {k: now[k] for k in keys[4:]} == {k: stored[k] for k in keys[4:]} and keys[4:]
 
 
 # -- the command line ------------------------------------------------------------------------

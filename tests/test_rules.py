@@ -417,6 +417,15 @@ def test_a_repeated_parameter_is_kept_until_it_changes(tmp_path):
     assert again is not first and torch.equal(again, model.slope.detach().reshape(-1).repeat_interleave(4))
     model.slope = torch.nn.Parameter(torch.randn_like(model.slope))
     assert torch.equal(model._repeated(model.slope, 4), model.slope.detach().reshape(-1).repeat_interleave(4))
+    assert len(model._repeats) == 1  # the replaced tensor's entry went with it
+    model.slope.data.mul_(2.0)  # an update the version counter does not see: kept until refresh
+    assert not torch.equal(model._repeated(model.slope, 4), model.slope.detach().reshape(-1).repeat_interleave(4))
+    model.refresh()
+    assert torch.equal(model._repeated(model.slope, 4), model.slope.detach().reshape(-1).repeat_interleave(4))
+    with torch.inference_mode():  # an inference tensor counts no versions: keyed by its storage, not raising
+        kept = torch.randn(model.slope.shape)
+        assert torch.equal(model._repeated(kept, 4), kept.reshape(-1).repeat_interleave(4))
+        assert model._repeated(kept, 4) is model._repeated(kept, 4)
 
 
 @pytest.mark.parametrize("path", sorted(SHUFFLE_STOPS.glob("*.yaml")), ids=lambda p: p.stem)

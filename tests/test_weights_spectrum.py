@@ -101,8 +101,10 @@ def test_the_weights_spectrum_is_kept_until_the_weights_or_the_size_change(tmp_p
     model.producer.weight = torch.nn.Parameter(torch.randn_like(model.producer.weight))
     replaced = _computed(model, kernels, x)
     _kept(model, kernels, x, replaced)
+    at_x = model.fold_versions()
     odd = torch.rand(ODD)  # a new output size: its own spectrum, which the old size's no longer holds
     _kept(model, kernels, odd, _computed(model, kernels, odd))
+    assert model.fold_versions() != at_x  # the buffer a graph at x's shape read is gone: that graph is not replayed
     _computed(model, kernels, x)
     model.to(torch.float64)  # new storage and dtype
     _kept(model, kernels, x.double(), _computed(model, kernels, x.double()))
@@ -117,3 +119,21 @@ def test_a_failed_launch_keeps_no_spectrum(tmp_path, monkeypatch):
         model(x)
     kernels.refuse = False
     _kept(model, kernels, x, _computed(model, kernels, x))
+
+
+def test_updates_the_version_counters_do_not_see_need_refresh(tmp_path, monkeypatch):
+    """An update through ``.data`` (and any in-place write of an inference tensor, which counts no versions) leaves
+    the kept spectrum as it was, as it leaves a fold; ModelNew.refresh computes it again at the next call. Weights
+    made under torch.inference_mode are kept by their storage alone."""
+    plan, model, kernels = _model(tmp_path, monkeypatch)
+    x = torch.rand(tuple(plan.spec.shapes[0]))
+    first = _computed(model, kernels, x)
+    model.producer.weight.data.mul_(2.0)
+    _kept(model, kernels, x, first)
+    model.refresh()
+    _kept(model, kernels, x, _computed(model, kernels, x))
+    with torch.inference_mode():
+        model.producer.weight = torch.nn.Parameter(torch.randn_like(model.producer.weight), requires_grad=False)
+        inferred = _computed(model, kernels, x)
+        _kept(model, kernels, x, inferred)
+        assert model.fold_versions()  # no version counter to read: keyed by the storage, not raising

@@ -100,6 +100,32 @@ _CHECKS = {op for op in (_overload("_assert_tensor_metadata", "default"),) if op
 _AT_MOST: dict[Any, int] = {aten.elu.default: 2}
 
 
+def _in_place_rows() -> dict[Any, tuple[Any, str, Any]]:
+    """The in-place forms of ``ATEN``'s ops (``aten.mul_.Tensor``: ``x *= 3`` on a tensor another name holds too, which
+    torch.export records as the write it is), derived from it: the in-place overload of each op of the same overload
+    name (the same arguments), as the torch-level form the importer's table reads as that op written in place (its
+    _in_place_rows): the function ``name_`` beside the op's own in torch or torch.nn.functional (``torch.relu_``,
+    ``F.leaky_relu_``), else the Tensor method (``x.mul_(3)``). (its op, the node's op kind, its target), by in-place
+    op; an in-place op without such a form stays as it is: not in the vocabulary."""
+    rows: dict[Any, tuple[Any, str, Any]] = {}
+    for name, overload, fn in _ATEN_ROWS:
+        op, written = _overload(name, overload), _overload(f"{name}_", overload)
+        if op is None or written is None:
+            continue
+        short = f"{getattr(fn, '__name__', '')}_"
+        function = next((getattr(ns, short) for ns in (torch, F)
+                         if getattr(ns, short[:-1], None) is fn and hasattr(ns, short)), None)
+        if function is not None:
+            rows[written] = (op, "call_function", function)
+        elif hasattr(torch.Tensor, short):
+            rows[written] = (op, "call_method", short)
+    return rows
+
+
+#: ATen in-place op -> (its out-of-place op, the torch-level node's kind, its target): _in_place_rows.
+IN_PLACE = _in_place_rows()
+
+
 
 #: The key of a GraphModule's ``meta`` that says which tracer made it, where torch.export did.
 TRACED_BY = "fusetune_traced_by"
@@ -126,6 +152,7 @@ def export_graph(model: nn.Module, inputs: Sequence[Any]) -> torch.fx.GraphModul
     _lift_modules(gm, model)
     _lift_functions(gm)
     gm.graph.eliminate_dead_code()
+    _lift_in_place(gm)
     gm.graph.lint()
     gm.recompile()
     gm.meta[TRACED_BY] = "torch.export"  # specialised to the example's shapes: optimize.ExportedShapes
@@ -210,8 +237,18 @@ def _constants(gm: torch.fx.GraphModule) -> None:
                 gm.graph.erase_node(node)
 
 
-def _positional_ok(node: torch.fx.Node) -> bool:
-    return len(node.args) <= _AT_MOST.get(node.target, len(node.args))
+def _positional_ok(node: torch.fx.Node, op: Any = None) -> bool:
+    """Whether the torch-level form takes the node's positional arguments (``op``: the ATen op whose form it is)."""
+    return len(node.args) <= _AT_MOST.get(node.target if op is None else op, len(node.args))
+
+
+def _lift_in_place(gm: torch.fx.GraphModule) -> None:
+    """The in-place forms of ``ATEN``'s ops become their torch-level forms (``IN_PLACE``), after the graph's last dead
+    code elimination: torch.fx takes a method call or a torch function for pure, so a write no node reads (``F.relu(
+    a[:, :2], inplace=True)`` as a statement) would be dropped, where its ATen op is known to write."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in IN_PLACE and _positional_ok(node, IN_PLACE[node.target][0]):
+            node.op, node.target = IN_PLACE[node.target][1:]
 
 
 def _lift_functions(gm: torch.fx.GraphModule) -> None:

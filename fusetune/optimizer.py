@@ -82,24 +82,21 @@ def optimize(model: nn.Module, example_inputs: Any, *, budget_s: float = DEFAULT
     GPU without autograd in eval mode (fusetune/graphs.py: a model of many small chains otherwise spends
     longer issuing its forward than the GPU running it); the outputs are the caller's own, cloned out of the
     graph's memory. A model that neither torch.fx nor torch.export traces (control flow on tensor values), or
-    whose trace computes other values than its forward on the example inputs (an in-place op torch.fx records
-    as a new tensor: importer.trace_differs), is returned as it is, the very object, with one warning saying why.
+    whose traces compute other values than its forward on the example inputs (an in-place op torch.fx records
+    as a new tensor, where torch.export cannot trace the model either: importer.matching_trace), is returned as it
+    is, the very object, with one warning saying why.
     """
     from fusetune.cache import Cache
     from fusetune.search import Machine
 
-    from fusetune.importer import TraceError, trace_differs
+    from fusetune.importer import TraceError
 
     inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     clock = _Phases()
     try:
         root, gm = _traced_copy(model, inputs)
-    except TraceError as exc:  # neither torch.fx nor torch.export traces it: nothing to replace, said once
+    except TraceError as exc:  # no trace computes the model (or none traces it): nothing to replace, said once
         log.warning("fusetune.optimize: %s; the model is returned unchanged", exc)
-        return model
-    differs = trace_differs(root, gm, inputs)
-    if differs is not None:  # a trace that computes something else: nothing built on it may replace the model
-        log.warning("fusetune.optimize: %s's %s; the model is returned unchanged", type(model).__name__, differs)
         return model
     found = _configs(gm, type(model).__name__, "graph" if cuda_graphs else "launch")
     at_example = next((f.chain.example_only() for f in found if f.chain.example_only()), None)
@@ -273,13 +270,14 @@ def shared_copy(model: nn.Module) -> nn.Module:
 
 def _traced_copy(model: nn.Module, inputs: Sequence[Any]) -> tuple[nn.Module, torch.fx.GraphModule]:
     """The shared copy and its trace (in eval mode: the configs are inference's, and tracing must not
-    move the user's running statistics). The GraphModule holds the copy's top-level children and
-    tensors themselves, so its names are the user's."""
-    from fusetune.importer import trace
+    move the user's running statistics), one that computes the model's forward on the example inputs (a
+    TraceError where none does: importer.matching_trace; nothing built on another may replace the model). The
+    GraphModule holds the copy's top-level children and tensors themselves, so its names are the user's."""
+    from fusetune.importer import matching_trace, trace
 
     root = shared_copy(model)
     root.eval()
-    gm = trace(root, inputs, type(model).__name__)
+    gm = matching_trace(root, trace(root, inputs, type(model).__name__), inputs, type(model).__name__)
     for name, child in root.named_children():
         setattr(gm, name, child)
     for name, param in root.named_parameters(recurse=False):

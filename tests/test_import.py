@@ -25,7 +25,7 @@ from fusetune.config import load_config
 from fusetune.derived import Derivation
 from fusetune.errors import FusetuneError
 from fusetune.importer import (declared_view, example_arguments, find_chains, import_model, import_traced,
-                               load_model, match_producer, trace)
+                               load_model, match_producer, matching_trace, trace)
 from fusetune.plan import make_plan
 
 from conftest import SEEDS, import_file
@@ -49,8 +49,10 @@ def test_expected_failures_fail_cleanly(stem: str, tmp_path: Path) -> None:
 
 
 def _traced(model: torch.nn.Module, inputs) -> torch.fx.GraphModule:
-    """The user's model traced as the importer traces it (torch.fx, else torch.export), on a copy."""
-    return trace(_deepcopy(model), inputs)
+    """The user's model traced as the importer traces it (torch.fx, else torch.export; torch.export's where torch.fx's
+    computes other values than the model: matching_trace), on a copy."""
+    copied = _deepcopy(model)
+    return matching_trace(copied, trace(copied, inputs), inputs)
 
 
 def _deepcopy(model: torch.nn.Module) -> torch.nn.Module:

@@ -17,7 +17,8 @@ The package, one module per stage, each importing only from the stages below it:
 
 * ``graph``: what every stage asks of a traced node (shape, dtype, a convolution, a shape read, its name);
 * ``loading``: the model file or factory, on the CPU in float32 (LoadedModel);
-* ``tracing``: torch.fx, else torch.export; shapes; the check of a trace against the model (TraceError);
+* ``tracing``: torch.fx, else torch.export; shapes; the check of a trace against the model, torch.export's
+  trace where torch.fx's computes other values (TraceError where none computes the model);
 * ``producers``: the convolution a chain starts at (ProducerMatch), a pad folded into its padding;
 * ``operands``: a binary op's other tensor as a parameter, a derived parameter or an extra input;
 * ``matching``: the matcher API builders and fusetune/channel_import.py, gate_import.py, slice_import.py build on
@@ -41,12 +42,12 @@ from fusetune.importer.matching import Mapped, Site, Stop, bind_all, bind_op, mo
 from fusetune.importer.operands import ParamRef, declared_view, per_channel_form
 from fusetune.importer.producers import match_producer
 from fusetune.importer.table import TABLE, _named_module
-from fusetune.importer.tracing import CONCRETE_ARGS, TraceError, trace, trace_differs
+from fusetune.importer.tracing import CONCRETE_ARGS, TraceError, matching_trace, trace, trace_differs
 
 __all__ = [
     "bind_all", "bind_op", "chain_derived", "chain_inputs", "CONCRETE_ARGS", "_CONV_MODULES", "declared_view", "_dtype",
     "example_arguments", "fetch", "find_chains", "fit_chain", "has_node", "import_model", "import_traced",
-    "_is_convolution", "_is_shape_read", "load_model", "Mapped", "match_producer", "module_input", "_named_module",
-    "ParamRef", "per_channel_form", "reduction", "_shape", "shape_number", "Site", "_stem", "Stop", "TABLE", "trace",
-    "trace_differs", "TraceError", "write_config",
+    "_is_convolution", "_is_shape_read", "load_model", "Mapped", "match_producer", "matching_trace", "module_input",
+    "_named_module", "ParamRef", "per_channel_form", "reduction", "_shape", "shape_number", "Site", "_stem", "Stop",
+    "TABLE", "trace", "trace_differs", "TraceError", "write_config",
 ]

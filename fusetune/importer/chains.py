@@ -151,6 +151,26 @@ def _channel_norm(gm: torch.fx.GraphModule, values: list[torch.fx.Node], cur: li
     return _channel_import().match_channel_norm(site, values)
 
 
+def _centring(gm: torch.fx.GraphModule, values: list[torch.fx.Node], cur: list[torch.fx.Node],
+              producer: list[torch.fx.Node], channels: int, dims: int,
+              first: bool) -> tuple[list[torch.fx.Node], Entry] | None:
+    """A mean centring ``x - x.mean(dim, keepdim=True)`` (idioms.match_centring) whose mean and subtraction are every
+    reader of the chain's value, or, on the convolution's output (``first``), two of its readers: the others read
+    that output outside the chain, which the fused chain returns too (producer_outside: ``return tanh(x -
+    x.mean(1, keepdim=True)), x``), or as a later op's operand (``by: producer``). (its nodes; its entry), or None."""
+    if len(values) < 2 or (len(values) > 2 and not first):
+        return None
+    site = Site(gm, values[0], set(cur), set(producer), channels, dims)
+    if len(values) == 2:
+        return match_centring(site, values)
+    for mean in values:  # a mean read by one subtraction among the readers: match_centring checks the rest
+        sub = next(iter(mean.users)) if len(mean.users) == 1 else None
+        found = match_centring(site, [mean, sub]) if sub in values else None
+        if found is not None:
+            return found
+    return None
+
+
 def _take_whole(gm: torch.fx.GraphModule, chain: Chain, shape_reads: Sequence[torch.fx.Node],
                 nodes: Sequence[torch.fx.Node], entry: Entry, out: torch.fx.Node) -> list[torch.fx.Node]:
     """A subgraph matched as one op (a norm over the channels, a mean centring, a pointwise region, a gate) as the
@@ -194,13 +214,11 @@ def walk_chain(gm: torch.fx.GraphModule, node: torch.fx.Node, match: ProducerMat
             nodes, entry, out = channel_norm
             cur = _take_whole(gm, chain, shape_reads, nodes, entry, out)
             continue
-        if len(values) == 2:
-            site = Site(gm, values[0], set(cur), set(producer), channels, dims)
-            centring = match_centring(site, values)
-            if centring is not None:  # x - x.mean(dim, keepdim=True): one op, a barrier like a norm
-                nodes, entry = centring
-                cur = _take_whole(gm, chain, shape_reads, nodes, entry, nodes[-1])
-                continue
+        centring = _centring(gm, values, cur, producer, channels, dims, first)
+        if centring is not None:  # x - x.mean(dim, keepdim=True): one op, a barrier like a norm
+            nodes, entry = centring
+            cur = _take_whole(gm, chain, shape_reads, nodes, entry, nodes[-1])
+            continue
         if len(values) > 1 and not (first and len(values) > 16):
             site = Site(gm, values[0], set(cur), set(producer), channels, dims)
             region = match_pointwise_region(site, values)

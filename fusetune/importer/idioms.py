@@ -89,8 +89,9 @@ _MEAN_TARGETS = (("call_function", torch.mean), ("call_method", "mean"))
 
 
 def match_centring(site: Site, readers: Sequence[torch.fx.Node]) -> tuple[list[torch.fx.Node], Entry] | None:
-    """``x - x.mean(dim, keepdim=True)`` where the chain's value x has exactly two readers: the mean (read by the
-    subtraction alone) and the subtraction of it from x. Returns (the mean and the subtraction; the config's
+    """``x - x.mean(dim, keepdim=True)`` where ``readers`` are two of the chain's value x (every reader, or two of the
+    convolution's output beside readers outside the chain: chains._centring): the mean (read by the subtraction
+    alone) and the subtraction of it from x. Returns (the mean and the subtraction; the config's
     entry, ``{op: sub, by: {op: mean, dim, keepdim: true}}``: fusetune/ops/norm.py's MeanCentre), or None."""
     if len(readers) != 2:
         return None

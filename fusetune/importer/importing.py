@@ -21,7 +21,7 @@ from fusetune.importer.graph import _describe, _is_shape_read, _is_size_arithmet
 from fusetune.importer.loading import LoadedModel, load_model
 from fusetune.importer.producers import _PAD_NOT_TAKEN, _pads_a_convolution, match_producer
 from fusetune.importer.table import lookup
-from fusetune.importer.tracing import TraceError, _input_rank, trace, trace_differs
+from fusetune.importer.tracing import TraceError, _input_rank, matching_trace, trace
 from fusetune.ops import Shape
 
 
@@ -77,9 +77,8 @@ def import_model(spec: str, out_dir: Path, input_shapes: Sequence[Shape] = (), f
         gm = trace(model, loaded.inputs, spec)
     except TraceError as exc:
         raise TraceError(f"{exc}{_cast_note(loaded)}") from None
-    differs = trace_differs(model, gm, loaded.inputs)
-    if differs is not None:  # configs of a chain the model does not compute would be tuned for nothing, or worse
-        raise TraceError(f"{spec}: the model's {differs}")
+    # configs of a chain the model does not compute would be tuned for nothing, or worse: the trace that computes it
+    gm = matching_trace(model, gm, loaded.inputs, spec)
     return import_traced(loaded, gm, Path(out_dir), force)
 
 

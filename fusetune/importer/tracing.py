@@ -3,7 +3,8 @@ nodes, the vocabulary's modules of other packages kept as calls, parametrized co
 torch.export lifted back to torch.fx's level (fusetune/exported.py); shapes propagated on fake tensors where every op
 has a fake kernel, else by running the model; in-place writes read through (a chain goes on through ``x.mul_(s)``).
 ``trace_differs`` checks a trace against the model's own forward, since torch.fx records an in-place op on a proxy as a
-new tensor. A model that neither traces, or whose trace does not run on its example, is a TraceError (exit 2).
+new tensor; where torch.fx's differs, torch.export's is taken where it computes the model (``matching_trace``). A model
+that neither traces, whose trace does not run on its example, or that no trace computes, is a TraceError (exit 2).
 """
 from __future__ import annotations
 
@@ -43,8 +44,6 @@ def trace(model: nn.Module, inputs: Sequence[Any], source: str = "<model>") -> t
     tensors where every op has a fake kernel (nothing computed, no statistic moved), else by running it.
     The model's own modules are shared with the result, so a training-mode batch norm's running
     statistics move when it runs, as they would in the model."""
-    from torch.fx.passes.shape_prop import ShapeProp
-
     concrete = _defaults_not_given(model, inputs)
     try:
         gm = _symbolic_trace(model, concrete)
@@ -52,6 +51,14 @@ def trace(model: nn.Module, inputs: Sequence[Any], source: str = "<model>") -> t
             gm.meta[CONCRETE_ARGS] = tuple(concrete)
     except Exception as exc:
         gm = _export_instead(model, inputs, source, exc)
+    return _prepared(gm, inputs, source)
+
+
+def _prepared(gm: torch.fx.GraphModule, inputs: Sequence[Any], source: str) -> torch.fx.GraphModule:
+    """A trace as the importer reads it: in-place writes read through, every node's shape recorded, a layer norm over
+    tokens' channels moved after their views; a TraceError (exit 2) where it does not run on the example inputs."""
+    from torch.fx.passes.shape_prop import ShapeProp
+
     _read_through_in_place_writes(gm)
     if not _propagate_fake(gm, inputs):
         try:  # ShapeProp prints the failing node's traceback before raising: the error below says it in one line
@@ -62,6 +69,34 @@ def trace(model: nn.Module, inputs: Sequence[Any], source: str = "<model>") -> t
                              f"{_failed_at(exc, gm)}") from None
     _channel_import().norm_tokens_last(gm)  # a layer norm over tokens' channels before their views: exactly so
     return gm
+
+
+def matching_trace(root: nn.Module, gm: torch.fx.GraphModule, inputs: Sequence[Any],
+                   source: str = "<model>") -> torch.fx.GraphModule:
+    """``gm`` (``trace(root, inputs)``) where it computes what the model's forward does on the example inputs
+    (trace_differs), else torch.export's trace of the model where that one does: torch.fx records ``x *= 3`` on a
+    proxy as a new tensor, so where ``r = x`` named it too, eager's later reads of ``r`` see the product and the fx
+    graph's do not; torch.export runs the forward on fake tensors and records the write on the tensor ``r`` is. A
+    TraceError (exit 2) where neither trace computes the model: configs imported from it, and a model optimize
+    builds on it, would compute other values, silently."""
+    from fusetune.exported import TRACED_BY, export_graph
+
+    differs = trace_differs(root, gm, inputs)
+    if differs is None:
+        return gm
+    if gm.meta.get(TRACED_BY) == "torch.export" or differs.startswith(_OWN_FAILS):  # no other trace, or no use
+        raise TraceError(f"{source}: the model's {differs}")
+    try:
+        exported = _prepared(export_graph(root, inputs), inputs, source)
+    except Exception as exc:  # noqa: BLE001 - whatever export raises, the model stays in PyTorch, said once
+        raise TraceError(f"{source}: the model's {differs}; nor can torch.export trace it ({_first_line(exc)})"
+                         ) from None
+    again = trace_differs(root, exported, inputs)
+    if again is not None:
+        raise TraceError(f"{source}: the model's {differs}; torch.export's {again}")
+    log.info("%s: torch.fx's %s; torch.export's trace computes the model's values, and is taken instead", source,
+             differs)
+    return exported
 
 
 def trace_differs(root: nn.Module, gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> str | None:
@@ -96,7 +131,7 @@ def trace_differs(root: nn.Module, gm: torch.fx.GraphModule, inputs: Sequence[An
         try:
             want = run(root)
         except Exception as exc:  # the user's model itself fails at these inputs (a CPU tensor beside CUDA ones)
-            return f"own forward fails on the example inputs ({type(exc).__name__}: {exc})"
+            return f"{_OWN_FAILS} on the example inputs ({type(exc).__name__}: {exc})"
         try:
             got = run(gm)
         except Exception as exc:  # the trace ran on the example when traced; a second run may not (state it changed)
@@ -106,9 +141,20 @@ def trace_differs(root: nn.Module, gm: torch.fx.GraphModule, inputs: Sequence[An
             for b, saved in buffers:
                 b.copy_(saved)
     why = _first_difference(want, got)
-    return None if why is None else (
-        f"traced forward differs from its own on the example inputs ({why}): torch.fx records an in-place op on "
-        "a proxy as a new tensor (out += b, where out is another name's tensor too, which eager then reads changed)")
+    if why is None:
+        return None
+    from fusetune.exported import TRACED_BY
+
+    how = "" if gm.meta.get(TRACED_BY) == "torch.export" else _FX_IN_PLACE
+    return f"traced forward differs from its own on the example inputs ({why}){how}"
+
+
+#: What trace_differs says where the model's own forward fails on the example inputs (no trace can match it).
+_OWN_FAILS = "own forward fails"
+
+#: Why torch.fx's trace of a model may compute other values than the model (trace_differs says it after the difference).
+_FX_IN_PLACE = (": torch.fx records an in-place op on a proxy as a new tensor (out += b, where out is another name's "
+                "tensor too, which eager then reads changed)")
 
 
 def _first_difference(want: list[Any], got: list[Any]) -> str | None:

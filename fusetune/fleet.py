@@ -38,7 +38,7 @@ from fusetune.lifeline import child_env
 from fusetune.ops import Shape
 from fusetune.pipeline import expand
 from fusetune.search import BenchmarkerFactory, Machine, ShapeResult, tune_shape
-from fusetune.storage import Storage, first_line, transient_errors
+from fusetune.storage import JOBS, Storage, first_line, transient_errors
 
 #: Seconds between polls of an empty queue while jobs of this GPU type are still running elsewhere
 #: (one of them may be abandoned and become claimable when its lease runs out).
@@ -100,7 +100,7 @@ def worker_name() -> str:
 
 
 class Queue:
-    """The ``fusetune_jobs`` table of a ``Storage``."""
+    """The jobs table (storage.JOBS) of a ``Storage``."""
 
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
@@ -117,12 +117,12 @@ class Queue:
             for gpu in gpus:
                 for shape in shapes:
                     row = conn.exec_driver_sql(
-                        "INSERT INTO fusetune_jobs (config_name, config_path, config_text, config_sha, shape, gpu) "
+                        f"INSERT INTO {JOBS.name} (config_name, config_path, config_text, config_sha, shape, gpu) "
                         "VALUES (%(name)s, %(path)s, %(text)s, %(sha)s, %(shape)s, %(gpu)s) "
                         "ON CONFLICT (config_sha, shape, gpu) DO UPDATE SET state = 'queued', worker = NULL, "
                         "lease_until = NULL, message = '', finished_at = NULL, attempts = 0, "
                         "config_path = EXCLUDED.config_path "
-                        "WHERE fusetune_jobs.state IN ('done', 'failed') RETURNING id",
+                        f"WHERE {JOBS.name}.state IN ('done', 'failed') RETURNING id",
                         {"name": spec.name, "path": spec.path, "text": text, "sha": config_sha(text),
                          "shape": json.dumps(list(shape)), "gpu": gpu}).first()
                     if row is None:
@@ -142,19 +142,19 @@ class Queue:
         modules built. Measured on four GPUs, the seeds' 8 jobs in id order put two workers on one config."""
         with self.storage.engine.begin() as conn:
             conn.exec_driver_sql(
-                "UPDATE fusetune_jobs SET state = 'failed', lease_until = NULL, finished_at = now(), "
+                f"UPDATE {JOBS.name} SET state = 'failed', lease_until = NULL, finished_at = now(), "
                 "message = 'abandoned after ' || attempts || ' attempts: each worker that took it died or "
                 "stopped renewing its lease (out of memory? see the logs of the workers, the last ' || "
                 "coalesce(worker, '?') || ')' WHERE id IN ("
-                "  SELECT id FROM fusetune_jobs WHERE gpu = %(gpu)s AND state = 'running' AND lease_until < now() "
+                f"  SELECT id FROM {JOBS.name} WHERE gpu = %(gpu)s AND state = 'running' AND lease_until < now() "
                 "  AND attempts >= %(most)s FOR UPDATE SKIP LOCKED)",
                 {"gpu": gpu, "most": MAX_ATTEMPTS})
             row = conn.exec_driver_sql(
-                "UPDATE fusetune_jobs SET state = 'running', worker = %(worker)s, attempts = attempts + 1, "
+                f"UPDATE {JOBS.name} SET state = 'running', worker = %(worker)s, attempts = attempts + 1, "
                 "lease_until = now() + make_interval(secs => %(grace)s) WHERE id = ("
-                "  SELECT id FROM fusetune_jobs j WHERE gpu = %(gpu)s AND (state = 'queued' OR "
+                f"  SELECT id FROM {JOBS.name} j WHERE gpu = %(gpu)s AND (state = 'queued' OR "
                 "  (state = 'running' AND lease_until < now())) ORDER BY EXISTS ("
-                "    SELECT 1 FROM fusetune_jobs r WHERE r.config_sha = j.config_sha AND r.state = 'running' "
+                f"    SELECT 1 FROM {JOBS.name} r WHERE r.config_sha = j.config_sha AND r.state = 'running' "
                 "    AND r.lease_until >= now()), id LIMIT 1 FOR UPDATE OF j SKIP LOCKED) "
                 "RETURNING id, config_name, config_path, config_text, shape, gpu, attempts",
                 {"worker": worker, "grace": self.grace_s, "gpu": gpu}).first()
@@ -168,7 +168,7 @@ class Queue:
         """Extend the lease; False if ``worker`` no longer holds it."""
         with self.storage.engine.begin() as conn:
             return conn.exec_driver_sql(
-                "UPDATE fusetune_jobs SET lease_until = now() + make_interval(secs => %(grace)s) "
+                f"UPDATE {JOBS.name} SET lease_until = now() + make_interval(secs => %(grace)s) "
                 "WHERE id = %(id)s AND worker = %(worker)s AND state = 'running'",
                 {"grace": self.grace_s, "id": job.id, "worker": worker}).rowcount == 1
 
@@ -176,7 +176,7 @@ class Queue:
         """Mark the job ``done`` or ``failed``, only if ``worker`` still holds it; True if it did."""
         with self.storage.engine.begin() as conn:
             return conn.exec_driver_sql(
-                "UPDATE fusetune_jobs SET state = %(state)s, key = %(key)s, message = %(message)s, "
+                f"UPDATE {JOBS.name} SET state = %(state)s, key = %(key)s, message = %(message)s, "
                 "finished_at = now(), lease_until = NULL WHERE id = %(id)s AND worker = %(worker)s "
                 "AND state = 'running'",
                 {"state": state, "key": key, "message": message[:2000], "id": job.id, "worker": worker}).rowcount == 1
@@ -185,7 +185,7 @@ class Queue:
         """Hand a job back unfinished (the worker is stopping, or the database failed under it): the next
         worker claims it at once, and this claim does not count towards ``MAX_ATTEMPTS``."""
         with self.storage.engine.begin() as conn:
-            conn.exec_driver_sql("UPDATE fusetune_jobs SET state = 'queued', worker = NULL, lease_until = NULL, "
+            conn.exec_driver_sql(f"UPDATE {JOBS.name} SET state = 'queued', worker = NULL, lease_until = NULL, "
                                  "attempts = greatest(attempts - 1, 0) "
                                  "WHERE id = %(id)s AND worker = %(worker)s AND state = 'running'",
                                  {"id": job.id, "worker": worker})
@@ -193,13 +193,13 @@ class Queue:
     def pending(self, gpu: str) -> int:
         """Jobs of ``gpu`` not finished (queued, or running somewhere)."""
         with self.storage.engine.connect() as conn:
-            return int(conn.exec_driver_sql("SELECT count(*) FROM fusetune_jobs WHERE gpu = %(gpu)s AND state IN "
+            return int(conn.exec_driver_sql(f"SELECT count(*) FROM {JOBS.name} WHERE gpu = %(gpu)s AND state IN "
                                             "('queued', 'running')", {"gpu": gpu}).scalar())
 
     def jobs(self) -> list[dict[str, Any]]:
         with self.storage.engine.connect() as conn:
             rows = conn.exec_driver_sql("SELECT id, config_name, shape, gpu, state, worker, attempts, key, message "
-                                        "FROM fusetune_jobs ORDER BY id").mappings().all()
+                                        f"FROM {JOBS.name} ORDER BY id").mappings().all()
         return [dict(r) for r in rows]
 
 

@@ -240,7 +240,8 @@ def test_model_new_variant_selection(tmp_path):
                              "finalize": {}, "window_map": {"block": 256, "ilp": 2},
                              "direct_stats": {"block": 128, "ct": 4, "reduce": "warp", "split": 16},
                              "direct_main": {"block": 256, "ct": 8, "reduce": "warp", "cells": 2, "split": 4},
-                             "gemm_stats": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 4},
+                             "gemm_stats": {"taps": 1, "bregs": 1, "block": 256, "mt": 1, "tw": 32, "th": 8,
+                                            "split": 4},
                              "gemm_main": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 4},
                              "extrema_map": {"block": 256, "ilp": 2},
                              "gemm_cluster": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 8}}

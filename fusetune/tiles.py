@@ -87,9 +87,10 @@ def gemm_k(conv: dict, elem: int = 4, taps: int = 1) -> dict[str, int]:
             "k_pad": k_padded(conv["cin"], conv["kernel"], elem, taps), "k_step": MMAS[elem].k}
 
 
-#: Element bytes -> the registers a warp's lane may hold the B fragments of every k step in (gemm.cuh.j2's
-#: FT_GEMM_B_REGS): conv3d's 16 channels at float32 (56); fewer at 2 bytes, where a lane's A registers take twice
-#: the loads and conv3d's 56 registers of B spilled in gemm_main at two m-tiles a warp (CUDA 13.0).
+#: Element bytes -> the registers a warp's lane may hold the B fragments of every k step in (gemm_keeps_b, which
+#: gemm.cuh.j2's FtGemmB::CACHED is rendered from): conv3d's 16 channels at float32 (56); fewer at 2 bytes, where a
+#: lane's A registers take twice the loads and conv3d's 56 registers of B spilled in gemm_main at two m-tiles a warp
+#: (CUDA 13.0).
 GEMM_B_REGS: dict[int, int] = {4: 64, 2: 48}
 
 

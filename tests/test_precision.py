@@ -21,6 +21,7 @@ from fusetune.codegen import render
 from fusetune.config import DEFAULT_PRECISION, load_config
 from fusetune.dtypes import DTYPES
 from fusetune.plan import make_plan
+from fusetune.tiles import gemm_keeps_b
 from fusetune.worlds import WORLDS, refusals
 
 from conftest import ROOT, SEEDS, import_file
@@ -198,7 +199,9 @@ def test_ieee_tensor_core_worlds_render_split_tf32(path):
         kernels = text.split("enum { FT_CINP")[1]
         assert "FT_GW_WORDS = 2 * FT_GW_TERM" in kernels and "ft_tf32_split(real ? __ldg(w" in kernels, unit
         assert "ft_mma_split(acc[i][2 * jp], ah[i], al[i], b[0])" in kernels and "ft_mma_tf32(" not in kernels, unit
-        assert "CACHED = FT_GKS * FT_GNT * 4 <= FT_GEMM_B_REGS" in kernels, unit
+        # a B fragment is four registers (hi and lo), so a warp keeps them where twice the registers fit
+        cached = gemm_keeps_b(spec.producer.geometry(), 4, terms=2)
+        assert f"CACHED = {int(cached)} }};" in kernels and "[FT_GNT][4];" in kernels, unit
         assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in text and "m16n8k16" not in text, unit
     for unit, text in seed_module.cuda_sources.items():
         assert "ft_tf32_split" not in text and "FT_GW_TERM" not in text, unit

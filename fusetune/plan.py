@@ -38,7 +38,7 @@ from fusetune.ops import AdaptivePool, Add, DimReduce, Elementwise, LayerNorm, N
 from fusetune.ops.channel import CHANNEL_MAPS, ChannelNorm
 from fusetune.ops.reduce import KERNEL_MODES, Softmax, kernel_mode
 from fusetune.ops.reductions import REDUCTIONS, KernelReduction
-from fusetune.regions import AT_SHAPES, CANCELS_BIAS, FROM_STATISTICS, MOVED, Step, affine, rewrite
+from fusetune.regions import AT_SHAPES, CANCELS_BIAS, FROM_STATISTICS, MOVED, RULES, Step, affine, rewrite
 
 #: What a step moved before a pixel shuffle reads repeated, by its role (regions.shuffle_commutes).
 _REPEATED = {"elementwise": "its per-channel parameter", "norm": "its running statistics and affine"}
@@ -260,15 +260,11 @@ class Plan:
                          "pool PyTorch's adaptive windows at any shape)")
         moved = [step for step in (*self.head, *self.tail) if MOVED in step.marks]
         if moved:
-            from fusetune.regions import RULES
-
             why = next(rule.doc for rule in RULES if rule.name == "shuffle_commutes")
             lines.append(f"  moved before a pixel shuffle (shuffle_commutes: {why}): " + "; ".join(
                 step.where + (f", {_REPEATED[step.op.role]} repeated {step.repeat} times" if step.repeat > 1 else "")
                 for step in moved))
         if self.at_shapes:
-            from fusetune.regions import RULES
-
             why = "; ".join(rule.doc for rule in RULES if rule.at_shapes and rule.name in self.rules)
             lines.append(f"  exact at the config's shapes only ({why}): at another shape ModelNew runs PyTorch's "
                          "forward")

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from fusetune.importer import (Mapped, ParamRef, Site, Stop, _is_shape_read, _shape, bind_all, bind_op, fetch,
                                 has_node, reduction)
+from fusetune.importer.graph import _call_input
 
 #: The config keys of a layer norm over the channels that name parameters (importer.chain_config declares them).
 PARAM_KEYS = ("weight", "bias")
@@ -161,7 +162,7 @@ def _entry(weight: ParamRef | None, bias: ParamRef | None, eps: float) -> dict[s
 
 def _over_channels(site: Site, mean: torch.fx.Node, of: torch.fx.Node) -> bool:
     """``of.mean(1, keepdim=True)`` (or dim -rank, (1,), [1]; torch.mean alike), of the chain's shape."""
-    if not _is(mean, _MEANS) or _input_of(mean) is not of:
+    if not _is(mean, _MEANS) or _call_input(mean) is not of:
         return False
     try:
         (entry,) = reduction("mean")(_at(site, mean, of)).entries
@@ -170,11 +171,6 @@ def _over_channels(site: Site, mean: torch.fx.Node, of: torch.fx.Node) -> bool:
     rank = len(site.shape_in)
     dims = entry["dim"] if isinstance(entry["dim"], list) else [entry["dim"]]
     return entry["keepdim"] is True and [d % rank for d in dims] == [1]
-
-
-def _input_of(node: torch.fx.Node) -> Any:
-    """A call's first argument, positional or ``input=`` (``torch.sigmoid(input=x)``); None where it has none."""
-    return node.args[0] if node.args else node.kwargs.get("input")
 
 
 def _at(site: Site, node: torch.fx.Node, value: torch.fx.Node) -> Site:
@@ -204,7 +200,7 @@ def _by_hand(site: Site, readers: Sequence[torch.fx.Node]):
     rank = _rank(site)
     if rank is None or len(readers) not in (2, 3):
         return None
-    means = [r for r in readers if site.is_x(_input_of(r)) and _over_channels(site, r, _input_of(r))]
+    means = [r for r in readers if site.is_x(_call_input(r)) and _over_channels(site, r, _call_input(r))]
     if len(means) != 1:
         return None
     u = means[0]

@@ -53,6 +53,11 @@ def _module_argument(node: torch.fx.Node) -> Any:
     return None
 
 
+def _call_input(node: torch.fx.Node) -> Any:
+    """A call's first argument, positional or ``input=`` (``torch.sigmoid(input=x)``); None where it has none."""
+    return node.args[0] if node.args else node.kwargs.get("input")
+
+
 def has_node(value: Any) -> bool:
     found: list[bool] = []
     torch.fx.node.map_arg(value, lambda n: found.append(True))

@@ -23,7 +23,8 @@ import torch.nn as nn
 from fusetune.computed_weights import parametrization_refusal, parametrized_convolution
 from fusetune.derived import overwrites_input
 from fusetune.errors import FusetuneError
-from fusetune.importer.graph import _CONV_FUNCTIONS, _CONV_MODULES, _fetch_or_none, _module_argument, _shape
+from fusetune.importer.graph import (_CONV_FUNCTIONS, _CONV_MODULES, _call_input, _fetch_or_none, _module_argument,
+                                     _shape)
 from fusetune.importer.matching import _channel_import
 from fusetune.importer.table import _named_module
 from fusetune.producers import KINDS, SPATIAL_NAMES
@@ -220,7 +221,7 @@ def _input_rank(gm: torch.fx.GraphModule, node: torch.fx.Node) -> tuple[str, boo
         what = f"{node.name} (F.{kind})"
     else:
         return None
-    shape = _shape(node.args[0] if node.args else node.kwargs.get("input"))
+    shape = _shape(_call_input(node))
     if kind is None or shape is None or len(shape) == KINDS[kind].spatial_dims + 2:
         return None
     dims = KINDS[kind].spatial_dims

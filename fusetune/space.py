@@ -20,7 +20,7 @@ import functools
 import itertools
 from pathlib import Path
 from types import CodeType
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import yaml
 
@@ -154,6 +154,21 @@ class PlanSpace:
 
     def default(self) -> Candidate:
         return {f"{f.family}.{k}": v for f in self.families for k, v in f.default().items()}
+
+    def with_choices(self, candidate: Mapping[str, Any], written: Iterable[tuple[str, str]]) -> Candidate:
+        """``candidate`` with each (``family.param``, value as text) of ``written`` set to the declared choice
+        written so (``("gemm_stats.taps", "2")``: 2), as the scripts' ``--set`` gives them; a FusetuneError names a
+        parameter the space has not, or a value not among its choices."""
+        out = dict(candidate)
+        declared = self.choices()
+        for name, text in written:
+            if name not in declared:
+                raise FusetuneError(f"{name}: no such parameter in this plan's space")
+            match = [choice for choice in declared[name] if str(choice) == text]
+            if not match:
+                raise FusetuneError(f"{name}={text}: expected one of {', '.join(map(str, declared[name]))}")
+            out[name] = match[0]
+        return out
 
     def size(self) -> int:
         size = 1

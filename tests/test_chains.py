@@ -444,6 +444,7 @@ def test_verify_chains_arguments():
     fp16 = [ROOT / "benchmarks" / "half" / "conv3d_mul_instancenorm_clamp_mul_max_fp16.yaml"]
     assert script.main(["--impl", "gemmm", str(fp16[0])]) == 2
     assert script.main(["--set", "gemm_stats.tapz=2", str(fp16[0])]) == 2
+    assert script.main(["--set", "gemm_stats.taps=3", str(fp16[0])]) == 2  # not among its choices
     assert script.unknown_choices(fp16, script.parse_args(["--set", "gemm_stats.taps=2", "--impl", "gemm"])) is None
 
 

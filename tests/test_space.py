@@ -375,3 +375,16 @@ def test_wide_variants_of_a_strided_transposed_convolution():
                  c["wide_stats.blocks"]) for c in wide if not space.violations(c, facts)}
     assert feasible == compiled
     assert all(any("zero weights" in v for v in space.violations(c, facts)) for c in wide if c["wide_stats.bn"] == 128)
+
+
+def test_choices_written_as_text_are_the_declared_ones():
+    """The scripts' --set FAMILY.PARAM=VALUE: the value is the declared choice written so (typed as declared); a
+    parameter the space has not, or a value not among its choices, is an error naming it."""
+    space = plan_space(make_plan(load_config(SEEDS["groupnorm"])))
+    chosen = space.with_choices(space.default(), [("stats.split", "16"), ("producer.impl", "direct")])
+    assert chosen["stats.split"] == 16 and isinstance(chosen["stats.split"], int)
+    assert chosen["producer.impl"] == "direct" and chosen == {**space.default(), **chosen}
+    with pytest.raises(FusetuneError, match="stats.split=3: expected one of 1, 2, 4, 8, 16, 32"):
+        space.with_choices(space.default(), [("stats.split", "3")])
+    with pytest.raises(FusetuneError, match="stats.splat: no such parameter"):
+        space.with_choices(space.default(), [("stats.splat", "4")])

@@ -155,7 +155,7 @@ def ensure_tuned(config_dir: Path, cache: Cache, budget_s: float, make_bench_for
             report.fallback.append(f"{label}: no CUDA GPU visible")
             continue
         left = deadline - time.monotonic()
-        if left <= 1:
+        if left <= 1 and number not in stored:  # a winner the database held is in the cache: no time needed
             report.fallback.append(f"{label}: time budget spent")
             continue
         try:

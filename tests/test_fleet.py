@@ -341,7 +341,7 @@ def test_a_lazy_deploy_reads_stored_winners_in_one_statement_and_searches_a_miss
     host3 = Cache(tmp_path / "host3")
     lazy = Storage(url, lazy=True)
     bench = FakeBench()
-    report = ensure_tuned(configs, host3, 60.0, lambda *a: bench.factory, machine, echo=quiet, storage=lazy)
+    report = ensure_tuned(configs, host3, 300.0, lambda *a: bench.factory, machine, echo=quiet, storage=lazy)
     lazy.close()
     assert bench.made == 4 and len(report.tuned) == 4 and len(report.cached) == len(spec.shapes) - 4, report
     assert not report.fallback

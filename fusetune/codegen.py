@@ -24,7 +24,7 @@ from fusetune.plan import Plan
 from fusetune.regions import reference_attr
 from fusetune.space import Constraint, FamilySpace, ParamSpec, PlanSpace, load_family
 from fusetune.templates import environment
-from fusetune.tiles import (FOOTPRINT_MAX, WIDE_BLOCK, WIDE_BN, gemm_k, gemm_keeps_b, gemm_tile, wide_axes,
+from fusetune.tiles import (FOOTPRINT_MAX, WIDE_BLOCK, WIDE_BN, gemm_keeps_b, gemm_tile, wide_axes,
                             wide_channel_chunk, wide_cin_padded, wide_depth, wide_folds, wide_folds_aligned, wide_planes,
                             wide_slab_stride, wide_workspace_words)
 from fusetune.worlds import DEFAULT, WORLDS, all_facts, launches, refusals
@@ -257,14 +257,14 @@ def render(plan: Plan, only: dict[str, list[dict[str, Any]]] | None = None) -> R
         "channels_per_group": norm.groups_of(plan.spec.producer.out_channels) if norm else 1,
         "cuda_flags": list(CUDA_FLAGS),
         "conv": conv,
-        "gemm": gemm_k(conv, DTYPES[plan.spec.dtype].bytes),  # TF32 m16n8k8 at float32, FP16/BF16 m16n8k16 at 2 bytes
         # Whether a warp of a gemm variant keeps the B fragments in registers (gemm.cuh.j2's FtGemmB::CACHED):
         # where they fit (tiles.gemm_keeps_b at its taps), unless the variant reads them every pass (bregs 0).
         "gemm_b_cached": lambda variant: variant.get("bregs", 1) == 1 and gemm_keeps_b(
             conv, DTYPES[plan.spec.dtype].bytes, gemm_terms(plan), variant.get("taps", 1)),
         "footprint_max": FOOTPRINT_MAX,
         # The box of a gemm variant: whole pooling windows for the main kernel, single outputs for statistics;
-        # its K as the variant packs it (gemm_stats' taps a half k step; one in the other families).
+        # its K as the variant packs it (its taps a half k step: TF32 m16n8k8 at float32, FP16/BF16 m16n8k16 at 2
+        # bytes), which gemm.cuh.j2 renders per variant.
         "gemm_tile": lambda variant, pooled: gemm_tile(conv, *(plan.pool_window if pooled else ((1, 1, 1),) * 2),
                                                        variant["tw"], variant["th"], DTYPES[plan.spec.dtype].bytes,
                                                        taps=variant.get("taps", 1)),

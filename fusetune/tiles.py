@@ -65,8 +65,13 @@ def cin_padded(cin: int, elem: int = 4, taps: int = 1) -> int:
     return _round_up(cin, MMAS[elem].channels // taps)
 
 
+#: The taps of the input channels a half k step may hold: the choices of the whole-weights families' ``taps``
+#: (gemm_stats.yaml, gemm_main.yaml, gemm_cluster.yaml), which the facts per packing are keyed by.
+GEMM_TAPS = (1, 2)
+
+
 def gemm_taps(cin: int, elem: int = 4) -> int:
-    """The most taps a half k step may hold (gemm_stats.yaml's taps): 2 at 2 bytes for at most 4 input
+    """The most taps a half k step may hold (the gemm families' taps): 2 at 2 bytes for at most 4 input
     channels (where 8 padded channels a tap would leave 5 of 8 K columns zero at 3: packing two taps of 4
     halves the k steps, the MMAs and the A loads), else 1."""
     return 2 if elem == 2 and cin <= MMAS[elem].channels // 2 else 1
@@ -224,18 +229,23 @@ BOX_WIDTHS = (16, WIDEST_BOX)
 CLUSTER_MAX_BLOCK = 256
 
 
-def cluster_boxes(conv: dict, elem: int = 4, terms: int = 1) -> dict[tuple[int, int], int]:
-    """(th, tw) -> how many boxes of single outputs a gemm_cluster block can keep in shared memory
-    beside its staged weights, its two input buffers and its per-channel scratch (0 where none).
-    Mirrors the launcher's arithmetic in gemm_cluster.cu.j2; the variants' constraint compares it
-    with a sample's boxes over the cluster's blocks."""
+def cluster_boxes(conv: dict, elem: int = 4, terms: int = 1) -> dict[tuple[int, int, int], int]:
+    """(th, tw, taps) -> how many boxes of single outputs a gemm_cluster block can keep in shared memory
+    beside its staged weights, its two input buffers and its per-channel scratch (0 where none, or where
+    ``taps`` taps a half k step do not pack: gemm_taps). Two taps a half stage half the input channels and
+    k steps, so more boxes fit. Mirrors the launcher's arithmetic in gemm_cluster.cu.j2; the variants'
+    constraint compares it with a sample's boxes over the cluster's blocks."""
     out = {}
     for th in BOX_HEIGHTS:
         for tw in BOX_WIDTHS:
-            tile = gemm_tile(conv, (1, 1, 1), (1, 1, 1), tw, th, elem, terms)
-            inputs = 2 * tile.cin_pad * tile.channel_stride * elem // 4  # two buffers, in words
-            fixed = tile.weight_words + (2 * CLUSTER_MAX_BLOCK // 32 + 5) * conv["cout"] + inputs
-            out[(th, tw)] = max(0, (SMEM_LIMIT // 4 - fixed) // (conv["cout"] * tile.out_stride))
+            for taps in GEMM_TAPS:
+                if taps > gemm_taps(conv["cin"], elem):
+                    out[(th, tw, taps)] = 0
+                    continue
+                tile = gemm_tile(conv, (1, 1, 1), (1, 1, 1), tw, th, elem, terms, taps)
+                inputs = 2 * tile.cin_pad * tile.channel_stride * elem // 4  # two buffers, in words
+                fixed = tile.weight_words + (2 * CLUSTER_MAX_BLOCK // 32 + 5) * conv["cout"] + inputs
+                out[(th, tw, taps)] = max(0, (SMEM_LIMIT // 4 - fixed) // (conv["cout"] * tile.out_stride))
     return out
 
 

@@ -58,8 +58,10 @@ HALF = ("conv2d_groupnorm_scale_maxpool_clamp_fp16", "conv3d_mul_instancenorm_cl
         "convt3d_scale_batchnorm_gap_fp16", "convt3d_scale_maxpool_gap_clamp_bf16")
 #: Half-precision chains of the corpus (tests/chains/), after HALF so that those keep compiling every variant: a
 #: layer norm's per-element affine before a max pool in float16 (direct_main spilled at ct 8 with the plane's size
-#: a run-time value; ct 16 is left out by direct_main.yaml's direct_element_values rule).
-HALF_CORPUS = ("conv2d_layernorm_chw_relu_maxpool_fp16",)
+#: a run-time value; ct 16 is left out by direct_main.yaml's direct_element_values rule); an image's 3 input
+#: channels in float16, whose last gemm_main variant packs two taps a half k step (taps 2; HALF's bfloat16 conv3d
+#: compiles every packed variant of the three families).
+HALF_CORPUS = ("conv2d_layernorm_chw_relu_maxpool_fp16", "conv2d_fp16_cin3_relu_maxpool")
 #: Later regions (fusetune/pipeline.py): the cuDNN world's kernels on an earlier region's output, no convolution
 #: (a group norm after a max pool, a 3-D reduction over channels of a pooled tensor), by chain and region.
 #: And on views of their input (fusetune/views.py): a softmax over a flattened 2-D tensor (channel_softmax on

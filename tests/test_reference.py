@@ -242,9 +242,9 @@ def test_model_new_variant_selection(tmp_path):
                              "direct_main": {"block": 256, "ct": 8, "reduce": "warp", "cells": 2, "split": 4},
                              "gemm_stats": {"taps": 1, "bregs": 1, "block": 256, "mt": 1, "tw": 32, "th": 8,
                                             "split": 4},
-                             "gemm_main": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 4},
+                             "gemm_main": {"taps": 1, "block": 256, "mt": 1, "tw": 32, "th": 8, "split": 4},
                              "extrema_map": {"block": 256, "ilp": 2},
-                             "gemm_cluster": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 8}}
+                             "gemm_cluster": {"taps": 1, "block": 256, "mt": 1, "tw": 32, "th": 8, "split": 8}}
     stats_variants = module.VARIANTS["stats"]
     index, split = fused._resolved["stats"]
     assert stats_variants[index] == {"block": 256, "vec": 4, "reduce": "warp"} and split == 4

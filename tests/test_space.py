@@ -14,7 +14,7 @@ from fusetune.errors import FusetuneError
 from fusetune.plan import make_plan
 from fusetune.space import PlanSpace, candidate_key, load_family
 
-from conftest import SEEDS
+from conftest import ROOT, SEEDS
 
 FAMILIES = ("stats", "plane_reduce", "window_map", "channel_reduce")
 
@@ -135,9 +135,9 @@ def test_plan_space_of_seeds():
         "direct_stats": {"block": 128, "ct": 4, "reduce": "warp", "split": 16},
         "direct_main": {"block": 256, "ct": 8, "reduce": "warp", "cells": 2, "split": 4},
         "gemm_stats": {"taps": 1, "bregs": 1, "block": 256, "mt": 1, "tw": 32, "th": 8, "split": 4},
-        "gemm_main": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 4},
+        "gemm_main": {"taps": 1, "block": 256, "mt": 1, "tw": 32, "th": 8, "split": 4},
         "extrema_map": {"block": 256, "ilp": 2},
-        "gemm_cluster": {"block": 256, "mt": 1, "tw": 32, "th": 8, "split": 8}}
+        "gemm_cluster": {"taps": 1, "block": 256, "mt": 1, "tw": 32, "th": 8, "split": 8}}
     # Distinct candidates: cuDNN's (2 layouts x stats x window_map; a plain convolution has no
     # second form) plus the direct kernels' (no layout;
     # direct_main's reduction strategy matters only for a plane reduction, not this window map), plus
@@ -146,8 +146,9 @@ def test_plan_space_of_seeds():
     # main kernel).
     cudnn = 2 * (3 * 2 * 2 * 6) * (3 * 3)
     direct = (2 * 4 * 2 * 4) * (2 * 5 * 3 * 4)  # direct_main: block, ct, cells (infeasible ones too), split
+    # (taps, two taps a half k step, matters only where they pack: at 2 bytes, not this float32 chain's 8 channels)
     gemm_main = 2 * 2 * 2 * 3 * 4  # block, mt, tw, th, split
-    gemm_stats = gemm_main * 2 * 2  # and taps, bregs (every choice enumerated, infeasible ones too)
+    gemm_stats = gemm_main * 2  # and bregs (every choice enumerated, infeasible ones too)
     gemm = gemm_stats * gemm_main
     gemm_extrema = gemm_stats * (3 * 3)
     # gemm_store: then cuDNN's window_map (its block and ilp), reading the stored output, in float or half (every
@@ -317,6 +318,44 @@ def test_cluster_variants_compiled_only_where_their_boxes_hold_whole_windows():
     names = {"C": 64, **plan_space(plan).plan_facts}
     compiled = {(v["th"], v["tw"]) for v in family.variants() if family.compiles(v, names)}
     assert compiled == {(16, 16), (16, 32)}
+
+
+#: Whole-weights tensor-core families with the taps choice (two taps of the input channels a half k step).
+TAPS_FAMILIES = ("gemm_stats", "gemm_main", "gemm_cluster")
+
+
+@pytest.mark.parametrize("chain", ["conv2d_fp16_cin3_relu_maxpool", "conv3d_bf16_cin3_groupnorm_relu_maxpool"])
+def test_two_taps_a_half_k_step_compiled_only_where_they_pack(chain):
+    """An image's 3 input channels at a half type (tests/chains: a conv2d in float16, gemm_main alone; a conv3d in
+    bfloat16 under a group norm, gemm_stats, gemm_main and gemm_cluster): each family compiles taps 2 in 256-thread
+    blocks of one m-tile a warp only, for the same boxes as its taps 1 there (gemm_stats at both bregs), and the
+    search varies it. The float32 conv3d seed, 3 channels too, compiles none and holds taps at 1 (its ``when``)."""
+    plan = make_plan(load_config(ROOT / "tests" / "chains" / f"{chain}.yaml"))
+    space, names = plan_space(plan), {"C": plan.spec.producer.out_channels, **plan_facts(plan)}
+    stages = [stage for stage in plan.stages if stage in TAPS_FAMILIES]
+    assert stages == (["gemm_main"] if chain.startswith("conv2d") else list(TAPS_FAMILIES))
+    for stage in stages:
+        family = load_family(stage)
+        compiled = [v for v in family.variants() if family.compiles(v, names)]
+        packed = [v for v in compiled if v["taps"] == 2]
+        boxes = {(v["tw"], v["th"]) for v in compiled if v["taps"] == 1 and v["block"] == 256 and v["mt"] == 1}
+        assert packed and all(v["block"] == 256 and v["mt"] == 1 for v in packed), stage
+        assert {(v["tw"], v["th"]) for v in packed} == boxes, stage
+        assert len(packed) == len(boxes) * (2 if stage == "gemm_stats" else 1), stage
+        assert _taps_under_its_world(space, plan, stage) == 2
+    seed = make_plan(load_config(SEEDS["instancenorm"]))
+    seed_space, seed_names = plan_space(seed), {"C": seed.spec.producer.out_channels, **plan_facts(seed)}
+    assert seed.spec.producer.in_channels == 3 and seed_names["gemm_taps"] == 1
+    for stage in TAPS_FAMILIES:
+        family = load_family(stage)
+        assert not [v for v in family.variants() if v["taps"] == 2 and family.compiles(v, seed_names)], stage
+        assert _taps_under_its_world(seed_space, seed, stage) == 1
+
+
+def _taps_under_its_world(space: PlanSpace, plan, stage: str) -> int:
+    """A stage's taps in the canonical candidate of the first world running it with taps 2 asked for."""
+    impl = next(impl for impl, stages in plan.impl_stages.items() if stage in stages)
+    return space.canonical({**space.default(), "producer.impl": impl, f"{stage}.taps": 2})[f"{stage}.taps"]
 
 
 def test_wide_variants_compiled_and_feasible_at_the_seed():

@@ -8,14 +8,16 @@ import itertools
 import pytest
 
 from fusetune.config import load_config
-from fusetune.tiles import (FOOTPRINT_MAX, SMEM_LIMIT, WIDE_PAIR_LIMIT, cin_padded, direct_footprint, direct_row_cells,
-                            gemm_keeps_b, gemm_max_height, gemm_refusal, gemm_taps, gemm_tile, k_padded, weight_words,
-                            wide_axes,
+from fusetune.dtypes import DTYPES
+from fusetune.plan import make_plan
+from fusetune.tiles import (BOX_HEIGHTS, BOX_WIDTHS, FOOTPRINT_MAX, GEMM_TAPS, SMEM_LIMIT, WIDE_PAIR_LIMIT, cin_padded,
+                            cluster_boxes, direct_footprint, direct_row_cells, gemm_keeps_b, gemm_max_height,
+                            gemm_refusal, gemm_taps, gemm_tile, k_padded, weight_words, wide_axes,
                             wide_brick, wide_depth, wide_folds, wide_folds_aligned, wide_pool_fits, wide_row_words,
                             wide_rows_fit, wide_slab_stride, wide_smem_bytes, wide_stage_words, wide_staged_rows,
                             wide_workspace_words)
 
-from conftest import SEEDS
+from conftest import ROOT, SEEDS
 
 ONE = (1, 1, 1)
 
@@ -145,12 +147,51 @@ def test_packed_half_a_loads_of_a_warp_take_one_pass(name, tw, th):
     at channels 2 (t % 2) + e of the half's tap t // 2, most often the next column: values g * conv stride + (2 (t %
     2) + e) * channel_stride + t // 2, two to a word. Each load's words fall in distinct banks."""
     conv = {**load_config(SEEDS[name]).producer.geometry(), "cin": 3}
-    tile = gemm_tile(conv, ONE, ONE, tw, th, elem=2, taps=2)
+    _assert_packed_a_loads_take_one_pass(conv, gemm_tile(conv, ONE, ONE, tw, th, elem=2, taps=2))
+
+
+def _assert_packed_a_loads_take_one_pass(conv: dict, tile) -> None:
+    """The staged input's channels 16 bytes apart, each whole, and the two A loads of a warp (e = 0, 1) at
+    two taps a half k step in distinct banks."""
     assert tile.channel_stride % 8 == 0 and tile.channel_stride >= tile.input[0] * tile.input[1] * tile.input_row
     for e in range(2):
         words = {(g * conv["stride"][2] + (2 * (t % 2) + e) * tile.channel_stride + t // 2) // 2
                  for g in range(8) for t in range(4)}
         assert len({w % 32 for w in words}) == len(words)
+
+
+@pytest.mark.parametrize("chain", ["conv2d_fp16_cin3_relu_maxpool", "conv3d_bf16_cin3_groupnorm_relu_maxpool"])
+@pytest.mark.parametrize("tw, th", [(16, 4), (32, 8), (32, 16)])
+def test_packed_half_main_boxes_hold_whole_windows_and_a_loads_take_one_pass(chain, tw, th):
+    """gemm_main's boxes of whole pooling windows packed two taps a half k step (taps 2; the 3-channel half chains of
+    the corpus, 2 x 2 max pools after a padded conv2d and a conv3d): the same cells and outputs as at one tap, half
+    the k steps (conv2d: 9 taps x 4 channels, K 48 where 9 x 8 take 80; conv3d: 27 x 4, 112 where 27 x 8 take 224)
+    and half the staged input channels, and each A load of a warp in distinct banks."""
+    plan = make_plan(load_config(ROOT / "tests" / "chains" / f"{chain}.yaml"))
+    conv, elem = plan.spec.producer.geometry(), DTYPES[plan.spec.dtype].bytes
+    packed, one = (gemm_tile(conv, *plan.pool_window, tw, th, elem, taps=taps) for taps in (2, 1))
+    assert (packed.cells, packed.region, packed.input) == (one.cells, one.region, one.input)
+    assert packed.cells[1:] == (th // 2, tw // 2) and packed.region[1:] == (th, tw)  # whole 2 x 2 windows
+    assert (packed.k_pad, one.k_pad) == ((48, 80) if conv["spatial_dims"] == 2 else (112, 224))
+    assert (packed.cin_pad, one.cin_pad, packed.taps) == (4, 8, 2) and packed.smem_bytes < one.smem_bytes
+    _assert_packed_a_loads_take_one_pass(conv, packed)
+
+
+def test_cluster_keeps_more_boxes_with_two_taps_a_half_k_step():
+    """A gemm_cluster block keeps the boxes of outputs its shared memory holds beside the weights, two input buffers
+    and 21 words of scratch a channel (tiles.cluster_boxes, keyed (th, tw, taps)). Two taps a half k step stage 4
+    channels, not 8, and half the k steps of weights: the conv3d seed's convolution at 2 bytes, boxes 16 x 32 (516
+    words a channel), keeps (51200 - 1792 - 8 x 2168 - 336) // (16 x 516) = 3 at one tap and (51200 - 896 - 4 x 2160
+    - 336) // (16 x 516) = 5 at two, so its seed shape's 28 such boxes a sample fit a cluster of 8 blocks. None at
+    taps 2 where the taps do not pack (float32; 5 channels)."""
+    conv = load_config(SEEDS["instancenorm"]).producer.geometry()
+    half = cluster_boxes(conv, 2)
+    assert set(half) == {(th, tw, taps) for th in BOX_HEIGHTS for tw in BOX_WIDTHS for taps in GEMM_TAPS}
+    assert (half[(16, 32, 1)], half[(16, 32, 2)]) == (3, 5)
+    assert all(half[(th, tw, 2)] >= half[(th, tw, 1)] > 0 for th, tw, _ in half)
+    for unpacked, elem in ((conv, 4), ({**conv, "cin": 5}, 2)):
+        boxes = cluster_boxes(unpacked, elem)
+        assert all(boxes[(th, tw, 2)] == 0 < boxes[(th, tw, 1)] for th, tw, _ in boxes)
 
 
 @pytest.mark.parametrize("tw, th", [(16, 4), (16, 8), (32, 4), (32, 8), (30, 3)])

@@ -41,7 +41,7 @@ class GemmCluster(World):
         return ("gemm_cluster",)
 
     def facts(self, plan):
-        """``cluster``: offered; ``cluster_boxes``: (th, tw) -> the boxes a block keeps (tiles.cluster_boxes)."""
+        """``cluster``: offered; ``cluster_boxes``: (th, tw, taps) -> the boxes a block keeps (tiles.cluster_boxes)."""
         offered = self.refusal(plan) is None
         boxes = cluster_boxes(plan.spec.producer.geometry(), gemm_elem(plan), gemm_terms(plan)) if offered else {}
         return {"cluster": int(offered), "cluster_boxes": boxes}

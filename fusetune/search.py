@@ -49,6 +49,11 @@ RETIME_ROUNDS = 2
 #: default came second was seen to get 1 trial of 24 (gemm_wide, whose neighbour then won by 10%).
 COMPETITIVE = 2.0
 NEIGHBOURS_PER_WORLD = 2
+#: The last POLISH_SHARE of a large space's budget climbs from the best candidate so far: its untried
+#: neighbours (one choice changed) in the seed's random order, re-centred on each that beats it. A forward's
+#: stages are kernels whose times add, so the sampler's best is often one choice away from a faster candidate
+#: (one stage's vector width or block), which TPE, modelling the whole space at once, may never suggest.
+POLISH_SHARE = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,10 +295,11 @@ class _Objective:
         self.rerun: set[str] = set()  # candidates already re-run under --force in this search
         self.timings = {"evaluate_s": 0.0, "verify_s": 0.0, "time_s": 0.0}  # evaluate: verify, time, the rest
         self.evaluated = 0  # feasible trials run or reused in this process
+        self.stop_at = total  # the sampler's turn ends here (the polish's trials after it)
         self.seen: set[str] = set()  # candidates already counted in this process
 
     def stop_when_done(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if self.evaluated >= self.total:
+        if self.evaluated >= self.stop_at:
             study.stop()
 
     def __call__(self, trial: optuna.Trial) -> float:
@@ -460,7 +466,7 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
             # Past the budget before the first trial (batch 0 built late): its first candidate, the best so far.
             study.optimize(objective, n_trials=1, catch=(), gc_after_trial=False)
             return
-        if budget > 0 and left > 0 and objective.evaluated < objective.total:
+        if budget > 0 and left > 0 and objective.evaluated < objective.stop_at:
             study.optimize(objective, n_trials=budget, timeout=left, catch=(), gc_after_trial=False,
                            callbacks=[objective.stop_when_done])
 
@@ -478,7 +484,22 @@ def tune_shape(spec: ProblemSpec, shape: Shape, cache: Cache, machine: Machine, 
                     schedule(neighbours)  # their small modules first; then the competitive worlds' rest,
                 expect(_sampler_worlds(outcomes, feasible, done))  # building while the neighbours are timed
             run(neighbours, len(neighbours))
+            objective.stop_at = objective.total - int(POLISH_SHARE * objective.total)
             run([], remaining * 20)  # the sampler's; infeasible suggestions are free
+            objective.stop_at = objective.total
+            rng = random.Random(spec.search.seed)
+            while objective.evaluated < objective.total and time.monotonic() < deadline:
+                centre = _fastest(cache, key)
+                near = _polish(centre, feasible, _tried(study, space), rng, objective.total - objective.evaluated)
+                if not near:
+                    break
+                if schedule is not None:
+                    schedule(near)  # their modules first, in this order
+                for candidate in near:  # one at a time: re-centred as soon as one beats the centre
+                    run([candidate], 1)
+                    if _fastest(cache, key) != centre:
+                        break
+            run([], remaining * 20)  # a local optimum before the budget's end: the rest is the sampler's again
         reporter.search_finished(label)
     timings["search_s"] = time.perf_counter() - search_start
     timings.update(objective.timings)
@@ -557,6 +578,24 @@ def _world_neighbours(outcomes: dict[str, dict[str, Any]], feasible: list[Candid
         rng.shuffle(near)
         chosen += near[:NEIGHBOURS_PER_WORLD]
     return chosen[:cap]
+
+
+def _fastest(cache: Cache, key: str) -> Candidate | None:
+    """The fastest ok candidate of ``key``'s outcomes so far (None before the first)."""
+    entry = cache.load(key)
+    best = _best_by_world(entry.outcomes if entry else {})
+    return min(best.values(), key=lambda item: item[0])[1] if best else None
+
+
+def _polish(centre: Candidate | None, feasible: list[Candidate], tried: set[str], rng: random.Random,
+            cap: int) -> list[Candidate]:
+    """Untried feasible neighbours (one choice changed) of ``centre``, the fastest candidate so far, in
+    ``rng``'s order, at most ``cap``: see POLISH_SHARE."""
+    if centre is None or cap <= 0:
+        return []
+    near = [c for c in feasible if candidate_key(c) not in tried and sum(c.get(k) != v for k, v in centre.items()) == 1]
+    rng.shuffle(near)
+    return near[:cap]
 
 
 def _starts(space: PlanSpace, feasible: list[Candidate]) -> list[Candidate]:

@@ -6,8 +6,9 @@ asks for what the parser refuses). Every chain written then: loads from its file
 raising ("nothing refused": what the kernels do not take runs in PyTorch with a reason), as does each later region;
 renders under strict Jinja; ``fusetune plan`` takes it; and the plan's rewritten chain computes the reference
 Model's output in float64 -- the first region's steps as PyTorch runs them (Step.forward_code: the rewrites' reordered,
-composed and dropped ops), then the generated ModelNew's tail with each later region's plan emulated alike --
-with the norms moved off their identity as verification moves them. The kernels themselves need a GPU:
+composed and dropped ops, on the convolution's output without its bias where a norm cancels it), then the generated
+ModelNew's tail with each later region's plan emulated alike -- with the norms moved off their identity as
+verification moves them. The kernels themselves need a GPU:
 ``scripts/verify-chains`` runs the same chains there.
 """
 from __future__ import annotations
@@ -164,10 +165,19 @@ def _generated(plan: Plan, folder: Path):
     return load_generated(render(plan).write(folder / f"m{next(_modules)}"))
 
 
+def _produced(plan: Plan, reference, x: torch.Tensor) -> torch.Tensor:
+    """The convolution's output as the first region's kernels read it: without its bias where the plan drops it
+    (Plan.drop_bias: a norm cancels it, rule norm_cancels_bias), so that the check covers that rule too."""
+    produced = reference.producer(x)
+    if plan.drop_bias and not plan.bias_in_producer:
+        produced = produced - reference.producer.bias.view(1, -1, *[1] * (produced.dim() - 2))
+    return produced
+
+
 def _fused_region(plan: Plan, generated, reference, x: torch.Tensor, inputs: list[torch.Tensor]) -> torch.Tensor:
     """What the first region's kernels compute, as PyTorch computes its steps (the rewritten chain's head) on the
-    reference's own modules."""
-    produced = reference.producer(x)
+    reference's own modules, from the convolution's output as the kernels read it (_produced)."""
+    produced = _produced(plan, reference, x)
     scope: dict[str, Any] = {**vars(generated), "self": reference, "y": produced, **dict(zip(plan.spec.inputs, inputs))}
     value = produced
     for step in plan.head:
@@ -196,23 +206,40 @@ def _rewritten(plan: Plan, generated, reference, x: torch.Tensor, inputs: list[t
     return model.tail(value, *inputs)
 
 
+def _check_rewritten(path: Path, seed: int, folder: Path) -> None:
+    """The plan's rewritten chain against the reference Model in float64 at the config's first shape (its chain's
+    output, wherever ``outputs:`` puts it), the norms moved off their identity, the torch generator seeded."""
+    spec = load_config(path)
+    plan = make_plan(spec)
+    generated = _generated(plan, folder)
+    torch.manual_seed(seed)
+    reference = generated.Model().double()
+    _perturb_norms(reference)
+    shape = spec.shapes[0]
+    x = torch.rand(shape, dtype=torch.float64)
+    inputs = [torch.randn(s, dtype=torch.float64) for s in spec.input_shapes(shape)]
+    with torch.no_grad():
+        want = reference(x, *inputs)
+        got = _rewritten(plan, generated, reference, x, inputs, folder)
+    wants = want if isinstance(want, tuple) else (want,)
+    assert [tuple(w.shape) for w in wants] == [tuple(s) for s in spec.output_shapes(shape)], path.name
+    assert all(torch.isfinite(w).all() for w in wants), f"{path.name}: the reference is not finite"
+    chain = wants[spec.outputs.index("chain")]
+    error = ((got - chain).norm() / (chain.norm() or 1.0)).item()  # (a chain of small values may give 0)
+    assert error <= _tolerance(spec), f"{path.name}: rules {plan.rules}, relative error {error:.3g}\n" + "\n".join(
+        plan.regions())
+
+
 def test_the_rewritten_chain_computes_the_reference_in_float64(chains, tmp_path):
     for k, path in enumerate(chains):
-        spec = load_config(path)
-        plan = make_plan(spec)
-        generated = _generated(plan, tmp_path)
-        torch.manual_seed(k)
-        reference = generated.Model().double()
-        _perturb_norms(reference)
-        shape = spec.shapes[0]
-        x = torch.rand(shape, dtype=torch.float64)
-        inputs = [torch.randn(s, dtype=torch.float64) for s in spec.input_shapes(shape)]
-        with torch.no_grad():
-            want = reference(x, *inputs)
-            got = _rewritten(plan, generated, reference, x, inputs, tmp_path)
-        wants = want if isinstance(want, tuple) else (want,)
-        assert [tuple(w.shape) for w in wants] == [tuple(s) for s in spec.output_shapes(shape)], path.name
-        assert all(torch.isfinite(w).all() for w in wants), f"{path.name}: the reference is not finite"
-        error = ((got - wants[0]).norm() / (wants[0].norm() or 1.0)).item()  # (a chain of small values may give 0)
-        assert error <= _tolerance(spec), f"{path.name}: rules {plan.rules}, relative error {error:.3g}\n" + "\n".join(
-            plan.regions())
+        _check_rewritten(path, k, tmp_path)
+
+
+def test_the_rewritten_chain_computes_the_reference_where_a_norm_cancels_the_bias(tmp_path):
+    """The corpus chains (tests/chains/) whose plan drops the convolution's bias (norm_cancels_bias), which the
+    batches' chains seldom reach: their rewritten chain, from the convolution without its bias, is the reference."""
+    dropping = [path for path in sorted((ROOT / "tests" / "chains").glob("*.yaml"))
+                if make_plan(load_config(path)).drop_bias]
+    assert len(dropping) >= 5
+    for k, path in enumerate(dropping):
+        _check_rewritten(path, k, tmp_path)

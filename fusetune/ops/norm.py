@@ -123,6 +123,11 @@ class GroupNorm(Norm):
     def check_shape(self, shape: Shape, error) -> None:
         if shape[1] % self.groups:
             error("groups", f"{count(self.groups, 'group')} do not divide {count(shape[1], 'channel')}")
+        elif shape[0] * self.groups_of(shape[1]) * _spatial_size(shape) < 2:
+            # PyTorch's own check (F.group_norm counts N * C/groups * spatial values): a group of one value is taken
+            # where the batch has more than one sample (its output is the bias), refused where it has one.
+            error("", f"group norm needs more than one value per group (N * C/groups * spatial > 1, as PyTorch "
+                      f"checks), got input {list(shape)} with {count(self.groups, 'group')}")
 
     def groups_of(self, channels: int) -> int:
         return channels // self.groups

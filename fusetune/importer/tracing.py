@@ -15,7 +15,7 @@ import logging
 import math
 import re
 import warnings
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 import torch.nn as nn
@@ -31,6 +31,26 @@ from fusetune.producers import KINDS, SPATIAL_NAMES
 
 
 log = logging.getLogger("fusetune.import")
+
+#: torch's loggers that print, with torch's own traceback and to the stderr they were built with (no redirect reaches
+#: it), a failure the trace catches: a fake kernel refusing the example's shapes (a pool's window larger than its
+#: input) in torch.export's trace or the shapes' propagation. The import says that failure in one line (the fallback
+#: run's TraceError, or torch.export's reason), so these are silenced while it traces (_quiet_loggers).
+CAUGHT_LOGGERS = ("torch._subclasses.fake_tensor",)
+
+
+@contextlib.contextmanager
+def _quiet_loggers(names: Sequence[str] = CAUGHT_LOGGERS) -> Iterator[None]:
+    """CAUGHT_LOGGERS disabled inside the block, as they were after it."""
+    loggers = [logging.getLogger(name) for name in names]
+    before = [logger.disabled for logger in loggers]
+    for logger in loggers:
+        logger.disabled = True
+    try:
+        yield
+    finally:
+        for logger, disabled in zip(loggers, before):
+            logger.disabled = disabled
 
 
 class TraceError(FusetuneError):
@@ -88,7 +108,8 @@ def matching_trace(root: nn.Module, gm: torch.fx.GraphModule, inputs: Sequence[A
     if gm.meta.get(TRACED_BY) == "torch.export" or differs.startswith(_OWN_FAILS):  # no other trace, or no use
         raise TraceError(f"{source}: the model's {differs}")
     try:
-        exported = _prepared(export_graph(root, inputs), inputs, source)
+        with _quiet_loggers():
+            exported = _prepared(export_graph(root, inputs), inputs, source)
     except Exception as exc:  # noqa: BLE001 - whatever export raises, the model stays in PyTorch, said once
         raise TraceError(f"{source}: the model's {differs}; nor can torch.export trace it ({_first_line(exc)})"
                          ) from None
@@ -307,7 +328,8 @@ def _export_instead(model: nn.Module, inputs: Sequence[Any], source: str, fx_err
     from fusetune.exported import export_graph
 
     try:
-        return export_graph(model, inputs)
+        with _quiet_loggers():
+            return export_graph(model, inputs)
     except Exception as exc:  # noqa: BLE001 - whatever export raises, the model stays in PyTorch, said once
         raise TraceError(f"{source}: torch.fx cannot trace the model ({_first_line(fx_error)}), nor can torch.export "
                          f"({_first_line(exc)}); nothing was imported and the model stays in PyTorch as it is. Control "
@@ -322,7 +344,7 @@ def _propagate_fake(gm: torch.fx.GraphModule, inputs: Sequence[Any]) -> bool:
     from torch.fx.passes.shape_prop import ShapeProp
 
     try:  # ShapeProp prints the traceback of a failing node: the fallback runs it, so it is noise here
-        with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+        with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()), _quiet_loggers(), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # torch's own, copying an exported graph's pytree specs
             ShapeProp(gm, fake_mode=FakeTensorMode(allow_non_fake_inputs=True)).propagate(*inputs)
     except Exception:

@@ -804,9 +804,13 @@ def report(ctx: click.Context, target: str, out: str, bench_files: tuple[str, ..
               help="Example input shape N,C,H,W (for package.module:factory; repeatable, one per input).")
 @click.option("--force", is_flag=True,
               help="Overwrite configs edited since an earlier import wrote them (or that no import recorded).")
+@click.option("--eval", "eval_mode", is_flag=True,
+              help="Import the model in eval mode (model.eval(): batch norms from their running statistics, dropout "
+                   "off), as inference runs it; by default, the mode it is built in (training, for a new module).")
 @click.pass_context
 @_fail_cleanly
-def import_(ctx: click.Context, model: str, out_dir: str, inputs: tuple[Shape, ...], force: bool) -> None:
+def import_(ctx: click.Context, model: str, out_dir: str, inputs: tuple[Shape, ...], force: bool,
+            eval_mode: bool) -> None:
     """Find MODEL's convolution chains and write one config per chain (MODEL: a KernelBench-style
     file, or package.module:factory with --inputs).
 
@@ -819,7 +823,7 @@ def import_(ctx: click.Context, model: str, out_dir: str, inputs: tuple[Shape, .
     _reporter(ctx).line("fusetune import: building the model, tracing it and checking the trace on its example inputs")
     from fusetune.importer import import_model
 
-    result = import_model(model, Path(out_dir), list(inputs), force=force)
+    result = import_model(model, Path(out_dir), list(inputs), force=force, eval_mode=eval_mode)
     for line in result.lines:
         click.echo(line)
 

@@ -316,6 +316,20 @@ def test_cli_import(tmp_path: Path) -> None:
                                                       "two_chains_cat_chain1.yaml"]
 
 
+def test_cli_import_eval_takes_the_models_inference_mode(tmp_path: Path) -> None:
+    """A module is built in training mode: imported as built, its batch norm is a training one (batch statistics);
+    with --eval, as model.eval() runs it (running statistics), the mode a service tunes for."""
+    def norms(flags: list[str]) -> list[dict]:
+        out = tmp_path / "_".join(["out", *flags])
+        result = CliRunner().invoke(main, ["import", str(MODELS / "convt3d_batchnorm_train_pools.py"), "-o", str(out),
+                                           *flags])
+        assert result.exit_code == 0, result.output
+        entries = [e for config in sorted(out.glob("*.yaml")) for e in yaml.safe_load(config.read_text())["epilogue"]]
+        return [e for e in entries if e["op"] == "batch_norm"]
+    assert [e["training"] for e in norms([])] == [True]
+    assert [e["training"] for e in norms(["--eval"])] == [False]
+
+
 def test_cli_no_chain_is_success(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["import", str(MODELS / "gated_near_misses.py"), "-o", str(tmp_path)])
     assert result.exit_code == 0, result.output

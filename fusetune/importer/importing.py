@@ -68,10 +68,15 @@ def find_chains(gm: torch.fx.GraphModule) -> tuple[list[Chain], list[NoChain]]:
     return chains, refused
 
 
-def import_model(spec: str, out_dir: Path, input_shapes: Sequence[Shape] = (), force: bool = False) -> ImportResult:
+def import_model(spec: str, out_dir: Path, input_shapes: Sequence[Shape] = (), force: bool = False,
+                 eval_mode: bool = False) -> ImportResult:
     """Load, trace, find the chains, write one config per chain and the map (``force``: over configs edited since
-    an earlier import wrote them too: _check_overwrites)."""
+    an earlier import wrote them too: _check_overwrites). ``eval_mode``: the model is imported as ``model.eval()``
+    runs it (batch norms from their running statistics, dropout off), as a service runs it; else in the mode it is
+    built in (training, for a module just constructed)."""
     loaded = load_model(spec, input_shapes)
+    if eval_mode:
+        loaded.model.eval()
     model = _copy(loaded.model)
     try:
         gm = trace(model, loaded.inputs, spec)

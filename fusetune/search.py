@@ -573,8 +573,7 @@ def _world_neighbours(outcomes: dict[str, dict[str, Any]], feasible: list[Candid
     for impl, (time_ms, centre) in sorted(best.items(), key=lambda item: item[1][0]):
         if time_ms > COMPETITIVE * fastest:
             continue
-        near = [c for c in feasible if c.get("producer.impl", DEFAULT_WORLD) == impl and candidate_key(c) not in tried
-                and sum(c.get(k) != v for k, v in centre.items()) == 1]
+        near = [c for c in _untried_neighbours(centre, feasible, tried) if c.get("producer.impl", DEFAULT_WORLD) == impl]
         rng.shuffle(near)
         chosen += near[:NEIGHBOURS_PER_WORLD]
     return chosen[:cap]
@@ -593,9 +592,14 @@ def _polish(centre: Candidate | None, feasible: list[Candidate], tried: set[str]
     ``rng``'s order, at most ``cap``: see POLISH_SHARE."""
     if centre is None or cap <= 0:
         return []
-    near = [c for c in feasible if candidate_key(c) not in tried and sum(c.get(k) != v for k, v in centre.items()) == 1]
+    near = _untried_neighbours(centre, feasible, tried)
     rng.shuffle(near)
     return near[:cap]
+
+
+def _untried_neighbours(centre: Candidate, feasible: list[Candidate], tried: set[str]) -> list[Candidate]:
+    """The feasible candidates not yet tried that differ from ``centre`` in one choice, in ``feasible``'s order."""
+    return [c for c in feasible if candidate_key(c) not in tried and sum(c.get(k) != v for k, v in centre.items()) == 1]
 
 
 def _starts(space: PlanSpace, feasible: list[Candidate]) -> list[Candidate]:
